@@ -1,0 +1,287 @@
+"""The GPT-NeoX architecture as GPT-NeoX and Pythia use it, in plain PyTorch.
+
+A model is three kinds of modules, each called exactly once per forward through its own ``__call__``:
+the input embedding ``embed_in``, the transformer layers ``layers[i]`` and the ``head`` (final LayerNorm and
+output projection). The sharding engine wraps those as units; nothing here knows about sharding.
+
+[Note: NeoX layout] The fused ``query_key_value`` projection produces, per token, ``heads`` groups of
+``[q | k | v]`` each ``head_dim`` wide (``[heads, 3·head_dim]``), not ``[q_all | k_all | v_all]``. Keeping this
+layout lets Hugging Face ``GPTNeoXForCausalLM`` and NeoX checkpoints load without any permutation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from zerotopo.models.shape import ModelShape
+
+INIT_METHODS = ("normal", "scaled_normal", "small_init", "wang_init")
+
+
+@dataclass
+class NeoXConfig:
+    """Hyperparameters of a GPT-NeoX model (names follow the NeoX YAML keys)."""
+
+    vocab_size: int
+    """Rows of the embedding and the output projection (already padded, see ``NeoXArgs.padded_vocab``)."""
+    hidden_size: int
+    """Model width ``h``."""
+    num_layers: int
+    """Transformer layers ``L``."""
+    num_attention_heads: int
+    """Attention heads; ``hidden_size`` must be a multiple."""
+    intermediate_size: int | None = None
+    """MLP width; ``4·hidden_size`` when None."""
+    max_position_embeddings: int = 2048
+    """Longest sequence the rotary table is built for (longer inputs extend it on the fly)."""
+    rotary_pct: float = 0.25
+    """Fraction of each head's dimensions that get rotary embeddings (NeoX/Pythia: 0.25)."""
+    rotary_emb_base: int = 10000
+    """Base of the rotary frequencies."""
+    gpt_j_residual: bool = True
+    """Parallel residual ``x + attn(ln1(x)) + mlp(ln2(x))`` (NeoX-20B, Pythia); False: sequential."""
+    layernorm_epsilon: float = 1e-5
+    """Epsilon of every LayerNorm."""
+    use_bias_in_attn_linear: bool = True
+    """Biases on ``query_key_value`` and ``attention.dense``."""
+    use_bias_in_mlp: bool = True
+    """Biases on ``dense_h_to_4h`` and ``dense_4h_to_h``."""
+    gelu_approximate: bool = False
+    """Tanh-approximate GELU, which NeoX's fused ``bias_gelu_fusion`` kernel computes; False: exact erf GELU."""
+    tie_embeddings: bool = False
+    """The head's projection reuses ``embed_in.weight`` (one shared Parameter). NeoX default: untied."""
+    init_method: str = "normal"
+    """Init of the embeddings, ``query_key_value`` and ``dense_h_to_4h``: normal | scaled_normal |
+    small_init | wang_init."""
+    output_layer_init_method: str = "scaled_normal"
+    """Init of the layers' output projections (``attention.dense``, ``mlp.dense_4h_to_h``)."""
+    init_std: float = 0.02
+    """Standard deviation of the ``normal`` and ``scaled_normal`` inits."""
+    checkpoint_activations: bool = False
+    """Recompute each layer's activations in the backward pass instead of storing them."""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{self.num_attention_heads}; pick a head count that divides it"
+            )
+        for name in ("init_method", "output_layer_init_method"):
+            if getattr(self, name) not in INIT_METHODS:
+                raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {', '.join(INIT_METHODS)}")
+        if not 0.0 <= self.rotary_pct <= 1.0:
+            raise ValueError(f"rotary_pct={self.rotary_pct}; expected a fraction in [0, 1]")
+        if self.rotary_ndims % 2:
+            raise ValueError(
+                f"rotary_pct={self.rotary_pct} rotates {self.rotary_ndims} of {self.head_dim} head dims; "
+                "rotary needs an even count, pick a rotary_pct that gives one"
+            )
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_ndims(self) -> int:
+        """Leading dimensions of each head that are rotated (NeoX truncates, as here)."""
+        return int(self.head_dim * self.rotary_pct)
+
+    def shape(self, seq_length: int, name: str = "neox") -> ModelShape:
+        """The :class:`ModelShape` the cost model and planner use for this model."""
+        return ModelShape(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            seq_length=seq_length,
+            vocab_size=self.vocab_size,
+            intermediate_size=self.ffn_size,
+            tied_embeddings=self.tie_embeddings,
+            name=name,
+        )
+
+
+def init_std(method: str, cfg: NeoXConfig) -> float:
+    """Standard deviation of NeoX's init ``method`` (megatron/model/init_functions.py)."""
+    h, L = cfg.hidden_size, cfg.num_layers
+    if method == "normal":
+        return cfg.init_std
+    if method == "scaled_normal":
+        return cfg.init_std / math.sqrt(2.0 * L)
+    if method == "small_init":
+        return math.sqrt(2.0 / (5.0 * h))
+    if method == "wang_init":
+        return 2.0 / (L * math.sqrt(h))
+    raise ValueError(f"unknown init method {method!r}; expected one of {', '.join(INIT_METHODS)}")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` over the last dim (GPT-NeoX's non-interleaved rotary)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding on the first ``dim`` channels of each head (Su et al., 2021)."""
+
+    def __init__(self, dim: int, base: int, max_positions: int):
+        super().__init__()
+        self.dim = dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        # Not persistent: it is a function of the config, and HF checkpoints do not carry it either.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.max_positions = max_positions
+
+    def cos_sin(
+        self, seq_len: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin tables of shape ``[S, dim]``."""
+        t_S = torch.arange(seq_len, device=device, dtype=torch.float32)
+        freqs_SF = torch.outer(t_S, self.inv_freq.to(device))  # F = dim / 2
+        emb_SD = torch.cat((freqs_SF, freqs_SF), dim=-1)
+        return emb_SD.cos().to(dtype), emb_SD.sin().to(dtype)
+
+    def forward(self, x_BNSH: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
+        if self.dim == 0:
+            return x_BNSH
+        rot, rest = x_BNSH[..., : self.dim], x_BNSH[..., self.dim :]
+        rot = rot * cos_SD + rotate_half(rot) * sin_SD
+        return torch.cat((rot, rest), dim=-1)
+
+
+class NeoXAttention(nn.Module):
+    """Causal self-attention with NeoX's fused per-head QKV layout and partial rotary embeddings."""
+
+    def __init__(self, cfg: NeoXConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        h = cfg.hidden_size
+        self.query_key_value = nn.Linear(h, 3 * h, bias=cfg.use_bias_in_attn_linear)
+        self.dense = nn.Linear(h, h, bias=cfg.use_bias_in_attn_linear)
+        self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.max_position_embeddings)
+
+    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x_BSH)
+        o_BNSD = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        B, N, S, D = o_BNSD.shape
+        return self.dense(o_BNSD.transpose(1, 2).reshape(B, S, N * D))  # [B, S, N, D] -> [B, S, H]
+
+    def qkv(self, x_BSH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys (both rotated) and values, each ``[B, heads, S, head_dim]``."""
+        B, S, _ = x_BSH.shape
+        qkv_BSN3D = self.query_key_value(x_BSH).view(B, S, self.num_heads, 3 * self.head_dim)
+        qkv_BN3SD = qkv_BSN3D.transpose(1, 2)  # [B, N, S, 3D]: heads first for SDPA
+        q, k, v = qkv_BN3SD.split(self.head_dim, dim=-1)  # each [B, N, S, D]
+        cos, sin = self.rotary.cos_sin(S, x_BSH.device, q.dtype)
+        return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
+
+
+class NeoXMLP(nn.Module):
+    """The feed-forward block: ``dense_4h_to_h(gelu(dense_h_to_4h(x)))``."""
+
+    def __init__(self, cfg: NeoXConfig):
+        super().__init__()
+        self.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.use_bias_in_mlp)
+        self.dense_4h_to_h = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.use_bias_in_mlp)
+        self.approximate = "tanh" if cfg.gelu_approximate else "none"
+
+    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x_BSH), approximate=self.approximate))
+
+
+class NeoXLayer(nn.Module):
+    """One transformer layer: two LayerNorms, attention and MLP with a parallel or sequential residual."""
+
+    def __init__(self, cfg: NeoXConfig):
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        self.attention = NeoXAttention(cfg)
+        self.mlp = NeoXMLP(cfg)
+        self.gpt_j_residual = cfg.gpt_j_residual
+        self.checkpoint_activations = cfg.checkpoint_activations
+
+    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        # Checkpointing inside the layer keeps ``layer(x)`` a single ``__call__`` for the engine's hooks.
+        if self.checkpoint_activations and torch.is_grad_enabled():
+            return checkpoint(self._body, x_BSH, use_reentrant=False)
+        return self._body(x_BSH)
+
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gpt_j_residual:
+            return x + self.attention(self.input_layernorm(x)) + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.attention(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class NeoXHead(nn.Module):
+    """Final LayerNorm and the output projection to vocabulary logits.
+
+    With tied embeddings ``embed_out.weight`` *is* ``embed_in.weight`` (the same Parameter object, set by
+    :class:`GPTNeoX`), so the parameter appears in two units; a sharding engine must either support shared
+    parameters or reject tied models.
+    """
+
+    def __init__(self, cfg: NeoXConfig):
+        super().__init__()
+        self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        return self.embed_out(self.final_layer_norm(x_BSH))
+
+
+class GPTNeoX(nn.Module):
+    """A GPT-NeoX causal language model: ``embed_in`` → ``layers`` → ``head``."""
+
+    def __init__(self, cfg: NeoXConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_in = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(NeoXLayer(cfg) for _ in range(cfg.num_layers))
+        self.head = NeoXHead(cfg)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.head.embed_out.weight = self.embed_in.weight
+
+    def forward(self, input_ids_BS: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, S, vocab]`` for token ids ``[B, S]``."""
+        x_BSH = self.embed_in(input_ids_BS)
+        for layer in self.layers:
+            x_BSH = layer(x_BSH)
+        return self.head(x_BSH)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """NeoX init: weights normal with the configured std, biases zero, LayerNorms ones/zeros."""
+        cfg = self.config
+        std_in, std_out = init_std(cfg.init_method, cfg), init_std(cfg.output_layer_init_method, cfg)
+        nn.init.normal_(self.embed_in.weight, std=std_in)
+        for layer in self.layers:
+            for linear, std in (
+                (layer.attention.query_key_value, std_in),
+                (layer.attention.dense, std_out),
+                (layer.mlp.dense_h_to_4h, std_in),
+                (layer.mlp.dense_4h_to_h, std_out),
+            ):
+                nn.init.normal_(linear.weight, std=std)
+                if linear.bias is not None:
+                    nn.init.zeros_(linear.bias)
+        nn.init.normal_(self.head.embed_out.weight, std=std_in)
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied embedding counts once)."""
+        return sum(p.numel() for p in self.parameters())
