@@ -9,6 +9,7 @@ check sees them as one host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -59,16 +60,16 @@ def _rank_main(
     torch.set_num_threads(threads)
     out = os.path.join(result_dir, f"rank{rank}.pkl")
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
+        dist.init_process_group(
+            backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}"
+        )
         result: Any = ("ok", fn(rank, world_size, *args))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
         result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     finally:
         if dist.is_initialized():
-            try:
+            with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
     with open(out + ".tmp", "wb") as f:
         pickle.dump(result, f)
     os.replace(out + ".tmp", out)
@@ -100,8 +101,18 @@ def spawn(
         for rank in range(world_size):
             p = ctx.Process(
                 target=_rank_main,
-                args=(rank, world_size, fn, args, port, result_dir, backend, ranks_per_node, dict(env or {}),
-                      threads_per_rank),
+                args=(
+                    rank,
+                    world_size,
+                    fn,
+                    args,
+                    port,
+                    result_dir,
+                    backend,
+                    ranks_per_node,
+                    dict(env or {}),
+                    threads_per_rank,
+                ),
                 daemon=False,
             )
             p.start()

@@ -1,0 +1,1 @@
+"""GPT-NeoX-style models. Plain PyTorch: nothing here knows about sharding."""
