@@ -1,0 +1,62 @@
+"""Which accelerator a rank drives: the device kind of this machine and the physical device id.
+
+With ``srun --gpus-per-task=1`` every rank sees exactly one device, always numbered 0 inside the process;
+the physical id (the GCD or GPU number on the node) is only visible in the environment Slurm or the user
+set. That physical id, not the local rank, says where the rank sits in the node's topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Most specific first: on ROCm, ROCR_VISIBLE_DEVICES filters at the runtime level and holds physical ids;
+# HIP_/CUDA_VISIBLE_DEVICES set on top of it would index into what ROCr already exposes.
+VISIBLE_DEVICE_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+# Set by Slurm's gres plugin for the step, whatever the vendor.
+SLURM_DEVICE_VARS = ("SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL")
+
+
+def detect_device_kind() -> str:
+    """``'cuda'``, ``'rocm'`` or ``'cpu'`` for this process, from torch (ROCm builds set ``torch.version.hip``)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def backend_for(device_kind: str) -> str:
+    """The torch.distributed backend: ``nccl`` on GPUs (RCCL is torch's nccl backend on ROCm), else gloo."""
+    return "nccl" if device_kind in ("cuda", "rocm") else "gloo"
+
+
+def visible_devices(environ: Mapping[str, str]) -> tuple[str, list[str]] | None:
+    """The first device-list variable that is set, and its entries: ``('ROCR_VISIBLE_DEVICES', ['4'])``."""
+    for var in VISIBLE_DEVICE_VARS + SLURM_DEVICE_VARS:
+        value = environ.get(var)
+        if value is None or not value.strip():
+            continue
+        return var, [item.strip() for item in value.split(",") if item.strip()]
+    return None
+
+
+def physical_device(environ: Mapping[str, str], local_rank: int, device_kind: str) -> int | None:
+    """The physical device id this rank drives, or None when it cannot be told (CPU, UUIDs, no variable).
+
+    One visible device means the launcher bound it to this rank (``--gpus-per-task=1``): that id. Several
+    mean the rank picks by local rank, torchrun style: the local-rank-th entry.
+    """
+    if device_kind == "cpu":
+        return None
+    found = visible_devices(environ)
+    if found is None:
+        return None
+    _, entries = found
+    if len(entries) == 1:
+        entry = entries[0]
+    elif local_rank < len(entries):
+        entry = entries[local_rank]
+    else:
+        return None
+    # GPU-<uuid> / MIG-<uuid> entries carry no position in the node.
+    return int(entry) if entry.isdigit() else None

@@ -1,0 +1,391 @@
+"""Rank discovery: who am I, in which job, launched by what (srun, mpiexec, torchrun, or nothing).
+
+:func:`discover` reads only the environment mapping it is given, so recorded environments from real
+clusters are unit tests. Launchers, in the order they win when several leave variables behind:
+
+1. ``prefer=`` given explicitly (``--launcher`` on the command line);
+2. torchrun: ``RANK`` and ``MASTER_ADDR`` (also what :func:`zerotopo.spawn.spawn` sets; with
+   ``ZEROTOPO_EMULATED_NODE`` it reports itself as the local launcher);
+3. Slurm inside a job step: ``SLURM_PROCID`` with ``SLURM_STEP_ID`` (``srun --mpi=pmix`` sets PMIx
+   variables too; Slurm's own are complete, so Slurm wins);
+4. MPI: ``OMPI_COMM_WORLD_*``, ``PMI_RANK``/``PMI_SIZE`` or ``PMIX_RANK`` present; the numbers then come
+   from mpi4py (:mod:`zerotopo.launch.mpi`), which is imported only on this path;
+5. local: a single process.
+
+``ZEROTOPO_EMULATED_NODES=N`` regroups the ranks of any launcher into N emulated nodes of consecutive
+ranks, so one ``srun -n8`` on one machine behaves like 2 nodes of 4 ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zerotopo.errors import LaunchError
+from zerotopo.launch.devices import backend_for, detect_device_kind, physical_device
+from zerotopo.launch.hostlist import first_host, parse_tasks_per_node
+
+LAUNCHERS = ("slurm", "mpi", "torchrun", "local")
+MPI_MARKERS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK")
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job, as the launcher (and the emulation override) describe it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_id: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    """'slurm' | 'mpi' | 'torchrun' | 'local'."""
+    hostname: str
+    physical_device: int | None
+    """Physical GCD/GPU id on the node (from ROCR/HIP/CUDA_VISIBLE_DEVICES or Slurm's gres), None on CPU."""
+    backend: str
+    """'nccl' on CUDA and ROCm (RCCL), 'gloo' on CPU."""
+    device_kind: str
+    """'cuda' | 'rocm' | 'cpu'."""
+    tasks_per_node: tuple[int, ...] = ()
+    """Ranks on every node in node order, when the launcher says; empty when unknown."""
+
+
+def _int(environ: Mapping[str, str], name: str, launcher: str) -> int:
+    value = environ.get(name)
+    if value is None:
+        raise LaunchError(
+            f"{launcher} launch detected but {name} is not set; the launcher's environment is incomplete. "
+            f"Launch every rank through {launcher} (or pass --launcher to pick another)."
+        )
+    try:
+        return int(value)
+    except ValueError:
+        raise LaunchError(f"{name}={value!r} is not an integer ({launcher} launch).") from None
+
+
+def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
+    for name in names:
+        if environ.get(name):
+            return name, environ[name]
+    return None
+
+
+def detect_launcher(environ: Mapping[str, str]) -> str:
+    """Which launcher started this process, by the precedence in the module docstring."""
+    if "RANK" in environ and "MASTER_ADDR" in environ:
+        return "local" if "ZEROTOPO_EMULATED_NODE" in environ else "torchrun"
+    if "SLURM_PROCID" in environ and ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ):
+        return "slurm"
+    if any(name in environ for name in MPI_MARKERS):
+        return "mpi"
+    return "local"
+
+
+def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
+    rank = _int(environ, "SLURM_PROCID", "srun")
+    world = (
+        _int(environ, "SLURM_NTASKS", "srun")
+        if "SLURM_NTASKS" in environ
+        else _int(environ, "SLURM_NPROCS", "srun")
+    )
+    local_rank = _int(environ, "SLURM_LOCALID", "srun")
+    node_id = _int(environ, "SLURM_NODEID", "srun")
+    nnodes_var = _first(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+    num_nodes = _int(environ, nnodes_var[0], "srun") if nnodes_var else 1
+
+    # The step's own counts first: a step may use fewer nodes or tasks than the job it runs in.
+    tpn_var = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    if tpn_var is not None:
+        tasks = parse_tasks_per_node(tpn_var[1], variable=tpn_var[0])
+    elif environ.get("SLURM_NTASKS_PER_NODE"):
+        per = _int(environ, "SLURM_NTASKS_PER_NODE", "srun")
+        tasks, tpn_var = [per] * num_nodes, ("SLURM_NTASKS_PER_NODE", environ["SLURM_NTASKS_PER_NODE"])
+    else:
+        tasks, tpn_var = [world // max(num_nodes, 1)] * num_nodes, None
+    found = (
+        f"SLURM_PROCID={rank}, SLURM_NTASKS={world}, SLURM_LOCALID={local_rank}, SLURM_NODEID={node_id}, "
+        f"nodes={num_nodes}" + (f", {tpn_var[0]}={tpn_var[1]!r}" if tpn_var else "")
+    )
+    if len(tasks) != num_nodes:
+        raise LaunchError(f"Slurm gives tasks for {len(tasks)} nodes but the step has {num_nodes} ({found}).")
+    if sum(tasks) != world:
+        raise LaunchError(
+            f"SLURM_NTASKS={world} differs from the sum of tasks per node {sum(tasks)} ({found}); "
+            "the environment mixes a job's and a step's variables. Launch with srun inside the allocation."
+        )
+    if node_id >= num_nodes:
+        raise LaunchError(f"SLURM_NODEID={node_id} is not below the node count {num_nodes} ({found}).")
+    if local_rank >= tasks[node_id]:
+        raise LaunchError(
+            f"SLURM_LOCALID={local_rank} is not below the {tasks[node_id]} tasks of node {node_id} ({found})."
+        )
+
+    if environ.get("MASTER_ADDR"):
+        master_addr = environ["MASTER_ADDR"]
+    else:
+        # The step's node list first: the job's first node need not run this step.
+        nodelist = _first(environ, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+        if nodelist is None:
+            raise LaunchError(
+                f"srun launch without a node list: none of SLURM_STEP_NODELIST, SLURM_NODELIST, "
+                f"SLURM_JOB_NODELIST is set ({found}). Set MASTER_ADDR to the first node's address."
+            )
+        master_addr = first_host(nodelist[1], variable=nodelist[0])
+    return {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": local_rank,
+        "local_world_size": tasks[node_id],
+        "node_id": node_id,
+        "num_nodes": num_nodes,
+        "master_addr": master_addr,
+        "master_port": slurm_port(environ),
+        "tasks_per_node": tuple(tasks),
+        "found": found,
+    }
+
+
+def slurm_port(environ: Mapping[str, str]) -> int:
+    """``MASTER_PORT`` if set, else a port derived from the job id, so all ranks agree without talking."""
+    if environ.get("MASTER_PORT"):
+        return _int(environ, "MASTER_PORT", "srun")
+    job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    if job is None or not job.isdigit():
+        return DEFAULT_PORT
+    # Above the well-known range and below Linux's ephemeral ports (32768+), so no client socket holds it.
+    return 20000 + int(job) % 10000
+
+
+def _from_torchrun(environ: Mapping[str, str]) -> dict[str, Any]:
+    if not environ.get("MASTER_ADDR"):
+        raise LaunchError(
+            f"torchrun launch (RANK={environ.get('RANK')!r}) without MASTER_ADDR; set MASTER_ADDR and "
+            "MASTER_PORT to rank 0's host and a free port, or launch with torchrun."
+        )
+    rank = _int(environ, "RANK", "torchrun")
+    world = _int(environ, "WORLD_SIZE", "torchrun")
+    local_rank = _int(environ, "LOCAL_RANK", "torchrun")
+    local_world = _int(environ, "LOCAL_WORLD_SIZE", "torchrun") if "LOCAL_WORLD_SIZE" in environ else world
+    if local_world <= 0 or world % local_world:
+        raise LaunchError(
+            f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}; every node must run "
+            "the same number of ranks (torchrun --nproc-per-node)."
+        )
+    if "ZEROTOPO_EMULATED_NODE" in environ:
+        node_id = _int(environ, "ZEROTOPO_EMULATED_NODE", "zerotopo.spawn")
+    elif "GROUP_RANK" in environ:
+        node_id = _int(environ, "GROUP_RANK", "torchrun")
+    else:
+        node_id = rank // local_world
+    num_nodes = world // local_world
+    return {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": local_rank,
+        "local_world_size": local_world,
+        "node_id": node_id,
+        "num_nodes": num_nodes,
+        "master_addr": environ["MASTER_ADDR"],
+        "master_port": _int(environ, "MASTER_PORT", "torchrun")
+        if environ.get("MASTER_PORT")
+        else DEFAULT_PORT,
+        "tasks_per_node": (local_world,) * num_nodes,
+        "found": (
+            f"RANK={rank}, WORLD_SIZE={world}, LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world}, "
+            f"node={node_id}"
+        ),
+    }
+
+
+def _from_mpi(environ: Mapping[str, str]) -> dict[str, Any]:
+    from zerotopo.launch import mpi
+
+    world = mpi.query_mpi_world(environ)
+    return {
+        "rank": world.rank,
+        "world_size": world.world_size,
+        "local_rank": world.local_rank,
+        "local_world_size": world.local_world_size,
+        "node_id": world.node_id,
+        "num_nodes": world.num_nodes,
+        "master_addr": world.master_addr,
+        "master_port": world.master_port,
+        "tasks_per_node": world.tasks_per_node,
+        "found": f"MPI rank {world.rank} of {world.world_size}, local rank {world.local_rank}, node {world.node_id}",
+    }
+
+
+def _local(environ: Mapping[str, str]) -> dict[str, Any]:
+    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT", "").isdigit() else DEFAULT_PORT
+    return {
+        "rank": 0,
+        "world_size": 1,
+        "local_rank": 0,
+        "local_world_size": 1,
+        "node_id": 0,
+        "num_nodes": 1,
+        "master_addr": environ.get("MASTER_ADDR") or "127.0.0.1",
+        "master_port": port,
+        "tasks_per_node": (1,),
+        "found": "single process",
+    }
+
+
+def _emulate_nodes(fields: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Apply ``ZEROTOPO_EMULATED_NODES=N``: consecutive ranks form N equal nodes."""
+    value = environ.get("ZEROTOPO_EMULATED_NODES")
+    if not value:
+        return fields
+    world = fields["world_size"]
+    if not value.isdigit() or int(value) <= 0 or world % int(value):
+        raise LaunchError(
+            f"ZEROTOPO_EMULATED_NODES={value!r} must be a positive divisor of the world size {world} "
+            f"({fields['found']})."
+        )
+    nodes = int(value)
+    per_node = world // nodes
+    return {
+        **fields,
+        "node_id": fields["rank"] // per_node,
+        "local_rank": fields["rank"] % per_node,
+        "local_world_size": per_node,
+        "num_nodes": nodes,
+        "tasks_per_node": (per_node,) * nodes,
+    }
+
+
+_READERS = {"slurm": _from_slurm, "torchrun": _from_torchrun, "mpi": _from_mpi, "local": _local}
+
+
+def discover(
+    environ: Mapping[str, str] | None = None,
+    *,
+    prefer: str | None = None,
+    device_kind: str | None = None,
+    hostname: str | None = None,
+) -> RankInfo:
+    """Read this rank's place in the job from ``environ`` (default ``os.environ``).
+
+    ``prefer`` forces a launcher ('slurm', 'mpi', 'torchrun', 'local'; None or 'auto' detects).
+    ``device_kind`` ('cuda', 'rocm', 'cpu') defaults to what torch sees; ``hostname`` to this host's.
+    Raises :class:`LaunchError` when the environment is incomplete or inconsistent.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    if prefer in (None, "auto"):
+        launcher = detect_launcher(env)
+    elif prefer in LAUNCHERS:
+        launcher = prefer
+    else:
+        raise LaunchError(f"launcher {prefer!r} is unknown; expected one of auto, {', '.join(LAUNCHERS)}.")
+    fields = _emulate_nodes(_READERS[launcher](env), env)
+    found = fields.pop("found")
+    if not 0 <= fields["rank"] < fields["world_size"]:
+        raise LaunchError(
+            f"rank {fields['rank']} is not below the world size {fields['world_size']} ({found})."
+        )
+    if not 0 <= fields["local_rank"] < fields["local_world_size"]:
+        raise LaunchError(
+            f"local rank {fields['local_rank']} is not below the {fields['local_world_size']} ranks of its "
+            f"node ({found})."
+        )
+    kind = device_kind or detect_device_kind()
+    return RankInfo(
+        **fields,
+        launcher=launcher,
+        hostname=hostname or env.get("SLURMD_NODENAME") or socket.gethostname(),
+        physical_device=physical_device(env, fields["local_rank"], kind),
+        backend=backend_for(kind),
+        device_kind=kind,
+    )
+
+
+def check_against_topology(info: RankInfo, topology: Any) -> None:
+    """Raise :class:`LaunchError` when the job's layout cannot map onto ``topology``.
+
+    The topology assumes the same number of ranks on every node, ``devices_per_node`` of them.
+    """
+    dpn = topology.devices_per_node
+    tasks = info.tasks_per_node or (info.local_world_size,) * info.num_nodes
+    if len(set(tasks)) > 1:
+        raise LaunchError(
+            f"tasks per node {list(tasks)} are not uniform, but topology {getattr(topology, 'name', '?')!r} "
+            f"needs {dpn} ranks on every node; launch with srun -N {info.num_nodes} -n "
+            f"{info.num_nodes * dpn} --ntasks-per-node={dpn}."
+        )
+    if tasks[0] != dpn:
+        raise LaunchError(
+            f"{tasks[0]} ranks per node (local world size), but topology {getattr(topology, 'name', '?')!r} "
+            f"has {dpn} devices per node; launch {dpn} tasks per node or pick the matching topology."
+        )
+    nodes = getattr(topology, "nodes", None)
+    if nodes is not None and info.num_nodes != nodes:
+        raise LaunchError(
+            f"the job runs on {info.num_nodes} nodes but the topology was built for {nodes}; pass "
+            f"--nodes {info.num_nodes} (or launch on {nodes} nodes)."
+        )
+
+
+def topological_index(info: RankInfo, topology: Any) -> int:
+    """This rank's topological index: die fastest, then package, then node.
+
+    Within a node the position is the physical device id when it is known and the topology defines a
+    device order (GCD k of a Frontier node sits at position k: dies of a package are k and k+1);
+    otherwise the local rank. Nodes follow each other: ``node_id * devices_per_node + position``.
+
+    Why local rank and position differ on Frontier: ``srun --gpus-per-task=1 --gpu-bind=closest`` gives
+    each task the GCD attached to the L3 region of the cores it was bound to. Slurm hands out cores in
+    order 0-7, 8-15, ..., and the OLCF Frontier User Guide lists those regions as attached to GCDs
+    4, 5, 2, 3, 6, 7, 0, 1. So local ranks 0..7 drive GCDs 4,5,2,3,6,7,0,1: local ranks 0 and 1 share
+    package 2, not package 0. Consecutive local ranks happen to stay package-mates under this binding,
+    but not under others (``--gpu-bind=map_gpu:...``, fewer tasks per node), and the mesh's start-up
+    check compares positions with the topology, so the physical id is what counts.
+    """
+    position_device = info.physical_device if getattr(topology, "device_order", None) is not None else None
+    method = getattr(topology, "topological_index", None)
+    if callable(method):
+        return int(method(info.node_id, info.local_rank, physical_device=position_device))
+    position = position_device if position_device is not None else info.local_rank
+    return info.node_id * int(topology.devices_per_node) + position
+
+
+def init_distributed(info: RankInfo, *, timeout_s: float = 1800.0) -> Any:
+    """Bind this rank's device and join the process group; returns the ``torch.device`` to compute on.
+
+    With one visible device (``--gpus-per-task=1``) the device is ``cuda:0`` whatever its physical id;
+    with several, the local-rank-th. Reuses an existing process group (for instance one made by
+    :func:`zerotopo.spawn.spawn`) when its rank and size agree with ``info``.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if info.device_kind in ("cuda", "rocm"):
+        index = 0 if torch.cuda.device_count() == 1 else info.local_rank
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+    else:
+        device = torch.device("cpu")
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (info.rank, info.world_size):
+            raise LaunchError(
+                f"a process group already exists as rank {dist.get_rank()} of {dist.get_world_size()}, but "
+                f"discovery found rank {info.rank} of {info.world_size} ({info.launcher})."
+            )
+        return device
+    dist.init_process_group(
+        info.backend,
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return device
