@@ -16,7 +16,10 @@ from zerotopo.errors import ZerotopoError
 
 # name -> (module, one-line help, longer description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("zerotopo.cli.train", "train a GPT-NeoX-style model (no arguments: tiny model, emulated 8-rank cluster)"),
+    "train": (
+        "zerotopo.cli.train",
+        "train a GPT-NeoX-style model (no arguments: tiny model, emulated 8-rank cluster)",
+    ),
     "topo": ("zerotopo.cli.topo", "show or validate a topology descriptor"),
     "plan": ("zerotopo.cli.plan", "rank sharding plans by memory and predicted step time"),
     "data": ("zerotopo.cli.data", "preprocess jsonl text into NeoX mmap indexed datasets"),

@@ -1,0 +1,1 @@
+"""Communication: process groups per degree, instrumented collectives, block quantization."""
