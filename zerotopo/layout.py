@@ -113,6 +113,7 @@ def groups(d: Degrees, kind: str) -> list[list[int]]:
     - ``params``: gather the primary parameters (forward).
     - ``secondary``: gather the secondary partition (backward), when the plan has one.
     - ``grads``: reduce-scatter each micro-batch's gradients.
+    - ``optim``: one full copy of the optimizer states (the global gradient norm sums over it once).
     - ``grad_replicas``: all-reduce a gradient shard across the replicas of the gradient group
       (ranks with equal ``t mod g``; the papers' all-reduce + select).
     - ``optim_scatter``: reduce-scatter a gradient shard into optimizer chunks (ranks of one optimizer
@@ -131,6 +132,8 @@ def groups(d: Degrees, kind: str) -> list[list[int]]:
         return blocks(w, d.secondary)
     if kind == "grads":
         return blocks(w, d.grads)
+    if kind == "optim":
+        return blocks(w, d.optim)
     if kind == "grad_replicas":
         return strided(w, w, d.grads)
     if kind == "optim_scatter":

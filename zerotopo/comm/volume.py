@@ -32,8 +32,9 @@ def reduce_scatter_bytes(numel_in: int, d: int, elem_bytes: int) -> int:
 
 
 def all_reduce_bytes(numel: int, d: int, elem_bytes: int) -> int:
-    """All-reduce of ``numel`` elements = reduce-scatter + all-gather: ``2(d-1)/d`` of the message."""
-    return 2 * (d - 1) * _per_rank(numel, d) * elem_bytes if d > 1 else 0
+    """All-reduce of ``numel`` elements = reduce-scatter + all-gather: ``2(d-1)/d`` of the message
+    (rounded up per rank, so a scalar all-reduce still counts its bytes)."""
+    return 2 * (d - 1) * (-(-numel // d)) * elem_bytes if d > 1 else 0
 
 
 def all_to_all_bytes(numel: int, d: int, elem_bytes: int) -> int:
