@@ -8,9 +8,10 @@ clusters are unit tests. Launchers, in the order they win when several leave var
    ``ZEROTOPO_EMULATED_NODE`` it reports itself as the local launcher);
 3. Slurm inside a job step: ``SLURM_PROCID`` with ``SLURM_STEP_ID`` (``srun --mpi=pmix`` sets PMIx
    variables too; Slurm's own are complete, so Slurm wins);
-4. MPI: ``OMPI_COMM_WORLD_*``, ``PMI_RANK``/``PMI_SIZE`` or ``PMIX_RANK`` present; the numbers then come
+4. ``RANK`` and ``WORLD_SIZE`` without ``MASTER_ADDR``: an incomplete torchrun-style launch (an error);
+5. MPI: ``OMPI_COMM_WORLD_*``, ``PMI_RANK``/``PMI_SIZE`` or ``PMIX_RANK`` present; the numbers then come
    from mpi4py (:mod:`zerotopo.launch.mpi`), which is imported only on this path;
-5. local: a single process.
+6. local: a single process.
 
 ``ZEROTOPO_EMULATED_NODES=N`` regroups the ranks of any launcher into N emulated nodes of consecutive
 ranks, so one ``srun -n8`` on one machine behaves like 2 nodes of 4 ranks.
@@ -84,6 +85,8 @@ def detect_launcher(environ: Mapping[str, str]) -> str:
         return "local" if "ZEROTOPO_EMULATED_NODE" in environ else "torchrun"
     if "SLURM_PROCID" in environ and ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ):
         return "slurm"
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return "torchrun"  # incomplete: _from_torchrun names the missing MASTER_ADDR
     if any(name in environ for name in MPI_MARKERS):
         return "mpi"
     return "local"
@@ -224,6 +227,9 @@ def _from_mpi(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _local(environ: Mapping[str, str]) -> dict[str, Any]:
+    if "RANK" in environ and "MASTER_ADDR" in environ:
+        # A rank of the local emulated cluster (zerotopo.spawn): torchrun's variables, set by us.
+        return _from_torchrun(environ)
     port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT", "").isdigit() else DEFAULT_PORT
     return {
         "rank": 0,
@@ -348,11 +354,13 @@ def topological_index(info: RankInfo, topology: Any) -> int:
     but not under others (``--gpu-bind=map_gpu:...``, fewer tasks per node), and the mesh's start-up
     check compares positions with the topology, so the physical id is what counts.
     """
-    position_device = info.physical_device if getattr(topology, "device_order", None) is not None else None
+    known = info.physical_device is not None and getattr(topology, "device_order", None) is not None
+    position = info.physical_device if known else info.local_rank
+    # Pass the position explicitly: the topology's own fallback (device_order[local_rank]) assumes the
+    # closest binding, which is wrong when all devices are visible and rank k drives device k (torchrun).
     method = getattr(topology, "topological_index", None)
     if callable(method):
-        return int(method(info.node_id, info.local_rank, physical_device=position_device))
-    position = position_device if position_device is not None else info.local_rank
+        return int(method(info.node_id, info.local_rank, physical_device=position))
     return info.node_id * int(topology.devices_per_node) + position
 
 
