@@ -1,0 +1,5 @@
+"""Configuration: GPT-NeoX-style YAML training configs (``neox``)."""
+
+from zerotopo.config.neox import NeoXArgs, load_neox_config
+
+__all__ = ["NeoXArgs", "load_neox_config"]

@@ -1,0 +1,480 @@
+"""GPT-NeoX-style training configs: several YAML files merged into one validated :class:`NeoXArgs`.
+
+Rules (as GPT-NeoX's ``megatron/neox_arguments``): files are merged, a key given in two files is an error
+naming both, ``-`` and ``_`` are the same in keys, unknown keys are reported by name in one warning, and an
+invalid value is a :class:`~zerotopo.errors.ConfigError` naming the file, key, value and what is allowed.
+``overrides`` (``zerotopo train --set key=value``) win over the files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerotopo.config import checks as c
+from zerotopo.config.yamlio import apply_overrides, merge_files
+from zerotopo.errors import ConfigError
+from zerotopo.models.neox import INIT_METHODS, NeoXConfig
+from zerotopo.models.shape import ModelShape
+
+# NeoX keys that configure things zerotopo does its own way (kernel fusions, pipeline/tensor parallelism,
+# logging backends). They are accepted without a warning and have no effect.
+IGNORED_KEYS = frozenset(
+    {
+        "data_impl",
+        "distributed_backend",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "scaled_upper_triang_masked_softmax_fusion",
+        "scaled_masked_softmax_fusion",
+        "checkpoint_num_layers",
+        "partition_activations",
+        "synchronize_each_layer",
+        "output_layer_parallelism",
+        "tensorboard_dir",
+        "log_dir",
+        "wandb_project",
+        "wandb_group",
+        "use_wandb",
+        "rope_fusion",
+        "layernorm_fusion",
+        "attention_config",
+        "sparsity_config",
+        "keep_last_n_checkpoints",
+        "checkpoint_factor",
+        "contiguous_checkpointing",
+        "num_workers",
+        "launcher",
+        "deepspeed_mpi",
+        "comment",
+    }
+)
+# Parallelism zerotopo does not do: accepted, but a value above 1 is reported in the warning.
+PARALLEL_KEYS = ("pipe_parallel_size", "model_parallel_size")
+
+
+def _key(check: c.Check, default: Any = None, *, neox: str | None = None) -> Any:
+    """A config field with its value check (and NeoX's name when it differs)."""
+    return field(default=default, metadata={"check": check, "neox": neox})
+
+
+@dataclass(frozen=True)
+class OptimizerArgs:
+    """The ``optimizer`` block: ``{type: Adam|AdamW, params: {lr, betas, eps, weight_decay}}``."""
+
+    type: str = "AdamW"
+    """Adam or AdamW; both use decoupled weight decay here, as DeepSpeed's fused Adam does in NeoX."""
+    lr: float = 6e-4
+    """Peak learning rate, reached at the end of warmup."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam's moment decay rates."""
+    eps: float = 1e-8
+    """Adam's denominator epsilon."""
+    weight_decay: float | None = None
+    """Weight decay from the block; when absent the top-level ``weight_decay`` key applies."""
+
+
+@dataclass(frozen=True)
+class FP16Args:
+    """The ``fp16`` block (DeepSpeed's dynamic loss scaling)."""
+
+    enabled: bool = False
+    """Train in fp16 with an fp32 master copy."""
+    loss_scale: float = 0.0
+    """0 for dynamic loss scaling, else a fixed scale."""
+    initial_scale_power: int = 16
+    """Dynamic scaling starts at ``2**initial_scale_power``."""
+    loss_scale_window: int = 1000
+    """Steps without overflow before the scale doubles."""
+    hysteresis: int = 2
+    """Overflows tolerated before the scale halves."""
+    min_loss_scale: float = 1.0
+    """The scale never drops below this."""
+
+
+_OPTIM_CHECKS = {
+    "lr": c.number(0.0, 10.0, lo_open=True),
+    "betas": c.betas,
+    "eps": c.number(0.0, 1.0, lo_open=True),
+    "weight_decay": c.optional(c.number(0.0, 10.0)),
+}
+_FP16_CHECKS = {
+    "enabled": c.boolean,
+    "fp16": c.boolean,  # NeoX configs repeat ``fp16: true`` inside the block
+    "type": c.choice("fp16", aliases={"float16": "fp16"}),
+    "loss_scale": c.number(0.0),
+    "initial_scale_power": c.integer(0, 63),
+    "loss_scale_window": c.integer(1),
+    "hysteresis": c.integer(1),
+    "min_loss_scale": c.number(0.0),
+}
+
+
+@dataclass(frozen=True)
+class NeoXArgs:
+    """Everything a NeoX-style config file can set that zerotopo uses, validated."""
+
+    # --- model shape -------------------------------------------------------------------------------------
+    num_layers: int = _key(c.integer(1), 4)
+    """Transformer layers."""
+    hidden_size: int = _key(c.integer(1), 128)
+    """Model width; a multiple of ``num_attention_heads``."""
+    num_attention_heads: int = _key(c.integer(1), 4)
+    """Attention heads."""
+    intermediate_size: int | None = _key(c.optional(c.integer(1)))
+    """MLP width; ``4·hidden_size`` when not set."""
+    seq_length: int = _key(c.integer(1), 128)
+    """Tokens per training sample."""
+    max_position_embeddings: int | None = _key(c.optional(c.integer(1)))
+    """Longest supported sequence; ``seq_length`` when not set, and never below it."""
+    pos_emb: str = _key(c.const("rotary", "zerotopo's NeoX model uses rotary position embeddings"), "rotary")
+    """Position embedding; only ``rotary``."""
+    rotary_pct: float = _key(c.number(0.0, 1.0), 0.25)
+    """Fraction of each head's dimensions that get rotary embeddings."""
+    rotary_emb_base: int = _key(c.integer(1), 10000)
+    """Base of the rotary frequencies."""
+    gpt_j_residual: bool = _key(c.boolean, False)
+    """Parallel attention+MLP residual (NeoX-20B, Pythia); NeoX's default is sequential."""
+    norm: str = _key(c.const("layernorm", "zerotopo's NeoX model uses LayerNorm"), "layernorm")
+    """Normalization; only ``layernorm``."""
+    layernorm_epsilon: float = _key(c.number(0.0, 1.0, lo_open=True), 1e-5)
+    """LayerNorm epsilon."""
+    bias_gelu_fusion: bool = _key(c.boolean, False)
+    """NeoX's fused bias+GELU kernel, which computes the tanh approximation; here it selects that GELU."""
+    activation: str = _key(c.const("gelu", "zerotopo's NeoX model uses GELU"), "gelu")
+    """MLP activation; only ``gelu``."""
+    use_bias_in_attn_linear: bool = _key(c.boolean, True)
+    """Biases on the QKV and attention output projections."""
+    use_bias_in_mlp: bool = _key(c.boolean, True)
+    """Biases on the MLP projections."""
+    make_vocab_size_divisible_by: int = _key(c.integer(1), 128)
+    """The tokenizer's vocabulary is padded up to a multiple of this (fast matmuls)."""
+    no_weight_tying: bool = _key(c.boolean, True)
+    """Untied input and output embeddings. NeoX's own default is False (tied), but every released
+    NeoX/Pythia config sets it true, so zerotopo defaults to untied; set false to tie."""
+    init_method: str = _key(c.choice(*INIT_METHODS), "normal")
+    """Init of embeddings, QKV and the first MLP projection: normal | scaled_normal | small_init | wang_init."""
+    output_layer_init_method: str = _key(c.choice(*INIT_METHODS), "scaled_normal")
+    """Init of the attention output and second MLP projections."""
+    init_method_std: float = _key(c.number(0.0, 1.0, lo_open=True), 0.02)
+    """Standard deviation of the ``normal`` / ``scaled_normal`` inits."""
+    hidden_dropout: float = _key(c.const(0, "dropout is not implemented (NeoX's large configs set 0)"), 0)
+    """Dropout after attention and MLP; only 0."""
+    attention_dropout: float = _key(c.const(0, "dropout is not implemented (NeoX's large configs set 0)"), 0)
+    """Dropout on attention probabilities; only 0."""
+    checkpoint_activations: bool = _key(c.boolean, False)
+    """Recompute each layer's activations in the backward pass (one layer per checkpoint)."""
+    # --- batch -------------------------------------------------------------------------------------------
+    train_micro_batch_size_per_gpu: int | None = _key(c.optional(c.integer(1)))
+    """Samples per rank per micro-batch."""
+    gradient_accumulation_steps: int | None = _key(c.optional(c.integer(1)))
+    """Micro-batches per optimizer step."""
+    train_batch_size: int | None = _key(c.optional(c.integer(1)))
+    """Samples per optimizer step over all ranks: micro × accumulation × data-parallel ranks."""
+    # --- schedule and optimizer ---------------------------------------------------------------------------
+    train_iters: int | None = _key(c.optional(c.integer(1)))
+    """Optimizer steps to train."""
+    lr_decay_style: str = _key(c.choice("constant", "linear", "cosine"), "linear")
+    """Learning-rate decay after warmup."""
+    lr_decay_iters: int | None = _key(c.optional(c.integer(1)))
+    """Steps over which the learning rate decays to ``min_lr``; ``train_iters`` when not set."""
+    warmup: float = _key(c.number(0.0, 1.0), 0.01)
+    """Fraction of ``lr_decay_iters`` spent warming up linearly from 0."""
+    min_lr: float = _key(c.number(0.0), 0.0)
+    """Learning rate at the end of decay."""
+    optimizer: OptimizerArgs = field(default_factory=OptimizerArgs)
+    """The ``optimizer`` block."""
+    weight_decay: float = _key(c.number(0.0, 10.0), 0.01)
+    """Decoupled weight decay (the optimizer block's ``weight_decay`` wins when given)."""
+    gradient_clipping: float = _key(c.number(0.0), 1.0)
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    # --- precision ---------------------------------------------------------------------------------------
+    precision: str | None = _key(
+        c.optional(
+            c.choice(
+                "fp32", "fp16", "bf16", aliases={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+            )
+        )
+    )
+    """fp32 | fp16 | bf16; when not set, taken from the ``fp16`` / ``bf16`` blocks (fp32 if neither)."""
+    fp16: FP16Args = field(default_factory=FP16Args)
+    """The ``fp16`` block."""
+    bf16_enabled: bool = _key(c.boolean, False, neox="bf16.enabled")
+    """The ``bf16: {enabled: true}`` block."""
+    # --- data --------------------------------------------------------------------------------------------
+    data_path: tuple[str, ...] | None = _key(c.optional(c.str_or_list))
+    """Prefix (or list of prefixes) of mmap indexed datasets, without ``.bin``/``.idx``; the bundled
+    corpus when not set."""
+    split: tuple[float, float, float] = _key(c.split, (969 / 1000, 30 / 1000, 1 / 1000))
+    """Train/valid/test weights over documents, e.g. ``"969,30,1"`` (NeoX's default)."""
+    tokenizer_type: str = _key(
+        c.choice("ByteTokenizer", "HFTokenizer", aliases={"ByteLevel": "ByteTokenizer"}), "ByteTokenizer"
+    )
+    """ByteTokenizer (256 bytes + end-of-document, needs no file) or HFTokenizer (a tokenizers JSON file)."""
+    vocab_file: str | None = _key(c.optional(c.text))
+    """The tokenizer JSON file for HFTokenizer."""
+    seed: int = _key(c.integer(0, 2**32 - 1), 1234)
+    """Seed of the model init and of the data shuffle."""
+    # --- evaluation, logging, checkpoints ----------------------------------------------------------------
+    eval_interval: int = _key(c.integer(1), 1000)
+    """Steps between evaluations on the validation split."""
+    eval_iters: int = _key(c.integer(0), 100)
+    """Validation micro-batches per evaluation."""
+    log_interval: int = _key(c.integer(1), 100)
+    """Steps between log lines."""
+    save: str | None = _key(c.optional(c.text))
+    """Directory to save checkpoints to."""
+    load: str | None = _key(c.optional(c.text))
+    """Directory to load a checkpoint from."""
+    save_interval: int | None = _key(c.optional(c.integer(1)))
+    """Steps between checkpoints."""
+    # --- sharding ----------------------------------------------------------------------------------------
+    zero_optimization: dict[str, Any] | None = _key(c.optional(c.mapping))
+    """DeepSpeed's ``zero_optimization`` block, kept as written; the plan module maps it to a plan."""
+    topology: str | None = _key(c.optional(c.text))
+    """zerotopo: topology name or YAML file (``frontier``, ``emulated``, ...)."""
+    plan: str | dict[str, Any] | None = _key(c.optional(c.plan))
+    """zerotopo: plan preset name (``zerotopo``, ``zero3``, ...) or a mapping of degrees."""
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Which file set each key (``--set`` for overrides); for error messages."""
+
+    # -------------------------------------------------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        return self.optimizer.lr
+
+    @property
+    def effective_weight_decay(self) -> float:
+        wd = self.optimizer.weight_decay
+        return self.weight_decay if wd is None else wd
+
+    @property
+    def decay_iters(self) -> int | None:
+        return self.lr_decay_iters or self.train_iters
+
+    @property
+    def resolved_precision(self) -> str:
+        """fp32, fp16 or bf16 after combining ``precision`` with the ``fp16`` / ``bf16`` blocks."""
+        if self.precision:
+            return self.precision
+        return "fp16" if self.fp16.enabled else "bf16" if self.bf16_enabled else "fp32"
+
+    def padded_vocab(self, vocab_size: int) -> int:
+        """The tokenizer's vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by``."""
+        m = self.make_vocab_size_divisible_by
+        return -(-vocab_size // m) * m
+
+    def model_config(self, vocab_size: int) -> NeoXConfig:
+        """The model for a tokenizer of ``vocab_size`` tokens (padded here)."""
+        return NeoXConfig(
+            vocab_size=self.padded_vocab(vocab_size),
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_attention_heads=self.num_attention_heads,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=self.max_position_embeddings or self.seq_length,
+            rotary_pct=self.rotary_pct,
+            rotary_emb_base=self.rotary_emb_base,
+            gpt_j_residual=self.gpt_j_residual,
+            layernorm_epsilon=self.layernorm_epsilon,
+            use_bias_in_attn_linear=self.use_bias_in_attn_linear,
+            use_bias_in_mlp=self.use_bias_in_mlp,
+            gelu_approximate=self.bias_gelu_fusion,
+            tie_embeddings=not self.no_weight_tying,
+            init_method=self.init_method,
+            output_layer_init_method=self.output_layer_init_method,
+            init_std=self.init_method_std,
+            checkpoint_activations=self.checkpoint_activations,
+        )
+
+    def model_shape(self, vocab_size: int, name: str = "neox") -> ModelShape:
+        """The :class:`ModelShape` for the cost model, without building the model."""
+        return self.model_config(vocab_size).shape(self.seq_length, name=name)
+
+    def batch_sizes(self, dp_world: int) -> tuple[int, int, int]:
+        """``(micro, accumulation, global)`` for ``dp_world`` data-parallel ranks, deriving the one not given
+        as NeoX does (``global = micro × accumulation × dp_world``)."""
+        return derive_batch_sizes(
+            self.train_micro_batch_size_per_gpu,
+            self.gradient_accumulation_steps,
+            self.train_batch_size,
+            dp_world,
+            source=self.sources.get("train_batch_size") or self.sources.get("train_micro_batch_size_per_gpu"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (YAML/JSON-ready) of every key, for logs and the run directory."""
+        out = _plain(dataclasses.asdict(self))
+        out.pop("sources")
+        out["split"] = ",".join(f"{x:g}" for x in self.split)
+        return out
+
+
+def _plain(value: Any) -> Any:
+    """Tuples to lists, recursively, so ``yaml.safe_dump`` and ``json.dumps`` take the result."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def derive_batch_sizes(
+    micro: int | None, accum: int | None, global_: int | None, dp_world: int, *, source: str | None = None
+) -> tuple[int, int, int]:
+    """Fill in the missing one of (micro, accumulation, global) as NeoX does; check consistency."""
+    if dp_world < 1:
+        raise ConfigError(f"data-parallel world size {dp_world}; expected at least 1", source=source)
+    given = f"micro={micro}, accumulation={accum}, global={global_}, data-parallel ranks={dp_world}"
+    if global_ is not None:
+        if micro is None and accum is None:
+            accum = 1
+        if micro is None:
+            micro, rest = divmod(global_, accum * dp_world)
+        elif accum is None:
+            accum, rest = divmod(global_, micro * dp_world)
+        else:
+            rest = global_ - micro * accum * dp_world
+        if rest or not micro or not accum:
+            raise ConfigError(
+                f"batch sizes do not fit: {given}; train_batch_size must equal "
+                "train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel ranks "
+                "(drop train_batch_size to derive it)",
+                source=source,
+                key="train_batch_size",
+            )
+    elif micro is not None:
+        accum = accum or 1
+    else:
+        raise ConfigError(
+            f"set train_micro_batch_size_per_gpu (and optionally gradient_accumulation_steps) or "
+            f"train_batch_size; got {given}",
+            source=source,
+            key="train_micro_batch_size_per_gpu",
+        )
+    return micro, accum, micro * accum * dp_world
+
+
+def load_neox_config(
+    paths: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None = None
+) -> NeoXArgs:
+    """Merge NeoX-style YAML files (and ``--set`` overrides) into validated :class:`NeoXArgs`."""
+    values, sources = merge_files(paths)
+    apply_overrides(values, sources, overrides)
+    args, unknown = build_args(values, sources)
+    if unknown:
+        warnings.warn(
+            "unknown config keys ignored: "
+            + ", ".join(unknown)
+            + " (see docs/configs.md for supported keys)",
+            stacklevel=2,
+        )
+    return args
+
+
+def _checked(check: c.Check, value: Any, key: str, sources: Mapping[str, str], top: str) -> Any:
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise ConfigError(f"{value!r}: {exc}", source=sources.get(top), key=key) from None
+
+
+def _block(
+    name: str, value: Any, checks: Mapping[str, c.Check], sources: Mapping[str, str], unknown: list[str]
+) -> dict[str, Any]:
+    """Check the keys of a nested block; unknown ones are collected as ``block.key``."""
+    block = _checked(c.mapping, value, name, sources, name)
+    out = {}
+    for key, raw in block.items():
+        if key in checks:
+            out[key] = _checked(checks[key], raw, f"{name}.{key}", sources, name)
+        else:
+            unknown.append(f"{name}.{key}")
+    return out
+
+
+def _optimizer(value: Any, sources: Mapping[str, str], unknown: list[str]) -> OptimizerArgs:
+    block = _block(
+        "optimizer", value, {"type": c.choice("Adam", "AdamW"), "params": c.mapping}, sources, unknown
+    )
+    params = _block("optimizer.params", block.get("params", {}), _OPTIM_CHECKS, sources, unknown)
+    return OptimizerArgs(type=block.get("type", "AdamW"), **params)
+
+
+def build_args(values: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[NeoXArgs, list[str]]:
+    """Validate merged config values; returns the args and the unknown keys (sorted)."""
+    unknown: list[str] = []
+    kwargs: dict[str, Any] = {"sources": dict(sources)}
+    fields = {f.name: f for f in dataclasses.fields(NeoXArgs) if "check" in f.metadata}
+    for key, value in values.items():
+        if key in fields:
+            kwargs[key] = _checked(fields[key].metadata["check"], value, key, sources, key)
+        elif key == "optimizer":
+            kwargs["optimizer"] = _optimizer(value, sources, unknown)
+        elif key == "fp16":
+            block = _block("fp16", value, _FP16_CHECKS, sources, unknown)
+            block.pop("type", None)
+            enabled = block.pop("fp16", None)
+            block.setdefault("enabled", enabled if enabled is not None else True)
+            kwargs["fp16"] = FP16Args(**block)
+        elif key == "bf16":
+            block = _block("bf16", value, {"enabled": c.boolean, "bf16": c.boolean}, sources, unknown)
+            kwargs["bf16_enabled"] = block.get("enabled", block.get("bf16", True))
+        elif key in PARALLEL_KEYS:
+            if _checked(c.integer(0), value, key, sources, key) > 1:
+                unknown.append(f"{key}={value} (zerotopo is data-parallel only)")
+        elif key not in IGNORED_KEYS:
+            unknown.append(str(key))
+    args = NeoXArgs(**kwargs)
+    _cross_check(args)
+    return args, sorted(unknown)
+
+
+def _cross_check(a: NeoXArgs) -> None:
+    """Checks that involve several keys; the error names the file of the first key."""
+    src = a.sources.get
+    if a.hidden_size % a.num_attention_heads:
+        raise ConfigError(
+            f"hidden_size {a.hidden_size} is not a multiple of num_attention_heads {a.num_attention_heads}; "
+            "pick a head count that divides the width",
+            source=src("hidden_size") or src("num_attention_heads"),
+            key="hidden_size",
+        )
+    head_dim = a.hidden_size // a.num_attention_heads
+    if int(head_dim * a.rotary_pct) % 2:
+        raise ConfigError(
+            f"{a.rotary_pct} rotates {int(head_dim * a.rotary_pct)} of {head_dim} head dims; rotary needs an "
+            "even count, pick a rotary_pct that gives one",
+            source=src("rotary_pct"),
+            key="rotary_pct",
+        )
+    if a.max_position_embeddings is not None and a.max_position_embeddings < a.seq_length:
+        raise ConfigError(
+            f"{a.max_position_embeddings} is below seq_length {a.seq_length}; raise it to at least seq_length",
+            source=src("max_position_embeddings"),
+            key="max_position_embeddings",
+        )
+    if a.tokenizer_type == "HFTokenizer" and not a.vocab_file:
+        raise ConfigError(
+            "HFTokenizer needs vocab_file: the path of a tokenizers JSON file (e.g. 20B_tokenizer.json)",
+            source=src("tokenizer_type"),
+            key="vocab_file",
+        )
+    blocks = {p for p, on in (("fp16", a.fp16.enabled), ("bf16", a.bf16_enabled)) if on}
+    if len(blocks) > 1 or (a.precision and blocks and blocks != {a.precision}):
+        raise ConfigError(
+            f"precision {a.precision!r} conflicts with enabled blocks {sorted(blocks)}; enable one of fp16/bf16 "
+            "or set precision alone",
+            source=src("precision") or src("fp16") or src("bf16"),
+            key="precision",
+        )
+    if a.min_lr > a.lr:
+        raise ConfigError(
+            f"{a.min_lr} is above the peak learning rate {a.lr}; expected min_lr <= optimizer.params.lr",
+            source=src("min_lr"),
+            key="min_lr",
+        )
