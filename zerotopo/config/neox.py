@@ -310,6 +310,13 @@ class NeoXArgs:
         """Plain values (YAML/JSON-ready) of every key, for logs and the run directory."""
         out = _plain(dataclasses.asdict(self))
         out.pop("sources")
+        # Nested the way the files write them, so the dict loads back as a config.
+        optim = out.pop("optimizer")
+        out["optimizer"] = {
+            "type": optim.pop("type"),
+            "params": {k: v for k, v in optim.items() if v is not None},
+        }
+        out["bf16"] = {"enabled": out.pop("bf16_enabled")}
         out["split"] = ",".join(f"{x:g}" for x in self.split)
         return out
 
@@ -387,11 +394,12 @@ def _block(
     name: str, value: Any, checks: Mapping[str, c.Check], sources: Mapping[str, str], unknown: list[str]
 ) -> dict[str, Any]:
     """Check the keys of a nested block; unknown ones are collected as ``block.key``."""
-    block = _checked(c.mapping, value, name, sources, name)
+    top = name.split(".")[0]
+    block = _checked(c.mapping, value, name, sources, top)
     out = {}
     for key, raw in block.items():
         if key in checks:
-            out[key] = _checked(checks[key], raw, f"{name}.{key}", sources, name)
+            out[key] = _checked(checks[key], raw, f"{name}.{key}", sources, top)
         else:
             unknown.append(f"{name}.{key}")
     return out
