@@ -1,0 +1,225 @@
+"""GPT training samples from indexed datasets: NeoX's packing, splits, shuffling, and per-rank micro-batches.
+
+[Note: packing] As in NeoX's ``GPT2Dataset``, the documents of a split are shuffled (once per epoch, by
+seed) and read as one token stream; sample ``i`` is stream positions ``i·s .. i·s + s`` inclusive, i.e.
+``s + 1`` tokens (inputs and shifted targets), so consecutive samples share one token and documents are
+cut across sample boundaries. Three index arrays describe it:
+
+- ``doc_idx``    the epochs' shuffled document order;
+- ``sample_idx`` ``[num_samples + 1, 2]``: (position in ``doc_idx``, token offset) where each sample starts;
+- ``shuffle_idx`` a permutation of the samples.
+
+They depend only on (documents, seed, seq_length, num_samples) and are cached as ``.npy`` files beside the
+data, so every rank and every restart reads the same samples in the same order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from zerotopo.data.indexed import MMapIndexedDataset
+from zerotopo.errors import ZerotopoError
+
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+def parse_split(split: str | Sequence[float]) -> tuple[float, ...]:
+    """``"969,30,1"`` (or weights) to three fractions summing to 1."""
+    parts = split.split(",") if isinstance(split, str) else list(split)
+    try:
+        weights = [float(p) for p in parts]
+    except ValueError:
+        raise ZerotopoError(f'split {split!r}: expected comma-separated weights like "969,30,1"') from None
+    weights = (weights + [0.0, 0.0, 0.0])[:3]
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ZerotopoError(
+            f'split {split!r}: expected non-negative weights with a positive sum, like "969,30,1"'
+        )
+    return tuple(w / sum(weights) for w in weights)
+
+
+def split_documents(num_docs: int, split: str | Sequence[float]) -> list[tuple[int, int]]:
+    """``[start, end)`` document ranges of train/valid/test, rounded as NeoX rounds them."""
+    bounds = [0]
+    for frac in parse_split(split):
+        bounds.append(bounds[-1] + int(round(frac * num_docs)))
+    diff = bounds[-1] - num_docs
+    bounds = [0] + [b - diff for b in bounds[1:]]
+    return [(bounds[i], bounds[i + 1]) for i in range(3)]
+
+
+def _build_indices(
+    sizes: np.ndarray, documents: np.ndarray, seq_length: int, num_samples: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """doc_idx, sample_idx and shuffle_idx (see [Note: packing])."""
+    tokens_per_epoch = int(sizes[documents].sum(dtype=np.int64))
+    if tokens_per_epoch <= 1:
+        raise ZerotopoError(
+            f"the split's {len(documents)} documents hold {tokens_per_epoch} tokens; need at least 2"
+        )
+    epochs = 1
+    while (epochs * tokens_per_epoch - 1) // seq_length < num_samples:
+        epochs += 1
+    rng = np.random.RandomState(seed)
+    doc_idx = np.concatenate([rng.permutation(documents) for _ in range(epochs)]).astype(np.int64)
+    starts = np.zeros(len(doc_idx) + 1, dtype=np.int64)
+    np.cumsum(sizes[doc_idx], out=starts[1:])
+    positions = np.arange(num_samples + 1, dtype=np.int64) * seq_length
+    # side="right" then -1: the last document starting at or before the position, skipping empty ones.
+    where = np.searchsorted(starts, positions, side="right") - 1
+    sample_idx = np.stack([where, positions - starts[where]], axis=1)
+    shuffle_idx = rng.permutation(num_samples).astype(np.int64)
+    return doc_idx, sample_idx, shuffle_idx
+
+
+def _save_atomic(path: str, array: np.ndarray) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(
+        tmp, path
+    )  # concurrent ranks write identical files; the last rename wins, readers see whole files
+
+
+class GPTDataset:
+    """Samples of ``seq_length + 1`` token ids packed across the documents ``documents`` of ``indexed``."""
+
+    def __init__(
+        self,
+        name: str,
+        indexed: MMapIndexedDataset,
+        documents: np.ndarray,
+        seq_length: int,
+        num_samples: int,
+        seed: int,
+        *,
+        cache: bool = True,
+    ):
+        if num_samples < 1 or seq_length < 1:
+            raise ZerotopoError(
+                f"{name}: num_samples {num_samples} and seq_length {seq_length} must be positive"
+            )
+        self.name, self.indexed, self.seq_length, self.num_samples = name, indexed, seq_length, num_samples
+        docs = np.asarray(documents, dtype=np.int64)
+        # The document range goes into the key too, so a different split never reuses another's indices.
+        digest = hashlib.sha1(docs.tobytes()).hexdigest()[:10]
+        self.cache_prefix = f"{indexed.prefix}_{name}_{num_samples}ns_{seq_length}sl_{seed}s_{digest}"
+        arrays = self._load_cached() if cache else None
+        self.cache_hit = arrays is not None
+        if arrays is None:
+            arrays = _build_indices(indexed.sizes, docs, seq_length, num_samples, seed)
+            if cache:
+                self._store(arrays)
+        self.doc_idx, self.sample_idx, self.shuffle_idx = arrays
+
+    def _paths(self) -> list[str]:
+        return [f"{self.cache_prefix}_{part}.npy" for part in ("doc_idx", "sample_idx", "shuffle_idx")]
+
+    def _load_cached(self) -> tuple[np.ndarray, ...] | None:
+        paths = self._paths()
+        if not all(os.path.isfile(p) for p in paths):
+            return None
+        return tuple(np.load(p, mmap_mode="r") for p in paths)
+
+    def _store(self, arrays: tuple[np.ndarray, ...]) -> None:
+        try:
+            for path, array in zip(self._paths(), arrays):
+                _save_atomic(path, array)
+        except OSError:
+            pass  # a read-only data directory: the indices are rebuilt next time, which is only slower
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Sample ``i`` (after shuffling): ``seq_length + 1`` token ids as int64."""
+        j = int(self.shuffle_idx[i])
+        (first, start), (last, end) = self.sample_idx[j], self.sample_idx[j + 1]
+        docs = self.doc_idx
+        if first == last:
+            return self.indexed.get(int(docs[first]), int(start), int(end - start + 1)).astype(np.int64)
+        pieces = [self.indexed.get(int(docs[first]), int(start))]
+        pieces += [self.indexed.get(int(docs[k])) for k in range(first + 1, last)]
+        pieces.append(self.indexed.get(int(docs[last]), 0, int(end) + 1))
+        return np.concatenate(pieces).astype(np.int64)
+
+
+def build_train_valid_test(
+    data_prefix: str,
+    split: str | Sequence[float],
+    seq_length: int,
+    num_samples: tuple[int, int, int],
+    seed: int,
+    *,
+    cache: bool = True,
+) -> tuple[GPTDataset | None, GPTDataset | None, GPTDataset | None]:
+    """Train, valid and test datasets over consecutive document ranges of one indexed dataset (NeoX's
+    ``split``); a split with no documents or no requested samples is None."""
+    indexed = MMapIndexedDataset(data_prefix)
+    out: list[GPTDataset | None] = []
+    for name, (start, end), n in zip(SPLIT_NAMES, split_documents(len(indexed), split), num_samples):
+        if end <= start or n <= 0:
+            out.append(None)
+            continue
+        docs = np.arange(start, end, dtype=np.int64)
+        out.append(GPTDataset(name, indexed, docs, seq_length, n, seed, cache=cache))
+    if num_samples[0] > 0 and out[0] is None:
+        raise ZerotopoError(
+            f"{data_prefix}: the train split {split!r} of {len(indexed)} documents is empty; "
+            "give the train split more weight or use more documents"
+        )
+    return out[0], out[1], out[2]
+
+
+class DistributedBatches:
+    """Micro-batches of one data-parallel rank: ``LongTensor[micro_batch, seq_length + 1]``.
+
+    Global micro-batch ``t`` is samples ``start + t·B·W ... start + (t+1)·B·W - 1`` (``B`` micro-batch,
+    ``W`` ranks); rank ``r`` reads the ``r``-th block of ``B``. So the ranks read disjoint samples, and
+    ``W`` ranks see exactly the samples one rank sees over ``W`` consecutive micro-batches. Iteration stops
+    when a whole global micro-batch no longer fits, unless ``cycle`` wraps around the dataset.
+    """
+
+    def __init__(
+        self,
+        dataset: GPTDataset,
+        micro_batch: int,
+        dp_rank: int,
+        dp_world: int,
+        start_sample: int = 0,
+        *,
+        cycle: bool = False,
+    ):
+        if not 0 <= dp_rank < dp_world or micro_batch < 1:
+            raise ZerotopoError(
+                f"rank {dp_rank} of {dp_world} with micro-batch {micro_batch}: not a valid layout"
+            )
+        if not cycle and len(dataset) < micro_batch * dp_world:
+            raise ZerotopoError(
+                f"{dataset.name} split has {len(dataset)} samples, fewer than one global micro-batch "
+                f"({micro_batch} × {dp_world} ranks); use more data or a smaller batch"
+            )
+        self.dataset, self.micro_batch, self.dp_rank, self.dp_world = dataset, micro_batch, dp_rank, dp_world
+        self.start_sample, self.cycle = start_sample, cycle
+
+    def __len__(self) -> int:
+        """Micro-batches left for this rank (without cycling)."""
+        return max(0, (len(self.dataset) - self.start_sample) // (self.micro_batch * self.dp_world))
+
+    def sample_indices(self, step: int) -> np.ndarray:
+        """Dataset indices of this rank's ``step``-th micro-batch."""
+        first = self.start_sample + step * self.micro_batch * self.dp_world + self.dp_rank * self.micro_batch
+        idx = np.arange(first, first + self.micro_batch)
+        return idx % len(self.dataset) if self.cycle else idx
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        step = 0
+        while self.cycle or step < len(self):
+            rows = [self.dataset[int(i)] for i in self.sample_indices(step)]
+            yield torch.from_numpy(np.stack(rows))
+            step += 1
