@@ -1,0 +1,129 @@
+"""``zerotopo train``: train a GPT-NeoX-style model under a sharding plan.
+
+With no arguments: the tiny NeoX model of ``configs/tiny.yml`` with the ``zerotopo`` plan on the local
+emulated cluster (8 gloo ranks as 2 nodes x 2 packages x 2 dies) on the corpus bundled with zerotopo.
+Under ``srun``, ``mpiexec`` or ``torchrun`` the same command runs as one rank of the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import yaml
+
+from zerotopo.errors import ConfigError
+
+EPILOG = """examples:
+  zerotopo train                                   # tiny model, emulated 8-rank cluster, ~minutes on a CPU
+  zerotopo train configs/tiny.yml --set train_iters=50 --plan zero3
+  zerotopo train configs/neox-20b.yml --topology frontier --nodes 48 --plan zerotopo   # one rank under srun
+  srun -N2 -n16 zerotopo train configs/tiny.yml --topology frontier --nodes 2
+
+Config keys follow GPT-NeoX (see docs/configs.md); --set overrides any of them.
+"""
+
+
+def _parse_value(text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_sets(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"expected KEY=VALUE, found {item!r}", source="--set")
+        key, value = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        if not key:
+            raise ConfigError(f"empty key in {item!r}", source="--set")
+        if key in out:
+            raise ConfigError(f"key {key!r} given twice", source="--set")
+        out[key] = _parse_value(value)
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EPILOG
+    p.add_argument(
+        "configs",
+        nargs="*",
+        metavar="CONFIG.yml",
+        help="NeoX-style YAML files merged in order (default: configs/tiny.yml)",
+    )
+    p.add_argument("--topology", help="topology name (frontier, dgx-a100, dgx-h100, emulated) or YAML file")
+    p.add_argument("--nodes", type=int, help="number of nodes (default: the launcher's, else the topology's)")
+    p.add_argument("--plan", help="plan preset (zerotopo, zero3, zeropp, mics, ...) or plan YAML file")
+    p.add_argument(
+        "--sync", choices=("event", "host", "none"), help="stream ordering of the secondary partition"
+    )
+    p.add_argument(
+        "--grad-reduce", choices=("reduce_scatter", "allreduce"), help="cross-replica gradient reduction"
+    )
+    p.add_argument("--prefetch", type=int, help="units gathered ahead of the one computing")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set train_iters=50 (repeatable)",
+    )
+    p.add_argument(
+        "--launcher",
+        default="auto",
+        choices=("auto", "local", "slurm", "mpi", "torchrun"),
+        help="auto: join the srun/mpiexec/torchrun job if there is one, else spawn the "
+        "topology's ranks locally (default)",
+    )
+    p.add_argument("--run-dir", help="directory for metrics.csv, plots, summary (default runs/<time>-<plan>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from zerotopo.trainer.entry import run_training
+    from zerotopo.trainer.job import TrainJob
+
+    plan_overrides = {
+        k: v
+        for k, v in (("sync", args.sync), ("grad_reduce", args.grad_reduce), ("prefetch", args.prefetch))
+        if v is not None
+    }
+    job = TrainJob(
+        configs=tuple(args.configs),
+        overrides=parse_sets(args.sets),
+        topology=args.topology,
+        nodes=args.nodes,
+        plan=args.plan,
+        plan_overrides=plan_overrides,
+        launcher=args.launcher,
+        run_dir=args.run_dir,
+        progress=not args.no_progress,
+    )
+    summary = run_training(job)
+    if summary is None:
+        return 0
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        first, final = summary.get("first_loss"), summary.get("final_loss")
+        print(
+            f"\ndone: {summary['steps']} steps in {summary['wall_s']:.1f}s "
+            f"({summary['tokens_per_s']:.0f} tokens/s); loss {first:.4f} -> {final:.4f}"
+            + (
+                f"; validation loss {summary['final_valid_loss']:.4f}"
+                if summary.get("final_valid_loss")
+                else ""
+            )
+        )
+        print(
+            f"run directory: {summary['run_dir']} (metrics.csv, summary.json"
+            + "".join(f", {p.rsplit('/', 1)[-1]}" for p in summary.get("plots", []))
+            + ")"
+        )
+    return 0

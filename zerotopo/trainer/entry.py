@@ -1,0 +1,59 @@
+"""``zerotopo train``'s entry point: one rank of a launched job, or the whole local emulated cluster.
+
+[Note: launch modes] With ``--launcher auto`` a process that finds a launcher's environment (``srun``,
+``mpiexec``, ``torchrun``) trains as that rank. A process that finds none spawns the topology's ranks on
+this machine (gloo, ``ranks_per_node`` = devices per node, so the mesh sees emulated nodes) and waits
+for them; ``--launcher local`` forces that. Either way each rank runs
+:func:`zerotopo.trainer.loop.train_rank` with the same :class:`TrainJob`, so a local run and an
+``srun`` run of the same config train identically.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from zerotopo.launch.discovery import detect_launcher
+from zerotopo.trainer.job import TrainJob
+
+
+def launched_externally(job: TrainJob) -> bool:
+    if job.launcher == "local":
+        return False
+    if job.launcher != "auto":
+        return True
+    return detect_launcher(os.environ) != "local"
+
+
+def run_training(job: TrainJob) -> dict[str, Any] | None:
+    """Train; returns rank 0's summary (None on other ranks of an external launch)."""
+    from zerotopo.trainer.loop import train_rank
+
+    if launched_externally(job):
+        import torch.distributed as dist
+
+        from zerotopo.launch.discovery import discover
+
+        info = discover(prefer=None if job.launcher == "auto" else job.launcher)
+        try:
+            return train_rank(info.rank, info.world_size, job)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    args = job.load_args()
+    topology = job.load_topology(args)
+    if not args.data_path:
+        # Build the bundled corpus once here, before the ranks all ask for it.
+        from zerotopo.data.corpus import default_corpus_prefix
+
+        default_corpus_prefix(args.tokenizer_type)
+    from zerotopo.spawn import spawn
+
+    results = spawn(
+        train_rank,
+        topology.world_size,
+        args=(job,),
+        ranks_per_node=topology.devices_per_node,
+        timeout_s=float(os.environ.get("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600)),
+    )
+    return results[0]

@@ -1,0 +1,86 @@
+"""What one training run needs, resolved once from config files, flags and the launcher.
+
+A :class:`TrainJob` is plain data (picklable) so the local emulated cluster can hand it to every
+spawned rank; each rank re-reads the config files itself, so ranks launched by ``srun`` and ranks
+spawned locally resolve exactly the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zerotopo.config.neox import NeoXArgs, load_neox_config
+from zerotopo.errors import ConfigError
+from zerotopo.plan import Plan, load_plan, plan_from_deepspeed
+from zerotopo.topology import Topology, load_topology
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yml"
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """A training run as the user asked for it, before any process group exists."""
+
+    configs: tuple[str, ...] = ()
+    """NeoX-style YAML files, merged in order (none: ``configs/tiny.yml``)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """``--set key=value`` overrides of config keys."""
+    topology: str | None = None
+    """Topology name or file; else the config's ``topology:``; else ``emulated``."""
+    nodes: int | None = None
+    """Node count; else the launcher's; else the topology file's."""
+    plan: str | None = None
+    """Plan preset or file; else the config's ``plan:`` or ``zero_optimization``; else ``zerotopo``."""
+    plan_overrides: dict[str, Any] = field(default_factory=dict)
+    """Plan fields set by flags (``--sync``, ``--grad-reduce``, ``--prefetch``)."""
+    launcher: str = "auto"
+    """auto | local | slurm | mpi | torchrun."""
+    run_dir: str | None = None
+    """Where metrics, plots and checkpoints go (default ``runs/<time>-<plan>``)."""
+    progress: bool = True
+    """Show a progress bar on rank 0."""
+
+    def config_paths(self) -> list[str]:
+        return list(self.configs) or [str(DEFAULT_CONFIG)]
+
+    def load_args(self, *, quiet: bool = False) -> NeoXArgs:
+        with warnings.catch_warnings():
+            if quiet:
+                warnings.simplefilter("ignore")
+            return load_neox_config(self.config_paths(), self.overrides or None)
+
+    def load_topology(self, args: NeoXArgs, nodes: int | None = None) -> Topology:
+        name = self.topology or args.topology or "emulated"
+        return load_topology(name, nodes=self.nodes or nodes)
+
+    def load_plan(self, args: NeoXArgs) -> Plan:
+        if self.plan is not None:
+            plan = load_plan(self.plan, source="--plan")
+        elif args.plan is not None:
+            plan = load_plan(args.plan, source=args.sources.get("plan", "config"))
+        elif args.zero_optimization is not None:
+            plan = plan_from_deepspeed(
+                args.zero_optimization, source=args.sources.get("zero_optimization", "zero_optimization")
+            )
+        else:
+            plan = load_plan("zerotopo")
+        if self.plan_overrides:
+            from dataclasses import replace
+
+            try:
+                plan = replace(plan, **self.plan_overrides)
+                plan._validate_options()
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(str(exc), source="plan flags") from None
+        return plan
+
+    def resolve_run_dir(self, plan_name: str) -> Path:
+        if self.run_dir:
+            return Path(self.run_dir)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return Path(os.environ.get("ZEROTOPO_RUNS", "runs")) / f"{stamp}-{plan_name}"

@@ -1,0 +1,365 @@
+"""One rank of a training run: build the mesh, the model and the data, then train, evaluate and log.
+
+[Note: host synchronization] Following DESIGN.md rule 3, per-step losses stay on the device and are
+summed across ranks only at each ``log_interval`` (one all-reduce of a short vector), so the host never
+waits on the device inside a logging window except where the engine itself needs a value on the host
+(gradient norm for clipping, the fp16 overflow check).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from zerotopo.comm.ledger import Ledger
+from zerotopo.comm.mesh import build_mesh
+from zerotopo.config.neox import NeoXArgs
+from zerotopo.data.dataset import DistributedBatches, build_train_valid_test
+from zerotopo.data.tokenizers import build_tokenizer
+from zerotopo.engine import parallelize
+from zerotopo.errors import ConfigError, PlanError
+from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
+from zerotopo.models.neox import GPTNeoX
+from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
+from zerotopo.trainer.job import TrainJob
+from zerotopo.trainer.metrics import MetricsWriter, plot_run, write_summary
+from zerotopo.trainer.schedule import LRSchedule
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class RankContext:
+    """What every part of the loop needs to know about this rank."""
+
+    rank: int
+    world: int
+    device: torch.device
+    is_main: bool
+
+
+def data_prefix(args: NeoXArgs) -> str:
+    """The dataset prefix: the config's ``data_path`` (first entry), else the bundled corpus."""
+    if args.data_path:
+        prefix = args.data_path[0]
+        missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
+        if missing:
+            raise ConfigError(
+                f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
+                f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {prefix}`",
+                source=args.sources.get("data_path"),
+                key="data_path",
+            )
+        return prefix
+    from zerotopo.data.corpus import default_corpus_prefix
+
+    return default_corpus_prefix(args.tokenizer_type)
+
+
+def check_memory(
+    args: NeoXArgs, model_units: list[int], topology, plan, param_bytes: int, micro: int
+) -> None:
+    """Refuse a plan that cannot fit the device, naming the planner's best fitting plan instead."""
+    from zerotopo.cost.memory import memory_per_device
+
+    mem = memory_per_device(model_units, topology, plan, param_bytes=param_bytes, padded=True)
+    limit = topology.device.memory_gib * 2**30
+    states = mem.params + mem.secondary + mem.grads + mem.optim
+    if states > limit:
+        hint = ""
+        try:
+            from zerotopo.cost.planner import plan_candidates
+
+            shape = args.model_shape(256)
+            best = [
+                c
+                for c in plan_candidates(
+                    shape,
+                    topology,
+                    micro_batch=micro,
+                    grad_accum=args.gradient_accumulation_steps or 1,
+                    plans="auto",
+                )
+                if c.fits
+            ]
+            if best:
+                hint = f"; the planner suggests --plan {best[0].name!r} (run `zerotopo plan` to compare)"
+        except Exception:  # noqa: BLE001 - the suggestion is a courtesy
+            pass
+        raise PlanError(
+            f"plan {plan.name!r} needs {states / 2**30:.2f} GiB per device for parameters, gradients and "
+            f"optimizer states, more than the {topology.device.memory_gib:g} GiB of a {topology.device.name}"
+            f"{hint}"
+        )
+
+
+def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
+    """Run the job as one rank; returns the run summary on rank 0 (None elsewhere)."""
+    args = job.load_args(quiet=rank != 0)
+    info = discover(prefer=None if job.launcher in ("auto", "local") else job.launcher)
+    topology = job.load_topology(args, nodes=info.num_nodes if info.launcher != "local" else None)
+    if info.world_size != topology.world_size:
+        raise ConfigError(
+            f"the job has {info.world_size} ranks but topology {topology.name!r} with {topology.nodes} nodes "
+            f"x {topology.devices_per_node} devices needs {topology.world_size}; launch "
+            f"{topology.world_size} ranks or pass --nodes {max(info.world_size // topology.devices_per_node, 1)}",
+            key="topology",
+        )
+    check_against_topology(info, topology)
+    device = init_distributed(info)
+    torch.set_num_threads(max(1, int(os.environ.get("ZEROTOPO_THREADS_PER_RANK", "1"))))
+    plan = job.load_plan(args)
+    degrees = plan.degrees(topology)
+    ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
+    mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
+
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    cfg = args.model_config(tokenizer.vocab_size)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ConfigError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}",
+            key="vocab_file",
+        )
+    precision = args.resolved_precision
+    param_dtype = DTYPES[precision]
+    micro, accum, global_batch = args.batch_sizes(ctx.world)
+    torch.manual_seed(args.seed)
+    model = GPTNeoX(cfg)
+    unit_numels = [
+        sum(p.numel() for p in m.parameters()) for m in [model.embed_in, *model.layers, model.head]
+    ]
+    check_memory(args, unit_numels, topology, plan, param_bytes=param_dtype.itemsize, micro=micro)
+
+    ledger = Ledger()
+    fp16 = args.fp16
+    loss_scale: Any = None
+    if precision == "fp16":
+        loss_scale = fp16.loss_scale if fp16.loss_scale else "dynamic"
+    model, optimizer = parallelize(
+        model.to(device),
+        mesh=mesh,
+        param_dtype=param_dtype,
+        lr=args.lr,
+        betas=tuple(args.optimizer.betas),
+        eps=args.optimizer.eps,
+        weight_decay=args.effective_weight_decay,
+        max_grad_norm=args.gradient_clipping or None,
+        loss_scale=loss_scale,
+        ledger=ledger,
+    )
+    iters = args.train_iters or 100
+    schedule = LRSchedule.from_args(
+        lr=args.lr,
+        min_lr=args.min_lr,
+        warmup=args.warmup,
+        decay_iters=args.decay_iters or iters,
+        style=args.lr_decay_style,
+    )
+
+    prefix = data_prefix(args)
+    eval_runs = iters // args.eval_interval + 1
+    num_samples = (iters * global_batch, max(eval_runs * args.eval_iters * micro * ctx.world, 1), 1)
+    train_ds, valid_ds, _ = build_train_valid_test(
+        prefix, args.split, args.seq_length, num_samples, args.seed
+    )
+
+    run_dir = job.resolve_run_dir(plan.name)
+    start_step = 0
+    if args.load:
+        start_step = load_checkpoint(
+            Path(args.load), model, optimizer, rank=ctx.rank, cfg=cfg, plan_label=plan.label(topology)
+        )
+    train_batches = iter(
+        DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=start_step * global_batch)
+    )
+    writer = MetricsWriter(run_dir, topology.tier_names) if ctx.is_main else None
+    if ctx.is_main:
+        (run_dir / "config.yml").write_text(
+            _yaml_dump(
+                {
+                    "neox": args.to_dict(),
+                    "plan": plan.to_dict(),
+                    "topology": topology.name,
+                    "nodes": topology.nodes,
+                }
+            )
+        )
+        print(
+            f"zerotopo train: {cfg.num_layers} layers x {cfg.hidden_size} wide, "
+            f"{sum(unit_numels) / 1e6:.2f}M parameters, {precision}; plan {plan.name} ({plan.label(topology)}) "
+            f"on {topology.name} x{topology.nodes} nodes = {ctx.world} ranks; batch {micro} x {accum} micro x "
+            f"{ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; run dir {run_dir}",
+            flush=True,
+        )
+    shape = args.model_shape(tokenizer.vocab_size)
+    flops_per_step = shape.step_flops(global_batch, checkpoint_activations=args.checkpoint_activations)
+    tokens_per_step = global_batch * args.seq_length
+    peak = topology.device.peak_tflops
+
+    bar = None
+    if ctx.is_main and job.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=iters, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+    pending: list[tuple[int, torch.Tensor, dict[str, Any]]] = []
+    first_loss = last_loss = None
+    valid_losses: list[float] = []
+    t_run = time.perf_counter()
+    for step in range(start_step, iters):
+        lr = schedule(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+        for _ in range(accum):
+            batch = next(train_batches).to(device)
+            inputs, labels = batch[:, :-1], batch[:, 1:]
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+            model.scale_loss(loss / accum).backward()
+            loss_sum += loss.detach()
+        stats = optimizer.step()
+        optimizer.zero_grad()
+        dt = time.perf_counter() - t0
+        comm = ledger.mark_step()
+        row = {
+            "kind": "train",
+            "step": step + 1,
+            "lr": lr,
+            "grad_norm": stats.get("grad_norm"),
+            "skipped": int(bool(stats.get("skipped"))),
+            "loss_scale": stats.get("loss_scale"),
+            "step_time_s": dt,
+            "tokens_per_s": tokens_per_step / dt,
+            "tflops_per_device": flops_per_step / dt / ctx.world / 1e12,
+        }
+        if peak:
+            row["mfu"] = row["tflops_per_device"] / peak
+        for tier, nbytes in comm.get("bytes_by_tier", {}).items():
+            row[f"bytes_{tier}"] = nbytes
+        pending.append((step + 1, loss_sum / accum, row))
+        if bar is not None:
+            bar.update(1)
+        last_step = step + 1 == iters
+        if (step + 1) % args.log_interval == 0 or last_step:
+            losses = _mean_over_ranks(torch.stack([p[1] for p in pending]))
+            for (s, _, r), value in zip(pending, losses):
+                r["loss"] = value
+                r["perplexity"] = math.exp(min(value, 50.0))
+                if writer:
+                    writer.write(r)
+            first_loss = losses[0] if first_loss is None else first_loss
+            last_loss = losses[-1]
+            if ctx.is_main:
+                r = pending[-1][2]
+                tiers = " ".join(
+                    f"{k.removeprefix('bytes_')}={v / 2**20:.1f}MiB"
+                    for k, v in r.items()
+                    if k.startswith("bytes_")
+                )
+                msg = (
+                    f"step {r['step']:>5}/{iters} | loss {r['loss']:.4f} | lr {lr:.2e} | "
+                    f"{r['tokens_per_s']:.0f} tok/s | {r['tflops_per_device'] * 1e3:.2f} GFLOPS/dev"
+                    + (f" | MFU {r['mfu'] * 100:.1f}%" if "mfu" in r else "")
+                    + f" | {tiers}"
+                )
+                (bar.write if bar is not None else print)(msg)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{r['loss']:.3f}")
+            pending.clear()
+        if args.eval_iters and ((step + 1) % args.eval_interval == 0 or last_step):
+            vloss = evaluate(model, valid_ds, micro, ctx, args.eval_iters)
+            valid_losses.append(vloss)
+            if writer:
+                writer.write(
+                    {
+                        "kind": "valid",
+                        "step": step + 1,
+                        "loss": vloss,
+                        "perplexity": math.exp(min(vloss, 50.0)),
+                    }
+                )
+            if ctx.is_main:
+                (bar.write if bar is not None else print)(
+                    f"step {step + 1:>5}/{iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}"
+                )
+        if args.save and args.save_interval and (step + 1) % args.save_interval == 0 and not last_step:
+            save_checkpoint(
+                Path(args.save),
+                model,
+                optimizer,
+                step=step + 1,
+                rank=ctx.rank,
+                cfg=cfg,
+                plan_label=plan.label(topology),
+            )
+        ledger.reset()
+    if bar is not None:
+        bar.close()
+    if args.save:
+        save_checkpoint(
+            Path(args.save),
+            model,
+            optimizer,
+            step=iters,
+            rank=ctx.rank,
+            cfg=cfg,
+            plan_label=plan.label(topology),
+        )
+    wall = time.perf_counter() - t_run
+    memory = model.memory_report()
+    if writer is None:
+        return None
+    writer.close()
+    summary = {
+        "run_dir": str(run_dir),
+        "plan": plan.name,
+        "degrees": plan.label(topology),
+        "topology": topology.name,
+        "nodes": topology.nodes,
+        "world_size": ctx.world,
+        "parameters": sum(unit_numels),
+        "steps": iters - start_step,
+        "first_loss": first_loss,
+        "final_loss": last_loss,
+        "final_valid_loss": valid_losses[-1] if valid_losses else None,
+        "wall_s": wall,
+        "tokens_per_s": (iters - start_step) * tokens_per_step / wall,
+        "memory_bytes_rank0": memory,
+        "degrees_resolved": vars(degrees),
+    }
+    write_summary(run_dir, summary)
+    summary["plots"] = [str(p) for p in plot_run(run_dir)]
+    return summary
+
+
+def _mean_over_ranks(values: torch.Tensor) -> list[float]:
+    values = values.detach().to(torch.float32).clone()
+    dist.all_reduce(values)
+    return (values / dist.get_world_size()).cpu().tolist()
+
+
+@torch.no_grad()
+def evaluate(model, dataset, micro: int, ctx: RankContext, eval_iters: int) -> float:
+    """Mean validation loss over ``eval_iters`` micro-batches per rank (the same samples every time)."""
+    total = torch.zeros((), device=ctx.device)
+    batches = iter(DistributedBatches(dataset, micro, ctx.rank, ctx.world, start_sample=0))
+    for _ in range(eval_iters):
+        batch = next(batches).to(ctx.device)
+        logits = model(batch[:, :-1])
+        total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    return _mean_over_ranks((total / eval_iters).reshape(1))[0]
+
+
+def _yaml_dump(obj: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(obj, sort_keys=False)
