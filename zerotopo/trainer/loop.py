@@ -251,7 +251,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         last_step = step + 1 == iters
         if (step + 1) % args.log_interval == 0 or last_step:
             losses = _mean_over_ranks(torch.stack([p[1] for p in pending]))
-            for (s, _, r), value in zip(pending, losses):
+            for (_, _, r), value in zip(pending, losses):
                 r["loss"] = value
                 r["perplexity"] = math.exp(min(value, 50.0))
                 if writer:
