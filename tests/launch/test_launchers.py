@@ -143,9 +143,9 @@ TRAIN_ARGS = ["-m", "zerotopo.cli.main", "train", str(TINY), "--set", "train_ite
 
 
 def need_trainer() -> None:
-    # Both halves of `zerotopo train`: the trainer package and its CLI entry point.
+    # `zerotopo train` whole: the trainer, the engine its loop imports, and the CLI entry point.
     try:
-        for module in ("zerotopo.trainer", "zerotopo.cli.train"):
+        for module in ("zerotopo.trainer", "zerotopo.trainer.loop", "zerotopo.cli.train"):
             importlib.import_module(module)
     except ImportError:
         pytest.skip("zerotopo train not available yet")
