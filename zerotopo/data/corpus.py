@@ -75,8 +75,10 @@ def stdlib_documents(root: str | None = None) -> Iterator[str]:
                 yield doc
 
 
-def write_corpus_jsonl(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES, seed: int = 0) -> int:
-    """Write the corpus as jsonl (``{"text": ...}`` per line); returns the number of documents."""
+def write_corpus_jsonl(path: str, *, max_bytes: int | None = None, seed: int = 0) -> int:
+    """Write the corpus as jsonl (``{"text": ...}`` per line), stopping after ``max_bytes`` of text
+    (``DEFAULT_MAX_BYTES``); returns the number of documents."""
+    max_bytes = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
     docs: list[str] = []
     total = 0
     for doc in stdlib_documents():
