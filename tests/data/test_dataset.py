@@ -120,3 +120,23 @@ def test_dp_cycle_and_errors(tmp_path):
     assert [next(it).shape for _ in range(4)] == [(2, 9)] * 4
     with pytest.raises(ZerotopoError, match="not a valid layout"):
         DistributedBatches(ds, 1, 2, 2)
+
+
+def test_blended_datasets_by_token_count(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    big, small = (
+        make_dataset(tmp_path / "a", num_docs=60, seed=1),
+        make_dataset(tmp_path / "b", num_docs=20, seed=2),
+    )
+    train, valid, _ = build_train_valid_test([big, small], "9,1,0", 8, (100, 10, 0), seed=0)
+    assert len(train) == 100 and len(valid) == 10
+    share = np.bincount(train.dataset_index, minlength=2) / 100
+    tokens = [MMapIndexedDataset(p).num_tokens for p in (big, small)]
+    assert share[0] == pytest.approx(tokens[0] / sum(tokens), abs=0.02)
+    for i in range(100):  # every sample is the one its source dataset holds at that index
+        k, j = train.dataset_index[i], train.dataset_sample_index[i]
+        np.testing.assert_array_equal(train[i], train.datasets[k][j])
+    pairs = set(zip(train.dataset_index.tolist(), train.dataset_sample_index.tolist()))
+    assert len(pairs) == 100
+    assert len(list(DistributedBatches(train, 5, 1, 4))) == 5

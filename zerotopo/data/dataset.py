@@ -149,18 +149,36 @@ class GPTDataset:
         return np.concatenate(pieces).astype(np.int64)
 
 
-def build_train_valid_test(
-    data_prefix: str,
-    split: str | Sequence[float],
-    seq_length: int,
-    num_samples: tuple[int, int, int],
-    seed: int,
-    *,
-    cache: bool = True,
-) -> tuple[GPTDataset | None, GPTDataset | None, GPTDataset | None]:
-    """Train, valid and test datasets over consecutive document ranges of one indexed dataset (NeoX's
-    ``split``); a split with no documents or no requested samples is None."""
-    indexed = MMapIndexedDataset(data_prefix)
+class BlendedDataset:
+    """Samples drawn from several :class:`GPTDataset` in proportion to ``weights``, interleaved evenly and
+    deterministically (each dataset's ``j``-th sample sits at its ideal position ``(j + ½) / weight``)."""
+
+    def __init__(self, name: str, datasets: Sequence[GPTDataset], weights: Sequence[float], num_samples: int):
+        w = np.asarray(weights, dtype=np.float64)
+        w = w / w.sum()
+        counts = [min(len(ds), int(np.ceil(wk * num_samples))) for ds, wk in zip(datasets, w)]
+        positions = np.concatenate([(np.arange(n) + 0.5) / wk for n, wk in zip(counts, w)])
+        owners = np.concatenate([np.full(n, k, dtype=np.int64) for k, n in enumerate(counts)])
+        local = np.concatenate([np.arange(n, dtype=np.int64) for n in counts])
+        order = np.argsort(positions, kind="stable")[:num_samples]
+        self.name, self.datasets = name, list(datasets)
+        self.dataset_index, self.dataset_sample_index = owners[order], local[order]
+        self.cache_hit = all(ds.cache_hit for ds in datasets)
+
+    def __len__(self) -> int:
+        return len(self.dataset_index)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.datasets[int(self.dataset_index[i])][int(self.dataset_sample_index[i])]
+
+
+SampleDataset = GPTDataset | BlendedDataset
+
+
+def _build_one(
+    prefix: str, split, seq_length: int, num_samples, seed: int, cache: bool
+) -> list[GPTDataset | None]:
+    indexed = MMapIndexedDataset(prefix)
     out: list[GPTDataset | None] = []
     for name, (start, end), n in zip(SPLIT_NAMES, split_documents(len(indexed), split), num_samples):
         if end <= start or n <= 0:
@@ -168,10 +186,50 @@ def build_train_valid_test(
             continue
         docs = np.arange(start, end, dtype=np.int64)
         out.append(GPTDataset(name, indexed, docs, seq_length, n, seed, cache=cache))
+    return out
+
+
+def build_train_valid_test(
+    data_prefix: str | Sequence[str],
+    split: str | Sequence[float],
+    seq_length: int,
+    num_samples: tuple[int, int, int],
+    seed: int,
+    *,
+    cache: bool = True,
+) -> tuple[SampleDataset | None, SampleDataset | None, SampleDataset | None]:
+    """Train, valid and test datasets over consecutive document ranges (NeoX's ``split``) of one indexed
+    dataset, or of several blended by their token counts; a split with no documents or no requested
+    samples is None."""
+    prefixes = [data_prefix] if isinstance(data_prefix, str) else list(data_prefix)
+    if len(prefixes) == 1:
+        out = _build_one(prefixes[0], split, seq_length, num_samples, seed, cache)
+    else:
+        # Each part is asked for its share with some slack, so rounding never leaves the blend short.
+        indexed = [MMapIndexedDataset(p) for p in prefixes]
+        total = sum(ix.num_tokens for ix in indexed)
+        parts = [
+            _build_one(
+                p,
+                split,
+                seq_length,
+                [int(n * ix.num_tokens / total * 1.005) + 1 if n else 0 for n in num_samples],
+                seed,
+                cache,
+            )
+            for p, ix in zip(prefixes, indexed)
+        ]
+        out = []
+        for k, name in enumerate(SPLIT_NAMES):
+            members = [(part[k], ix.num_tokens) for part, ix in zip(parts, indexed) if part[k] is not None]
+            out.append(
+                BlendedDataset(name, [m for m, _ in members], [w for _, w in members], num_samples[k])
+                if members and num_samples[k] > 0
+                else None
+            )
     if num_samples[0] > 0 and out[0] is None:
         raise ZerotopoError(
-            f"{data_prefix}: the train split {split!r} of {len(indexed)} documents is empty; "
-            "give the train split more weight or use more documents"
+            f"{data_prefix}: the train split {split!r} is empty; give the train split more weight or use more documents"
         )
     return out[0], out[1], out[2]
 
@@ -187,7 +245,7 @@ class DistributedBatches:
 
     def __init__(
         self,
-        dataset: GPTDataset,
+        dataset: SampleDataset,
         micro_batch: int,
         dp_rank: int,
         dp_world: int,
