@@ -67,7 +67,8 @@ class OptimizerArgs:
     """The ``optimizer`` block: ``{type: Adam|AdamW, params: {lr, betas, eps, weight_decay}}``."""
 
     type: str = "AdamW"
-    """Adam or AdamW; both use decoupled weight decay here, as DeepSpeed's fused Adam does in NeoX."""
+    """Adam or AdamW. NeoX's ``Adam`` is DeepSpeed's FusedAdam, whose default is decoupled weight decay
+    (AdamW), so the two names are expected to train alike."""
     lr: float = 6e-4
     """Peak learning rate, reached at the end of warmup."""
     betas: tuple[float, float] = (0.9, 0.95)
