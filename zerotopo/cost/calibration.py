@@ -1,0 +1,144 @@
+"""Measured per-tier bandwidth and latency that override a topology's YAML figures.
+
+The table ``zerotopo calibrate`` writes (YAML or JSON; see docs/cost-model.md)::
+
+    topology: frontier          # the topology it was measured on (name)
+    nodes: 2                    # optional: node count of the measurement
+    date: 2026-11-21T10:00:00Z  # optional: when
+    command: zerotopo calibrate --topology frontier   # optional: how
+    notes: free text            # optional
+    tiers:
+      package: {bandwidth_gbps: 182.0, latency_us: 3.1}
+      node:    {bandwidth_gbps: 41.5,  latency_us: 6.0}
+      network: {bandwidth_gbps: 10.8,  latency_us: 14.0}
+
+Every bandwidth is GB/s per device, one direction, measured with every device of the machine
+communicating across that tier at once: the figure the cost model divides bytes by. For the network tier
+that is the node's injection bandwidth divided among its devices, so :func:`apply_calibration` stores
+``bandwidth_gbps × devices per node`` as the injection bandwidth. A tier may give either field or both;
+tiers left out keep their YAML figures.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zerotopo.errors import ConfigError
+from zerotopo.topology import Topology
+
+_TOP_REQUIRED = ("topology", "tiers")
+_TOP_OPTIONAL = ("nodes", "date", "command", "notes")
+_TIER_KEYS = ("bandwidth_gbps", "latency_us")
+
+
+def _number(value: Any, source: str, key: str, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"expected a number, found {value!r}", source=source, key=key)
+    if (positive and value <= 0) or value < 0:
+        bound = "> 0" if positive else ">= 0"
+        raise ConfigError(f"expected a value {bound}, found {value!r}", source=source, key=key)
+    return float(value)
+
+
+def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[str, Any]:
+    """Validate a parsed calibration table; returns ``{topology, tiers: {name: {field: value}}, ...}``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a calibration table must be a mapping, found {type(raw).__name__}", source=source)
+    allowed = _TOP_REQUIRED + _TOP_OPTIONAL
+    for k in raw:
+        if k not in allowed:
+            raise ConfigError(f"unknown key; expected one of {', '.join(allowed)}", source=source, key=str(k))
+    for k in _TOP_REQUIRED:
+        if k not in raw:
+            raise ConfigError(f"missing required key {k!r}", source=source, key=k)
+    if not isinstance(raw["topology"], str) or not raw["topology"].strip():
+        raise ConfigError(
+            f"expected a topology name, found {raw['topology']!r}", source=source, key="topology"
+        )
+    tiers = raw["tiers"]
+    if not isinstance(tiers, Mapping) or not tiers:
+        raise ConfigError(
+            f"expected a mapping of tier name to {{bandwidth_gbps, latency_us}}, found {tiers!r}",
+            source=source,
+            key="tiers",
+        )
+    out_tiers: dict[str, dict[str, float]] = {}
+    for name, entry in tiers.items():
+        path = f"tiers.{name}"
+        if not isinstance(entry, Mapping) or not entry:
+            raise ConfigError(
+                f"expected a mapping with bandwidth_gbps and/or latency_us, found {entry!r}",
+                source=source,
+                key=path,
+            )
+        for k in entry:
+            if k not in _TIER_KEYS:
+                raise ConfigError(
+                    f"unknown key; expected {', '.join(_TIER_KEYS)}", source=source, key=f"{path}.{k}"
+                )
+        out_tiers[str(name)] = {
+            k: _number(entry[k], source, f"{path}.{k}", positive=(k == "bandwidth_gbps"))
+            for k in _TIER_KEYS
+            if k in entry
+        }
+    out = {k: raw[k] for k in _TOP_OPTIONAL if k in raw}
+    out.update(topology=raw["topology"].strip(), tiers=out_tiers, source=source)
+    return out
+
+
+def load_calibration(path: str | Path) -> dict[str, Any]:
+    """Read and validate a calibration table (YAML or JSON)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"calibration file {str(p)!r} does not exist; write one with `zerotopo calibrate`")
+    text = p.read_text()
+    try:
+        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}", source=str(p)
+        ) from None
+    return calibration_from_mapping(raw, source=str(p))
+
+
+def apply_calibration(topology: Topology, table: Mapping[str, Any]) -> Topology:
+    """``topology`` with the measured figures of ``table`` (from :func:`load_calibration`)."""
+    source = str(table.get("source", "<calibration>"))
+    if table["topology"] != topology.name:
+        raise ConfigError(
+            f"measured on topology {table['topology']!r} but applied to {topology.name!r}; "
+            "calibrate on this machine or pass the matching --topology",
+            source=source,
+            key="topology",
+        )
+    tiers = list(topology.tiers)
+    network = topology.network
+    for name, figures in table["tiers"].items():
+        bw, lat = figures.get("bandwidth_gbps"), figures.get("latency_us")
+        idx = next((i for i, t in enumerate(tiers) if t.name == name), None)
+        if idx is not None:
+            t = tiers[idx]
+            tiers[idx] = replace(
+                t,
+                bandwidth_gbps=t.bandwidth_gbps if bw is None else bw,
+                latency_us=t.latency_us if lat is None else lat,
+            )
+        elif name == network.name:
+            network = replace(
+                network,
+                injection_gbps=network.injection_gbps if bw is None else bw * topology.devices_per_node,
+                latency_us=network.latency_us if lat is None else lat,
+            )
+        else:
+            raise ConfigError(
+                f"unknown tier {name!r}; topology {topology.name!r} has {', '.join(topology.tier_names)}",
+                source=source,
+                key=f"tiers.{name}",
+            )
+    return replace(topology, tiers=tuple(tiers), network=network)

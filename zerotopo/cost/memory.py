@@ -1,0 +1,165 @@
+"""Device memory per state for a plan: the model states of papers/004 §IV-D plus buffers and activations.
+
+``params + secondary + grads + optim`` is the model-state memory ``D_modelstate``; ``buffers`` are the
+full-unit temporaries (gathered weights of the unit being computed and of those prefetched, and one full
+unit gradient before its reduce-scatter) and ``activations`` the NeoX activation memory
+(``D_activation``; Korthikanti et al. 2022), so ``total`` is papers/004's ``D_total``.
+
+With ``padded=True`` (the engine's buffers) each unit is padded by :func:`zerotopo.layout.padded_numel`
+and every figure is a whole number of bytes. With ``padded=False`` the exact fractions are kept, so the
+papers' closed forms (``2ψ/(N·P)``, ``ψ/8`` ...) come out exactly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+
+from zerotopo.comm import volume
+from zerotopo.layout import padded_numel
+from zerotopo.models.shape import ModelShape
+from zerotopo.plan import Plan
+from zerotopo.topology import Topology
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per device, by what they hold."""
+
+    params: float
+    """Primary parameter shard (``param_bytes`` per element)."""
+    secondary: float
+    """Secondary partition for the backward gather (bf16, or int8 values + fp32 block scales)."""
+    grads: float
+    """Gradient shard accumulated over micro-batches (``grad_bytes`` per element)."""
+    optim: float
+    """Optimizer shard: fp32 master weights and Adam moments (``optim_bytes_per_param`` per element)."""
+    buffers: float
+    """Full-unit temporaries: gathered weights (current + prefetched) and one full unit gradient."""
+    activations: float
+    """Activations of one micro-batch (all layers, or checkpoints + one layer when recomputing)."""
+
+    @property
+    def model_states(self) -> float:
+        return self.params + self.secondary + self.grads + self.optim
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.buffers + self.activations
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "params": self.params,
+            "secondary": self.secondary,
+            "grads": self.grads,
+            "optim": self.optim,
+            "buffers": self.buffers,
+            "activations": self.activations,
+            "total": self.total,
+        }
+
+
+def activation_bytes(shape: ModelShape, micro_batch: int, *, checkpoint_activations: bool) -> float:
+    """Activation memory of one micro-batch: every layer's activations, or with checkpointing one
+    layer's (recomputed during its backward) plus each layer's 16-bit input ``s·b·h·2``."""
+    per_layer = shape.activation_bytes_per_layer(micro_batch)
+    if not checkpoint_activations:
+        return per_layer * shape.num_layers
+    checkpoints = shape.num_layers * shape.seq_length * micro_batch * shape.hidden_size * 2
+    return per_layer + checkpoints
+
+
+def memory_per_device(
+    unit_numels: list[int],
+    topology: Topology,
+    plan: Plan,
+    *,
+    param_bytes: int = 2,
+    grad_bytes: int = 4,
+    optim_bytes_per_param: int = 12,
+    padded: bool = True,
+    micro_batch: int = 1,
+    shape: ModelShape | None = None,
+    checkpoint_activations: bool = True,
+) -> MemoryBreakdown:
+    """Memory one device holds for ``plan`` (see the module note); ``shape`` adds activations.
+
+    ``grad_bytes`` is 4 for the engine's fp32 gradient shards; the papers' tables count fp16 gradients
+    (2). ``optim_bytes_per_param`` is 12 (fp32 master + Adam m and v) as in both papers.
+    """
+    if not unit_numels:
+        raise ValueError("a model needs at least one unit")
+    return _memory(
+        unit_numels,
+        plan,
+        plan.degrees(topology),
+        param_bytes,
+        grad_bytes,
+        optim_bytes_per_param,
+        padded,
+        micro_batch,
+        shape,
+        checkpoint_activations,
+    )
+
+
+def _memory(
+    unit_numels,
+    plan,
+    d,
+    param_bytes,
+    grad_bytes,
+    optim_bytes_per_param,
+    padded,
+    micro_batch,
+    shape,
+    checkpoint_activations,
+) -> MemoryBreakdown:
+    # layers repeat: cost each distinct unit size once
+    counts = Counter(unit_numels)
+
+    # padded sizes split evenly over every degree: whole numbers, no fractions needed
+    def size(n: int) -> Fraction | int:
+        return padded_numel(n, d) if padded else Fraction(n)
+
+    def div(x: Fraction | int, k: int) -> Fraction | int:
+        return x // k if padded else x / k
+
+    def total(per_unit) -> Fraction | int:
+        return sum(per_unit(size(n)) * k for n, k in counts.items())
+
+    params = total(lambda x: div(x, d.params)) * param_bytes
+    grads = total(lambda x: div(x, d.grads)) * grad_bytes
+    optim = total(lambda x: div(x, d.optim)) * optim_bytes_per_param
+    secondary = Fraction(0)
+    if d.secondary is not None:
+        s, block = d.secondary, plan.quant_block
+        if plan.secondary_dtype == "bf16":
+            secondary = total(lambda x: div(x, s) * 2)
+        elif padded:
+            secondary = total(lambda x: volume.int8_payload(x // s, block))
+        else:
+            # exact fraction: one byte per value plus a 4-byte scale per block, no rounding
+            secondary = total(lambda x: x / s + x / s * volume.SCALE_BYTES / block)
+    largest = max(size(n) for n in counts)
+    gathers = d.params > 1 or d.secondary is not None
+    # gathered weights of the unit in use plus those prefetched, and the unit's full gradient
+    buffers = (largest * (1 + plan.prefetch) * param_bytes if gathers else 0) + largest * param_bytes
+    activations = (
+        activation_bytes(shape, micro_batch, checkpoint_activations=checkpoint_activations) if shape else 0.0
+    )
+
+    def out(x: Fraction | int) -> float:
+        return x if isinstance(x, int) else int(x) if x.denominator == 1 else float(x)
+
+    return MemoryBreakdown(
+        params=out(params),
+        secondary=out(secondary),
+        grads=out(grads),
+        optim=out(optim),
+        buffers=out(buffers),
+        activations=activations,
+    )

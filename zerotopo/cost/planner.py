@@ -1,0 +1,228 @@
+"""The planner: cost every candidate plan for a model on a machine and rank those that fit.
+
+Candidates are the presets and/or every valid Lins-style plan of :func:`zerotopo.plan.enumerate_plans`.
+The search space is pre-filtered (:func:`in_search_space`): by default only *tier-aligned* degrees
+(papers/004 §V-B, Eq. 5-7: a degree either divides each tier's size or is a multiple of it, so every
+group is whole packages, whole nodes or whole sets of nodes; ``aligned=False`` searches every divisor of
+the world), and a secondary partition only over at most the primary's group (as hpZ and papers/003 use
+it: to keep the backward gather inside a tier the forward gather crosses). Each candidate gets its memory per device,
+its bytes per tier and its predicted step time; plans over the device memory are kept but marked, and the
+list is sorted fits first, then by step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zerotopo.cost.comm import CollectiveCost, _comm, _edge, bytes_by_tier
+from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory
+from zerotopo.cost.time import StepTime, step_time
+from zerotopo.errors import PlanError
+from zerotopo.models.shape import ModelShape
+from zerotopo.plan import PRESETS, Degrees, Plan, enumerate_plans, get_preset
+from zerotopo.topology import Topology
+
+#: Lins-style plans added to the presets by ``plans="auto"``.
+AUTO_TOP = 5
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """Precision and training settings shared by every candidate."""
+
+    micro_batch: int = 1
+    """Samples per micro-batch per device."""
+    grad_accum: int = 1
+    """Micro-batches per step (``M``)."""
+    efficiency: float = 0.5
+    """Fraction of peak FLOPS the compute reaches."""
+    checkpoint_activations: bool = True
+    """Recompute activations in the backward (NeoX ``checkpoint_activations``)."""
+    param_bytes: int = 2
+    """Width of the trainable parameters and of their all-gather (bf16/fp16)."""
+    grad_bytes: int = 4
+    """Width of the accumulated gradient shard (the engine keeps fp32)."""
+    reduce_bytes: int = 4
+    """Width of the per-micro-batch gradient reduce-scatter."""
+    optim_bytes_per_param: int = 12
+    """fp32 master + Adam m, v."""
+    fp16: bool = False
+    """fp16 adds a world all-reduce of the overflow flag each step."""
+    memory_limit_bytes: float | None = None
+    """Device memory budget; the topology's device memory when None."""
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """One costed candidate."""
+
+    plan: Plan
+    degrees: Degrees
+    memory: MemoryBreakdown
+    comm: list[CollectiveCost] = field(repr=False)
+    comm_bytes: dict[str, int]
+    """Bytes one rank sends per step, per tier (every tier of the topology listed)."""
+    time: StepTime
+    fits: bool
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def to_json(self, topology: Topology) -> dict:
+        m = self.memory
+        return {
+            "name": self.plan.name,
+            "degrees": self.plan.label(topology),
+            "memory_bytes": {
+                "params": m.params,
+                "secondary": m.secondary,
+                "grads": m.grads,
+                "optim": m.optim,
+                "buffers": m.buffers,
+                "activations": m.activations,
+                "total": m.total,
+            },
+            "comm_bytes": dict(self.comm_bytes),
+            "step_time_s": self.time.step_time_s,
+            "tokens_per_s": self.time.tokens_per_s,
+            "tflops_per_device": self.time.tflops_per_device,
+            "mfu": self.time.mfu,
+            "fits": self.fits,
+        }
+
+
+def is_tier_aligned(degree: int, topology: Topology) -> bool:
+    """Whether groups of ``degree`` consecutive indices are whole instances of tiers (or sets of them)."""
+    size = 1
+    for t in topology.tiers:
+        size *= t.fanout
+        if size % degree and degree % size:
+            return False
+    return True
+
+
+def in_search_space(plan: Plan, topology: Topology, *, aligned: bool = True) -> bool:
+    """The planner's pre-filter (papers/004 §V-A) on a valid plan: tier-aligned degrees (unless
+    ``aligned=False``) and a secondary partition no larger than the primary's group. A secondary over
+    more ranks than the primary gathers across a wider tier and holds more than the primary shard, so
+    the same plan without it is never slower and never larger (with bf16; int8 only trims the bytes of
+    an outer-tier gather that the primary's inner-tier gather already beats)."""
+    d = plan.degrees(topology)
+    if d.secondary is not None and d.secondary > d.params:
+        return False
+    return not aligned or all(
+        is_tier_aligned(x, topology) for x in (d.params, d.grads, d.optim, d.secondary or 1)
+    )
+
+
+def estimate(plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions) -> PlanEstimate:
+    """Memory, bytes per tier and step time of one plan."""
+    units = shape.unit_params()
+    d = plan.degrees(topology)
+    o = options
+    # the internal forms take the resolved degrees: the planner resolves each plan once
+    memory = _memory(
+        units,
+        plan,
+        d,
+        o.param_bytes,
+        o.grad_bytes,
+        o.optim_bytes_per_param,
+        True,
+        o.micro_batch,
+        shape,
+        o.checkpoint_activations,
+    )
+    comm = _comm(units, topology, plan, d, o.grad_accum, o.param_bytes, o.reduce_bytes, 4, True, o.fp16)
+    t = step_time(
+        comm,
+        topology,
+        shape,
+        micro_batch=options.micro_batch,
+        micro_batches=options.grad_accum,
+        prefetch=plan.prefetch,
+        efficiency=options.efficiency,
+        checkpoint_activations=options.checkpoint_activations,
+        edge=_edge(units, topology, plan, d, o.param_bytes, o.reduce_bytes, o.fp16),
+    )
+    limit = options.memory_limit_bytes
+    if limit is None:
+        limit = topology.device.memory_gib * GIB
+    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, memory.total <= limit)
+
+
+def placement(plan: Plan, topology: Topology) -> tuple:
+    """What decides a plan's cost: resolved degrees, secondary dtype, quantization (not its name)."""
+    d = plan.degrees(topology)
+    dtype = plan.secondary_dtype if d.secondary is not None else None
+    return (
+        d,
+        dtype,
+        plan.quantize_weights,
+        plan.quantize_grads,
+        plan.quant_block,
+        plan.prefetch,
+        plan.grad_reduce,
+    )
+
+
+def _presets(topology: Topology) -> list[Plan]:
+    out: dict[tuple, Plan] = {}
+    for plan in PRESETS.values():
+        try:
+            key = placement(plan, topology)
+        except PlanError:
+            continue  # e.g. a node-sized preset on a topology smaller than a node
+        out.setdefault(key, plan)  # hsdp is mics under another name: list it once
+    return list(out.values())
+
+
+def _sort_key(e: PlanEstimate) -> tuple:
+    return (not e.fits, e.time.step_time_s, e.memory.total, e.plan.name)
+
+
+def plan_candidates(
+    shape: ModelShape,
+    topology: Topology,
+    *,
+    micro_batch: int = 1,
+    grad_accum: int = 1,
+    plans: str | Sequence[str | Plan] = "auto",
+    aligned: bool = True,
+    options: CostOptions | None = None,
+    **option_kwargs,
+) -> list[PlanEstimate]:
+    """Cost the candidate plans and sort them: fitting plans first, fastest first.
+
+    ``plans``: ``"all"`` (every valid plan: presets and Lins-style degrees), ``"auto"`` (the presets plus
+    the :data:`AUTO_TOP` fastest fitting Lins-style plans), ``"presets"``, or a list of preset names /
+    :class:`Plan` objects. Other keyword arguments are :class:`CostOptions` fields.
+    """
+    opts = options or CostOptions(micro_batch=micro_batch, grad_accum=grad_accum, **option_kwargs)
+    if isinstance(plans, str) and plans not in ("all", "auto", "presets"):
+        plans = [p for p in plans.split(",") if p.strip()]
+    if not isinstance(plans, str):
+        chosen = [p if isinstance(p, Plan) else get_preset(p) for p in plans]
+        return sorted((estimate(p, shape, topology, opts) for p in chosen), key=_sort_key)
+    presets = _presets(topology)
+    out = [estimate(p, shape, topology, opts) for p in presets]
+    if plans == "presets":
+        return sorted(out, key=_sort_key)
+    taken = {placement(p, topology) for p in presets}
+    lins = [
+        estimate(p, shape, topology, opts)
+        for p in enumerate_plans(topology)
+        if in_search_space(p, topology, aligned=aligned) and placement(p, topology) not in taken
+    ]
+    lins.sort(key=_sort_key)
+    if plans == "auto":
+        lins = [e for e in lins if e.fits][:AUTO_TOP]
+    return sorted(out + lins, key=_sort_key)
+
+
+def best_plan(estimates: list[PlanEstimate]) -> PlanEstimate | None:
+    """The fastest plan that fits, or None."""
+    fitting = [e for e in estimates if e.fits]
+    return min(fitting, key=_sort_key) if fitting else None
