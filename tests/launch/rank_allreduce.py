@@ -1,4 +1,5 @@
-"""One rank of the launcher tests: discover, join the process group, all-reduce, report as JSON.
+"""One rank of the launcher tests: discover, join the process group, all-reduce, build the zerotopo mesh
+(whose start-up check compares the placement with the topology), report as JSON.
 
 Run under srun or mpiexec with ``ZEROTOPO_EMULATED_NODES=2``; prints one JSON object per rank.
 """
@@ -10,7 +11,9 @@ import json
 import torch
 import torch.distributed as dist
 
+from zerotopo.comm.mesh import build_mesh
 from zerotopo.launch import discover, init_distributed, topological_index
+from zerotopo.plan import get_preset
 from zerotopo.topology import load_topology
 
 
@@ -19,12 +22,22 @@ def main() -> None:
     init_distributed(info, timeout_s=120)
     total = torch.tensor([float(info.rank + 1)])
     dist.all_reduce(total)
-    index = topological_index(info, load_topology("emulated"))
-    hosts: list = [None] * info.world_size
-    dist.all_gather_object(hosts, (info.rank, info.node_id, index))
+    topology = load_topology("emulated")
+    index = topological_index(info, topology)
+    mesh = build_mesh(topology, get_preset("zerotopo"), topo_index=index)
+    placements: list = [None] * info.world_size
+    dist.all_gather_object(placements, (info.rank, info.node_id, index))
     dist.destroy_process_group()
     print(
-        json.dumps({"rank": info.rank, "launcher": info.launcher, "sum": total.item(), "all": hosts}),
+        json.dumps(
+            {
+                "rank": info.rank,
+                "launcher": info.launcher,
+                "sum": total.item(),
+                "all": placements,
+                "mesh_rank_of_index": list(mesh.rank_of_index),
+            }
+        ),
         flush=True,
     )
 

@@ -55,6 +55,7 @@ def check_allreduce(reports: list[dict], launcher: str) -> None:
     assert {r["sum"] for r in reports} == {36.0}  # 1 + 2 + ... + 8
     expected = [[rank, rank // 4, rank] for rank in range(8)]
     assert all(r["all"] == expected for r in reports)
+    assert all(r["mesh_rank_of_index"] == list(range(8)) for r in reports)
 
 
 def run_env_cli(prefix: list[str], env: dict[str, str] | None = None, **kw) -> list[dict]:

@@ -369,13 +369,19 @@ def init_distributed(info: RankInfo, *, timeout_s: float = 1800.0) -> Any:
 
     With one visible device (``--gpus-per-task=1``) the device is ``cuda:0`` whatever its physical id;
     with several, the local-rank-th. Reuses an existing process group (for instance one made by
-    :func:`zerotopo.spawn.spawn`) when its rank and size agree with ``info``.
+    :func:`zerotopo.spawn.spawn`) when its rank and size agree with ``info``. Under
+    ``ZEROTOPO_EMULATED_NODES`` it exports ``ZEROTOPO_EMULATED_NODE`` (this rank's node), which the mesh
+    reports as the rank's host.
     """
     import datetime
 
     import torch
     import torch.distributed as dist
 
+    if os.environ.get("ZEROTOPO_EMULATED_NODES") and "ZEROTOPO_EMULATED_NODE" not in os.environ:
+        # Ranks of one emulated node must look like one host to the mesh's start-up check, and ranks of
+        # different emulated nodes like different hosts, although they all run here.
+        os.environ["ZEROTOPO_EMULATED_NODE"] = str(info.node_id)
     if info.device_kind in ("cuda", "rocm"):
         index = 0 if torch.cuda.device_count() == 1 else info.local_rank
         torch.cuda.set_device(index)
