@@ -343,3 +343,25 @@ def test_port_from_job_id():
     assert discovery.slurm_port({"SLURM_JOB_ID": "123456"}) == 20000 + 123456 % 10000
     assert discovery.slurm_port({"SLURM_JOB_ID": "123456", "MASTER_PORT": "3442"}) == 3442
     assert 20000 <= discovery.slurm_port({"SLURM_JOB_ID": "99999999"}) < 32768
+
+
+@pytest.mark.parametrize(
+    ("env", "local_rank", "kind", "device"),
+    [
+        ({"ROCR_VISIBLE_DEVICES": "6"}, 4, "rocm", 6),
+        ({"ROCR_VISIBLE_DEVICES": "6", "HIP_VISIBLE_DEVICES": "0"}, 4, "rocm", 6),  # ROCr holds physical ids
+        ({"HIP_VISIBLE_DEVICES": "0,1,2,3"}, 2, "rocm", 2),
+        ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 1, "cuda", 5),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-8f1c2a"}, 0, "cuda", None),  # UUIDs carry no position
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, 3, "cuda", None),  # fewer devices than local ranks
+        ({"SLURM_STEP_GPUS": "3"}, 0, "cuda", 3),
+        ({"GPU_DEVICE_ORDINAL": "0,1,2,3,4,5,6,7"}, 7, "rocm", 7),
+        ({"ROCR_VISIBLE_DEVICES": "6"}, 0, "cpu", None),  # no accelerator in this process
+        ({}, 0, "cuda", None),
+    ],
+)
+def test_physical_device(env, local_rank, kind, device):
+    from zerotopo.launch.devices import backend_for, physical_device
+
+    assert physical_device(env, local_rank, kind) == device
+    assert backend_for(kind) == ("gloo" if kind == "cpu" else "nccl")
