@@ -53,6 +53,7 @@ def test_reads_hand_written_neox_files(tmp_path):
     (tmp_path / "neox.idx").write_bytes(header + sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes())
     ds = MMapIndexedDataset(str(tmp_path / "neox"))
     assert ds.dtype == np.uint16 and list(ds.sizes) == [3, 1, 2] and list(ds.doc_idx) == [0, 2, 3]
+    assert ds.max_token_id() == 9 and ds.max_token_id(chunk_tokens=2) == 9
     assert [list(ds[i]) for i in range(3)] == [[3, 4, 5], [9], [1, 2]]
 
 

@@ -167,6 +167,15 @@ class MMapIndexedDataset:
         start = int(self.pointers[i]) + offset * self.dtype.itemsize
         return np.frombuffer(self._data, dtype=self.dtype, count=length, offset=start)
 
+    def max_token_id(self, chunk_tokens: int = 1 << 24) -> int:
+        """The largest token id in the data (-1 when empty), scanned in chunks so memory stays flat; a
+        training run compares it with the model's vocabulary before starting."""
+        flat = np.frombuffer(self._data, dtype=self.dtype) if len(self._data) else np.zeros(0, self.dtype)
+        best = -1
+        for start in range(0, len(flat), chunk_tokens):
+            best = max(best, int(flat[start : start + chunk_tokens].max()))
+        return best
+
     @property
     def num_tokens(self) -> int:
         return int(self.sizes.sum(dtype=np.int64))

@@ -39,7 +39,8 @@ class NeoXConfig:
     intermediate_size: int | None = None
     """MLP width; ``4·hidden_size`` when None."""
     max_position_embeddings: int = 2048
-    """Longest sequence the rotary table is built for (longer inputs extend it on the fly)."""
+    """Longest sequence the model is meant for (recorded for Hugging Face's config; rotary tables are
+    computed for the actual length)."""
     rotary_pct: float = 0.25
     """Fraction of each head's dimensions that get rotary embeddings (NeoX/Pythia: 0.25)."""
     rotary_emb_base: int = 10000
@@ -131,22 +132,25 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding on the first ``dim`` channels of each head (Su et al., 2021)."""
+    """Rotary position embedding on the first ``dim`` channels of each head (Su et al., 2021).
 
-    def __init__(self, dim: int, base: int, max_positions: int):
+    It holds no buffer: the frequency table is a function of the config, recomputed per call (``dim / 2``
+    values), so a model built on the meta device or flattened by the sharding engine has only parameters.
+    """
+
+    def __init__(self, dim: int, base: int):
         super().__init__()
-        self.dim = dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        # Not persistent: it is a function of the config, and HF checkpoints do not carry it either.
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.max_positions = max_positions
+        self.dim, self.base = dim, base
 
     def cos_sin(
         self, seq_len: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin tables of shape ``[S, dim]``."""
+        """cos and sin tables of shape ``[S, dim]``, computed in fp32 and cast to ``dtype``."""
+        inv_freq_F = 1.0 / (
+            self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim)
+        )
         t_S = torch.arange(seq_len, device=device, dtype=torch.float32)
-        freqs_SF = torch.outer(t_S, self.inv_freq.to(device))  # F = dim / 2
+        freqs_SF = torch.outer(t_S, inv_freq_F)  # F = dim / 2
         emb_SD = torch.cat((freqs_SF, freqs_SF), dim=-1)
         return emb_SD.cos().to(dtype), emb_SD.sin().to(dtype)
 
@@ -167,7 +171,7 @@ class NeoXAttention(nn.Module):
         h = cfg.hidden_size
         self.query_key_value = nn.Linear(h, 3 * h, bias=cfg.use_bias_in_attn_linear)
         self.dense = nn.Linear(h, h, bias=cfg.use_bias_in_attn_linear)
-        self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.max_position_embeddings)
+        self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x_BSH)
