@@ -77,7 +77,7 @@ class LocalSlurm:
         self.conf.write_text(
             f"""\
 ClusterName=zerotopo-test
-SlurmctldHost={self.host}
+SlurmctldHost={self.host}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -147,7 +147,7 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP Over
                 d / "munged.pid",
             )
             self._run_daemon("slurmctld", ["-f", str(self.conf)], d / "slurmctld.pid")
-            self._run_daemon("slurmd", ["-f", str(self.conf)], d / "slurmd.pid")
+            self._run_daemon("slurmd", ["-f", str(self.conf), "-N", self.host], d / "slurmd.pid")
             self._wait_idle(timeout_s)
         except BaseException:
             self.stop()
