@@ -102,7 +102,7 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
     local_rank = _int(environ, "SLURM_LOCALID", "srun")
     node_id = _int(environ, "SLURM_NODEID", "srun")
     nnodes_var = _first(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-    num_nodes = _int(environ, nnodes_var[0], "srun") if nnodes_var else 1
+    num_nodes = _int(environ, nnodes_var[0], "srun") if nnodes_var else None
 
     # The step's own counts first: a step may use fewer nodes or tasks than the job it runs in.
     tpn_var = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
@@ -110,9 +110,12 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
         tasks = parse_tasks_per_node(tpn_var[1], variable=tpn_var[0])
     elif environ.get("SLURM_NTASKS_PER_NODE"):
         per = _int(environ, "SLURM_NTASKS_PER_NODE", "srun")
-        tasks, tpn_var = [per] * num_nodes, ("SLURM_NTASKS_PER_NODE", environ["SLURM_NTASKS_PER_NODE"])
+        tasks = [per] * (num_nodes or max(world // per, 1))
+        tpn_var = ("SLURM_NTASKS_PER_NODE", environ["SLURM_NTASKS_PER_NODE"])
     else:
-        tasks, tpn_var = [world // max(num_nodes, 1)] * num_nodes, None
+        tasks, tpn_var = [world // (num_nodes or 1)] * (num_nodes or 1), None
+    if num_nodes is None:
+        num_nodes = len(tasks)
     found = (
         f"SLURM_PROCID={rank}, SLURM_NTASKS={world}, SLURM_LOCALID={local_rank}, SLURM_NODEID={node_id}, "
         f"nodes={num_nodes}" + (f", {tpn_var[0]}={tpn_var[1]!r}" if tpn_var else "")
