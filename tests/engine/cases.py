@@ -1,0 +1,189 @@
+"""Shared pieces of the engine tests: a tiny model, deterministic data, a single-process AdamW
+reference, and the per-rank training worker that runs many plans inside one spawn."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, HIDDEN, BATCH, SEQ = 37, 12, 2, 6
+STEPS, MICRO = 5, 2
+WORLD = 8
+
+
+class Block(nn.Module):
+    """A pre-norm residual MLP block (LayerNorm, Linear, GELU, Linear)."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(h)
+        self.up = nn.Linear(h, 2 * h)
+        self.down = nn.Linear(2 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class Head(nn.Module):
+    def __init__(self, h: int, v: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(h)
+        self.out = nn.Linear(h, v, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+class TinyLM(nn.Module):
+    """Embedding → blocks → head; ``extra`` adds a block that the forward never calls (an unused unit)."""
+
+    def __init__(self, layers: int = 3, *, unused: bool = False, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.blocks = nn.ModuleList(Block(HIDDEN) for _ in range(layers))
+        self.head = Head(HIDDEN, VOCAB)
+        self.spare = Block(HIDDEN) if unused else None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + 10 * rank + micro)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def reference(
+    opts: dict[str, Any], world: int = WORLD, steps: int = STEPS, micro: int = MICRO
+) -> tuple[list, dict[str, torch.Tensor]]:
+    """Single-process AdamW on the union of every rank's data: losses[step][rank][micro], final params.
+
+    Parameters without a gradient in a step get a zero gradient (the engine's documented semantics)."""
+    model = make_model(opts)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    wd = opts.get("weight_decay", 0.0)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=opts.get("lr", 1e-2),
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        foreach=False,
+    )
+    losses = []
+    for s in range(steps):
+        per_rank = []
+        for r in range(world):
+            per_micro = []
+            for m in range(micro):
+                x, y = batch(s, r, m)
+                loss = loss_fn(model(x), y) / micro
+                loss.backward()
+                per_micro.append(loss.item())
+            per_rank.append(per_micro)
+        losses.append(per_rank)
+        for p in model.parameters():
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad /= world
+        if opts.get("max_grad_norm"):
+            torch.nn.utils.clip_grad_norm_(
+                [p for p in model.parameters() if p.requires_grad], opts["max_grad_norm"]
+            )
+        opt.step()
+        opt.zero_grad()
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def make_model(opts: dict[str, Any]) -> TinyLM:
+    model = TinyLM(unused=opts.get("unused", False))
+    if opts.get("frozen"):
+        model.blocks[1].up.weight.requires_grad_(False)
+    return model
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).norm().item() / max(b.float().norm().item(), 1e-12)
+
+
+def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run every case on this rank: train STEPS steps of MICRO micro-batches and report."""
+    from zerotopo.comm.ledger import Ledger
+    from zerotopo.comm.mesh import build_mesh
+    from zerotopo.engine import parallelize
+    from zerotopo.plan import load_plan
+    from zerotopo.topology import load_topology
+
+    topo = load_topology("emulated")
+    results = []
+    for case in cases:
+        plan = load_plan(case["plan"])
+        if case.get("plan_overrides"):
+            plan = replace(plan, **case["plan_overrides"])
+        mesh = build_mesh(topo, plan, topo_index=rank)
+        ledger = Ledger()
+        opts = case.get("opts", {})
+        model, optimizer = parallelize(
+            make_model(opts),
+            mesh=mesh,
+            lr=opts.get("lr", 1e-2),
+            weight_decay=opts.get("weight_decay", 0.0),
+            max_grad_norm=opts.get("max_grad_norm"),
+            param_dtype=getattr(torch, opts.get("param_dtype", "float32")),
+            reduce_dtype=getattr(torch, opts.get("reduce_dtype", "float32")),
+            loss_scale=opts.get("loss_scale", "dynamic"),
+            ledger=ledger,
+            sanitize=opts.get("sanitize", True),
+            copy_delay_ms=opts.get("copy_delay_ms", 0.0),
+        )
+        out: dict[str, Any] = {"name": case.get("name", plan.name), "losses": [], "stats": [], "error": None}
+        out["ranges"] = [(u.p_range, u.g_range, u.o_range) for u in model.units]
+        out["memory"] = model.memory_report()
+        try:
+            for s in range(case.get("steps", STEPS)):
+                if s == 1:
+                    ledger.reset()
+                per_micro = []
+                for m in range(MICRO):
+                    x, y = batch(s, rank, m)
+                    scale_boost = opts.get("overflow_at_step") == s
+                    loss = loss_fn(model(x), y) / MICRO
+                    per_micro.append(loss.item())
+                    scaled = model.scale_loss(loss * (1e30 if scale_boost else 1.0))
+                    scaled.backward()
+                stats = optimizer.step()
+                optimizer.zero_grad()
+                out["stats"].append(stats)
+                out["losses"].append(per_micro)
+                if s == 1:
+                    out["ledger"] = {
+                        (op, tier or ""): b for (op, tier), b in ledger.bytes_by_op().items() if b
+                    }
+        except Exception as exc:  # reported to the parent, which decides whether it was expected
+            if not case.get("expect_error"):
+                raise
+            out["error"] = f"{type(exc).__name__}: {exc}"
+            # The other ranks may be blocked in a collective; only raising ranks report, all stop here.
+            results.append(out)
+            return results
+        out["unit_numels"] = model.unit_numels()
+        sd = model.full_state_dict()
+        out["params"] = sd if rank == 0 else None
+        out["nonfinite"] = any(not math.isfinite(v) for per in out["losses"] for v in per)
+        results.append(out)
+    return results

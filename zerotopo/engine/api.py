@@ -1,0 +1,242 @@
+"""``parallelize``: wrap a plain PyTorch model for a plan, and a DeepSpeed-style facade on top.
+
+::
+
+    model, optimizer = parallelize(module, mesh=mesh, lr=3e-4, weight_decay=0.1)
+    for x, y in micro_batches:                      # M micro-batches
+        loss = loss_fn(model(x), y) / M
+        model.scale_loss(loss).backward()           # identity unless fp16 loss scaling
+    stats = optimizer.step()                        # {"grad_norm", "skipped", "loss_scale"}
+    optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from zerotopo import layout
+from zerotopo.comm import collectives as C
+from zerotopo.comm import volume
+from zerotopo.comm.mesh import Mesh
+from zerotopo.engine.optim import ShardedAdamW, make_scaler
+from zerotopo.engine.runtime import Runtime
+from zerotopo.engine.streams import Sanitizer, Streams, emulated_delay_s
+from zerotopo.engine.units import (
+    FlatUnit,
+    UnitState,
+    assign_params,
+    collect_units,
+    default_no_decay,
+    memory_bytes,
+)
+from zerotopo.errors import ZerotopoError
+
+_DTYPES = {torch.float32, torch.bfloat16, torch.float16}
+
+
+class ShardedModule(nn.Module):
+    """A model whose parameters are sharded by a plan; call it like the model it wraps."""
+
+    def __init__(self, module: nn.Module, units: list[FlatUnit], runtime: Runtime, mesh: Mesh) -> None:
+        super().__init__()
+        self.module = module
+        self._units = units
+        self._runtime = runtime
+        self.mesh = mesh
+        self.scaler: Any = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._runtime.begin_forward()
+        out = self.module(*args, **kwargs)
+        return self._runtime.end_forward(out)
+
+    @property
+    def units(self) -> list[FlatUnit]:
+        return self._units
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the fp16 loss scale (unchanged without loss scaling)."""
+        return loss * self.scaler.scale if self.scaler is not None else loss
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes this rank holds per model state: ``params``, ``secondary``, ``grads``, ``optim``."""
+        d, plan = self.mesh.degrees, self.mesh.plan
+        sec = 0
+        if d.secondary is not None:
+            for u in self._units:
+                n = u.padded // d.secondary
+                sec += 2 * n if plan.secondary_dtype == "bf16" else volume.int8_payload(n, plan.quant_block)
+        return memory_bytes(self._units, sec)
+
+    def unit_numels(self) -> list[int]:
+        """Unpadded element counts of the units in forward order (the cost model's input)."""
+        order = self._runtime.order or [u.index for u in self._units]
+        return [self._units[i].numel for i in order]
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full fp32 master parameters by name (collective: all-gathers over the optimizer group)."""
+        opt: ShardedAdamW = self._optimizer
+        d = self.mesh.degrees
+        group = self.mesh.group("optim")
+        order = [layout.optim_chunk(i, d) for i in range(d.optim)]
+        out: dict[str, torch.Tensor] = {}
+        for i, u in enumerate(self._units):
+            chunk = opt.master[i]
+            n = chunk.numel()
+            full = torch.empty(u.padded, dtype=torch.float32, device=u.device)
+            if d.optim > 1:
+                gathered = torch.empty_like(full)
+                C.all_gather(gathered, chunk, group, tag=f"state_dict {u.name}")
+                for pos, c in enumerate(order):
+                    full[c * n : (c + 1) * n] = gathered[pos * n : (pos + 1) * n]
+            else:
+                full.copy_(chunk)
+            for s in u.slots:
+                out[s.name] = full[s.offset : s.offset + s.numel].view(s.shape).clone().cpu()
+        return out
+
+    @torch.no_grad()
+    def load_full_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Load full parameters (every rank passes the same dict): master, shards and secondaries."""
+        opt: ShardedAdamW = self._optimizer
+        for i, u in enumerate(self._units):
+            flat = torch.zeros(u.padded, dtype=torch.float32, device=u.device)
+            for s in u.slots:
+                if s.name not in sd:
+                    raise ZerotopoError(f"state dict has no parameter {s.name!r} (it has {len(sd)} entries)")
+                t = sd[s.name]
+                if tuple(t.shape) != tuple(s.shape):
+                    raise ZerotopoError(
+                        f"parameter {s.name!r}: state dict shape {tuple(t.shape)}, model {tuple(s.shape)}"
+                    )
+                flat[s.offset : s.offset + s.numel] = t.reshape(-1).to(flat)
+            opt.master[i].copy_(flat[u.o_range[0] : u.o_range[1]])
+            lo, hi = u.p_range
+            u.param_shard.copy_(flat[lo:hi])
+        self._runtime.invalidate_secondaries()
+
+
+def parallelize(
+    module: nn.Module,
+    *,
+    mesh: Mesh,
+    units: list[tuple[str, nn.Module]] | None = None,
+    param_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype = torch.float32,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    no_decay: Callable[[str, torch.Tensor], bool] = default_no_decay,
+    max_grad_norm: float | None = None,
+    loss_scale: str | float | None = "dynamic",
+    ledger: Any = None,
+    sanitize: bool = False,
+    copy_delay_ms: float | None = None,
+) -> tuple[ShardedModule, ShardedAdamW]:
+    """Shard ``module`` by ``mesh.plan`` and return ``(model, optimizer)``.
+
+    ``units``: ``(name, module)`` pairs; by default each child of every ``nn.ModuleList`` and every other
+    top-level child with parameters, plus a root unit for parameters owned by none of them. Every rank
+    must start from the same parameter values. ``copy_delay_ms`` delays the CPU emulated copy engine
+    (default ``$ZEROTOPO_EMULATED_COPY_DELAY_MS`` or 0). ``sanitize`` checks the ordering rules on every
+    collective that reads a buffer another stream wrote.
+    """
+    if param_dtype not in _DTYPES or reduce_dtype not in _DTYPES:
+        raise ZerotopoError(
+            f"param_dtype and reduce_dtype must be torch.float32, bfloat16 or float16, got {param_dtype} "
+            f"and {reduce_dtype}"
+        )
+    if isinstance(module, ShardedModule) or getattr(module, "_zerotopo_wrapped", False):
+        raise ZerotopoError("this module was already parallelized; wrap the original model once")
+    device = mesh.device
+    module.to(device)
+    pairs, stray = assign_params(module, collect_units(module, units))
+    pairs = [(n, m, p) for n, m, p in pairs if p]
+    if stray:
+        pairs.append(("<root>", None, stray))
+    if not pairs:
+        raise ZerotopoError("the model has no parameters to shard")
+    flat_units = [
+        FlatUnit(
+            name,
+            mod,
+            params,
+            index=i,
+            degrees=mesh.degrees,
+            topo_index=mesh.topo_index,
+            param_dtype=param_dtype,
+            device=device,
+            no_decay=no_decay,
+        )
+        for i, (name, mod, params) in enumerate(pairs)
+    ]
+    streams = Streams(device, copy_delay_s=emulated_delay_s(copy_delay_ms))
+    runtime = Runtime(
+        flat_units,
+        mesh,
+        reduce_dtype=reduce_dtype,
+        ledger=ledger,
+        streams=streams,
+        sanitizer=Sanitizer(sanitize),
+    )
+    scaler = make_scaler(loss_scale, param_dtype)
+    optimizer = ShardedAdamW(
+        flat_units,
+        mesh,
+        runtime,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        max_grad_norm=max_grad_norm,
+        scaler=scaler,
+        ledger=ledger,
+    )
+    for u in flat_units:
+        if u.sharded:
+            u.free_full()
+            u.state = UnitState.SHARDED
+    model = ShardedModule(module, flat_units, runtime, mesh)
+    model.scaler = scaler
+    model._optimizer = optimizer  # full_state_dict reads the fp32 master shards
+    module._zerotopo_wrapped = True
+    if dist.is_initialized():
+        dist.barrier()
+    return model, optimizer
+
+
+class Engine:
+    """A DeepSpeed-style facade: ``engine(x)``, ``engine.backward(loss)``, ``engine.step()``.
+
+    ``step()`` applies the optimizer every ``accumulation_steps`` calls (one per micro-batch), as
+    DeepSpeed's engine does; ``backward`` divides the loss by ``accumulation_steps`` and applies the
+    loss scale.
+    """
+
+    def __init__(self, model: ShardedModule, optimizer: ShardedAdamW, *, accumulation_steps: int = 1) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.accumulation_steps = accumulation_steps
+        self.micro_steps = 0
+        self.last_stats: dict[str, Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.model.scale_loss(loss / self.accumulation_steps).backward()
+
+    def step(self) -> dict[str, Any] | None:
+        self.micro_steps += 1
+        if self.micro_steps % self.accumulation_steps:
+            return None
+        self.last_stats = self.optimizer.step()
+        self.optimizer.zero_grad()
+        return self.last_stats

@@ -1,0 +1,268 @@
+"""The sharded optimizer: cross-replica gradient reduction, norm and clipping, AdamW on fp32 master
+shards, the post-step parameter all-gather, and fp16 loss scaling.
+
+[Note: step] After the last micro-batch each rank holds, per unit, an fp32 gradient shard summed over
+its gradient group. ``optimizer.step()`` then, per unit in unit order:
+
+1. reduces it across the gradient group's replicas: ``allreduce`` (all-reduce the whole shard over
+   ``grad_replicas``, keep the optimizer sub-chunk: the papers' select-and-drop) or ``reduce_scatter``
+   (reduce-scatter over ``optim_scatter`` into the optimizer chunk, all-reduce over ``optim_replicas``),
+   and divides by the world size (the data-parallel mean; the user divides the loss by the micro-batch
+   count);
+2. once: the global gradient norm (squares summed over this rank's optimizer chunks, all-reduced over
+   one ``optim`` group, so each element is counted once), the fp16 overflow flag (max over the world);
+3. clips, runs AdamW (torch's formula, decoupled weight decay with a per-element mask) on the fp32 master
+   chunk, casts it to the parameter dtype and all-gathers the chunks over ``param_gather`` back into the
+   parameter shard, placed by ``layout.param_gather_order``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from zerotopo import layout
+from zerotopo.comm import collectives as C
+from zerotopo.comm.mesh import Mesh
+from zerotopo.engine.units import FlatUnit
+from zerotopo.errors import ZerotopoError
+
+
+class LossScaler:
+    """Dynamic (or static) loss scale for fp16: halve and skip on overflow, double after
+    ``growth_interval`` good steps."""
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        *,
+        dynamic: bool = True,
+        growth_interval: int = 1000,
+        min_scale: float = 1.0,
+    ) -> None:
+        self.scale = float(init_scale)
+        self.dynamic = dynamic
+        self.growth_interval = growth_interval
+        self.min_scale = min_scale
+        self.good_steps = 0
+
+    def update(self, overflow: bool) -> None:
+        if not self.dynamic:
+            return
+        if overflow:
+            self.scale = max(self.scale / 2.0, self.min_scale)
+            self.good_steps = 0
+        else:
+            self.good_steps += 1
+            if self.good_steps % self.growth_interval == 0:
+                self.scale *= 2.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.scale, self.good_steps = float(sd["scale"]), int(sd["good_steps"])
+
+
+def make_scaler(loss_scale: str | float | None, param_dtype: torch.dtype) -> LossScaler | None:
+    """``"dynamic"`` scales only fp16 parameters (bf16/fp32 need no scaling); a number is a static scale."""
+    if loss_scale is None:
+        return None
+    if isinstance(loss_scale, str):
+        if loss_scale != "dynamic":
+            raise ZerotopoError(f"loss_scale must be 'dynamic', a number or None, got {loss_scale!r}")
+        return LossScaler() if param_dtype == torch.float16 else None
+    if not loss_scale > 0:
+        raise ZerotopoError(f"a static loss_scale must be > 0, got {loss_scale!r}")
+    return LossScaler(float(loss_scale), dynamic=False)
+
+
+class ShardedAdamW:
+    """AdamW over the optimizer shards of every unit; ``param_groups[0]`` holds the hyperparameters
+    (set ``param_groups[0]["lr"]`` for a schedule, as with torch optimizers)."""
+
+    def __init__(
+        self,
+        units: list[FlatUnit],
+        mesh: Mesh,
+        runtime: Any,
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        max_grad_norm: float | None,
+        scaler: LossScaler | None,
+        ledger: Any,
+    ) -> None:
+        self.units = units
+        self.mesh = mesh
+        self.degrees = mesh.degrees
+        self.plan = mesh.plan
+        self.runtime = runtime
+        self.ledger = ledger
+        self.max_grad_norm = max_grad_norm
+        self.scaler = scaler
+        self.param_groups = [
+            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "params": []}
+        ]
+        self.step_count = 0
+        self.master = [u.initial_master for u in units]
+        for u in units:
+            del u.initial_master
+        self.exp_avg = [torch.zeros_like(m) for m in self.master]
+        self.exp_avg_sq = [torch.zeros_like(m) for m in self.master]
+        masks = [u.masks() for u in units]
+        self.decay_mask = [m[0] for m in masks]
+        self.trainable = [m[1].bool() for m in masks]
+        self.pg_order = layout.param_gather_order(self.degrees)
+        self.os_order = layout.optim_scatter_order(self.degrees)
+
+    # -- the step ---------------------------------------------------------------------------------------
+    def _replica_reduce(self, u: FlatUnit) -> torch.Tensor:
+        """This rank's optimizer chunk of the gradient summed over the whole world (fp32)."""
+        d, plan, mesh = self.degrees, self.plan, self.mesh
+        tag = f"replicas {u.name}"
+        if plan.grad_reduce == "allreduce":
+            if d.world // d.grads > 1:
+                C.all_reduce(u.grad_shard, mesh.group("grad_replicas"), ledger=self.ledger, tag=tag)
+            lo, hi = u.optim_in_grad
+            return u.grad_shard[lo:hi].clone()
+        k = d.optim // d.grads
+        if k > 1:
+            chunk = torch.empty(u.grad_shard.numel() // k, dtype=torch.float32, device=u.device)
+            C.reduce_scatter(
+                chunk,
+                u.grad_shard,
+                mesh.group("optim_scatter"),
+                order=self.os_order,
+                ledger=self.ledger,
+                tag=tag,
+            )
+        else:
+            chunk = u.grad_shard.clone()
+        if d.world // d.optim > 1:
+            C.all_reduce(chunk, mesh.group("optim_replicas"), ledger=self.ledger, tag=tag)
+        return chunk
+
+    @torch.no_grad()
+    def step(self) -> dict[str, Any]:
+        """Reduce, clip and apply AdamW; returns ``{"grad_norm", "skipped", "loss_scale"}``."""
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        grads = [self._replica_reduce(u) for u in self.units]
+        inv = 1.0 / (self.degrees.world * scale)
+        sq = torch.zeros(1, dtype=torch.float32, device=self.mesh.device)
+        for g, t in zip(grads, self.trainable):
+            g.mul_(inv)
+            sq += (g * t).pow(2).sum()
+        if self.degrees.optim > 1:
+            C.all_reduce(sq, self.mesh.group("optim"), ledger=self.ledger, tag="grad_norm")
+        overflow = False
+        if self.scaler is not None:
+            flag = torch.tensor([0.0 if math.isfinite(sq.item()) else 1.0], device=self.mesh.device)
+            if self.degrees.world > 1:
+                C.all_reduce(flag, self.mesh.group("world"), op="max", ledger=self.ledger, tag="overflow")
+            overflow = bool(flag.item() > 0)
+            self.scaler.update(overflow)
+        norm = math.sqrt(sq.item()) if not overflow else float("inf")
+        if overflow:
+            return {"grad_norm": norm, "skipped": True, "loss_scale": self.scaler.scale}
+        coef = 1.0
+        if self.max_grad_norm is not None and self.max_grad_norm > 0:
+            coef = min(1.0, self.max_grad_norm / (norm + 1e-6))
+        self.step_count += 1
+        group = self.param_groups[0]
+        for i, u in enumerate(self.units):
+            if coef != 1.0:
+                grads[i].mul_(coef)
+            self._adamw(i, grads[i], group)
+            self._gather_params(u, self.master[i])
+        self.runtime.invalidate_secondaries()
+        return {
+            "grad_norm": norm,
+            "skipped": False,
+            "loss_scale": self.scaler.scale if self.scaler is not None else 1.0,
+        }
+
+    def _adamw(self, i: int, grad: torch.Tensor, group: dict[str, Any]) -> None:
+        """torch.optim.AdamW's single-tensor update, with per-element decay and trainable masks."""
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        p, m, v, train = self.master[i], self.exp_avg[i], self.exp_avg_sq[i], self.trainable[i]
+        old = p.clone() if not bool(train.all()) else None
+        if wd:
+            p.mul_(1 - lr * wd * self.decay_mask[i])
+        m.lerp_(grad, 1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        t = self.step_count
+        step_size = lr / (1 - b1**t)
+        denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
+        p.addcdiv_(m, denom, value=-step_size)
+        if old is not None:
+            # Frozen parameters never move (torch skips parameters without a gradient).
+            p.copy_(torch.where(train, p, old))
+            m.mul_(train)
+            v.mul_(train)
+
+    def _gather_params(self, u: FlatUnit, master: torch.Tensor) -> None:
+        """Cast the updated chunk and all-gather the chunks of this rank's parameter shard."""
+        chunk = master.to(u.param_dtype)
+        k = self.degrees.optim // self.degrees.params
+        if k == 1:
+            lo, hi = u.optim_in_param
+            u.param_shard[lo:hi].copy_(chunk)
+            return
+        out = torch.empty(chunk.numel() * k, dtype=u.param_dtype, device=u.device)
+        C.all_gather(out, chunk, self.mesh.group("param_gather"), ledger=self.ledger, tag=f"params {u.name}")
+        n = chunk.numel()
+        for pos, sub in enumerate(self.pg_order):
+            u.param_shard[sub * n : (sub + 1) * n].copy_(out[pos * n : (pos + 1) * n])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero every gradient shard (the shards are kept: they accumulate the next step)."""
+        for u in self.units:
+            u.grad_shard.zero_()
+            for s in u.slots:
+                s.param.grad = None
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard of the optimizer state (master weights and moments per unit)."""
+        g = self.param_groups[0]
+        return {
+            "step": self.step_count,
+            "param_groups": [{k: v for k, v in g.items() if k != "params"}],
+            "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "units": {
+                u.name: {
+                    "range": u.o_range,
+                    "master": self.master[i].clone(),
+                    "exp_avg": self.exp_avg[i].clone(),
+                    "exp_avg_sq": self.exp_avg_sq[i].clone(),
+                }
+                for i, u in enumerate(self.units)
+            },
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Load a shard written by :meth:`state_dict` on the same rank, plan and model."""
+        for i, u in enumerate(self.units):
+            if u.name not in sd["units"]:
+                raise ZerotopoError(f"optimizer state has no unit {u.name!r}; it was saved for another model")
+            s = sd["units"][u.name]
+            if tuple(s["range"]) != tuple(u.o_range):
+                raise ZerotopoError(
+                    f"optimizer state of unit {u.name!r} covers elements {tuple(s['range'])}, this rank "
+                    f"holds {u.o_range}: load it on the rank and plan that saved it"
+                )
+            self.master[i].copy_(s["master"])
+            self.exp_avg[i].copy_(s["exp_avg"])
+            self.exp_avg_sq[i].copy_(s["exp_avg_sq"])
+            self._gather_params(u, self.master[i])
+        self.step_count = int(sd["step"])
+        for k, v in sd["param_groups"][0].items():
+            self.param_groups[0][k] = tuple(v) if k == "betas" else v
+        if self.scaler is not None and sd.get("loss_scaler"):
+            self.scaler.load_state_dict(sd["loss_scaler"])
+        self.runtime.invalidate_secondaries()

@@ -1,0 +1,379 @@
+"""The per-micro-batch runtime: module hooks that gather, write secondaries, reduce and free.
+
+[Note: one micro-batch] For each unit, in forward order (recorded on the first forward; every rank runs
+the same model, so every rank issues the same collectives in the same order):
+
+- pre-forward: wait for the unit's all-gather over ``params`` (int8 with qwZ; nothing when ``p == 1``),
+  issue the all-gathers of the next ``plan.prefetch`` units, point the parameters at the full buffer;
+  free the previous unit's full weights (deferred by one unit so that the *last* unit of the forward is
+  never freed: it keeps its weights for the backward that follows at once).
+- post-forward: write this rank's secondary partition (the asynchronous copy of the hpZ race) and hook
+  the unit's outputs so the backward can gather before the unit's backward runs.
+- pre-backward (output-gradient hook): all-gather from the ``secondary`` group (else ``params``) unless
+  the unit is still full; prefetch the previous unit.
+- post-accumulate-grad (all trainable parameters of the unit counted): flatten the gradients in the
+  reduce dtype, reduce-scatter over ``grads`` in ``layout.reduce_scatter_order``, add into the fp32
+  gradient shard, free the full gradient and weights.
+- end of backward (queued callback): units that got no gradient reduce-scatter zeros in unit order, so
+  collectives never mismatch across ranks; unconsumed prefetches are drained.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.profiler import record_function
+from torch.utils._pytree import tree_flatten
+
+from zerotopo import layout
+from zerotopo.comm import collectives as C
+from zerotopo.comm.mesh import Mesh
+from zerotopo.engine.streams import Ready, Sanitizer, Streams
+from zerotopo.engine.units import FlatUnit, UnitState
+
+_BF16 = torch.bfloat16
+
+
+class Runtime:
+    """Hooks and collectives of the forward and backward passes for a list of units."""
+
+    def __init__(
+        self,
+        units: list[FlatUnit],
+        mesh: Mesh,
+        *,
+        reduce_dtype: torch.dtype,
+        ledger: Any,
+        streams: Streams,
+        sanitizer: Sanitizer,
+    ) -> None:
+        self.units = units
+        self.mesh = mesh
+        self.plan = mesh.plan
+        self.degrees = mesh.degrees
+        self.reduce_dtype = reduce_dtype
+        self.ledger = ledger
+        self.streams = streams
+        self.sanitizer = sanitizer
+        self.sync = self.plan.sync
+        if self.sync == "none" and self.degrees.secondary is not None:
+            warnings.warn(
+                f"plan {self.plan.name!r} uses sync: none: the secondary partition copy and the backward "
+                "all-gather are not ordered (stock ZeRO++ hpZ). Training can read uninitialized memory and "
+                "diverge; use sync: event. This mode exists only to demonstrate the race.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self.order: list[int] | None = None  # forward order of unit indices, from the first forward
+        self._recording: list[int] = []
+        self._last_forward: FlatUnit | None = None
+        self._callback_queued = False
+        self.in_backward = False
+        self.rs_order = layout.reduce_scatter_order(self.degrees)
+        self._handles: list[Any] = []
+        for u in units:
+            self._install(u)
+
+    # -- hooks ----------------------------------------------------------------------------------------------
+    def _install(self, u: FlatUnit) -> None:
+        if u.module is not None:
+            self._handles.append(u.module.register_forward_pre_hook(lambda m, a, u=u: self.pre_forward(u)))
+            self._handles.append(
+                u.module.register_forward_hook(lambda m, a, out, u=u: self.post_forward(u, out))
+            )
+        for s in u.slots:
+            if s.trainable:
+                self._handles.append(
+                    s.param.register_post_accumulate_grad_hook(lambda p, u=u: self.post_accumulate(u))
+                )
+
+    def begin_forward(self) -> None:
+        """Start of the wrapped model's forward (one micro-batch)."""
+        self._recording = []
+        self._last_forward = None
+        self._callback_queued = False
+        self.in_backward = False
+        for u in self.units:
+            u.grads_ready = 0
+            u.reduced = False
+            u.forward_done = False
+            u.backward_started = False
+            if u.module is None:
+                # The root unit (stray parameters) is used anywhere in the forward: gather it first and
+                # keep it until its gradients are reduced.
+                self._ensure_full(u, backward=False)
+                u.set_views()
+
+    def end_forward(self, outputs: Any) -> Any:
+        """End of the wrapped model's forward: the last unit keeps its weights; arm the backward."""
+        if self.order is None:
+            self.order = list(self._recording)
+        tensors = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        if tensors:
+            register_multi_grad_hook(tensors, lambda grads: self._queue_final(), mode="any")
+        return outputs
+
+    def _queue_final(self) -> None:
+        if not self._callback_queued:
+            self._callback_queued = True
+            self.in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.end_backward)
+
+    def pre_forward(self, u: FlatUnit) -> None:
+        if self.in_backward:
+            # Activation recomputation inside the backward: the weights are already gathered.
+            self._ensure_full(u, backward=True)
+            return
+        prev = self._last_forward
+        if prev is not None and prev is not u and prev.sharded and prev.state is UnitState.FULL:
+            prev.free_full()
+        with record_function(f"zerotopo::forward_gather {u.name}"):
+            self._ensure_full(u, backward=False)
+            if self.order is not None:
+                for nxt in self._next_in_order(u, self.plan.prefetch, reverse=False):
+                    self._issue_gather(nxt, backward=False)
+        u.set_views()
+        if self.order is None:
+            self._recording.append(u.index)
+
+    def post_forward(self, u: FlatUnit, out: Any) -> Any:
+        if self.in_backward:
+            return out
+        u.forward_done = True
+        self._last_forward = u
+        if self.degrees.secondary is not None:
+            with record_function(f"zerotopo::secondary_write {u.name}"):
+                self._write_secondary(u)
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        if tensors:
+            register_multi_grad_hook(tensors, lambda grads, u=u: self.pre_backward(u), mode="any")
+        return out
+
+    def pre_backward(self, u: FlatUnit) -> None:
+        self._queue_final()
+        if u.backward_started:
+            return
+        u.backward_started = True
+        with record_function(f"zerotopo::backward_gather {u.name}"):
+            self._ensure_full(u, backward=True)
+            for prv in self._next_in_order(u, self.plan.prefetch, reverse=True):
+                self._issue_gather(prv, backward=True)
+        u.set_views()
+
+    def post_accumulate(self, u: FlatUnit) -> None:
+        u.grads_ready += 1
+        if u.grads_ready == u.trainable_count and not u.reduced:
+            self.reduce_unit(u)
+
+    def end_backward(self) -> None:
+        """Reduce units without gradients (zeros, fixed unit order) and drain unconsumed gathers."""
+        for u in self.units:
+            if not u.reduced and u.trainable_count > 0:
+                self.reduce_unit(u)
+        for u in self.units:
+            if u.state is UnitState.GATHERING:
+                self._wait_gather(u)
+            if u.sharded and u.state is UnitState.FULL:
+                u.free_full()
+        self.in_backward = False
+        self._callback_queued = False
+
+    # -- forward/backward gathers ----------------------------------------------------------------------------
+    def _next_in_order(self, u: FlatUnit, depth: int, *, reverse: bool) -> list[FlatUnit]:
+        if not self.order or depth == 0 or u.index not in self.order:
+            return []
+        seq = self.order[::-1] if reverse else self.order
+        i = seq.index(u.index)
+        return [self.units[j] for j in seq[i + 1 : i + 1 + depth]]
+
+    def _ensure_full(self, u: FlatUnit, *, backward: bool) -> None:
+        if u.state is UnitState.FULL:
+            return
+        if u.state is UnitState.SHARDED:
+            self._issue_gather(u, backward=backward)
+        self._wait_gather(u)
+
+    def _issue_gather(self, u: FlatUnit, *, backward: bool) -> None:
+        """Start the all-gather that fills ``u``'s full buffer (no-op when already full or issued)."""
+        if u.state is not UnitState.SHARDED:
+            return
+        if backward and self.degrees.secondary is not None and u.secondary is not None:
+            self._issue_secondary_gather(u)
+            return
+        d, plan = self.degrees, self.plan
+        u.alloc_full()
+        group = self.mesh.group("params")
+        tag = f"{'backward' if backward else 'forward'} {u.name}"
+        stream = self.streams.all_gather
+        if stream is not None:
+            stream.wait_stream(self.streams.current())
+        with _on(stream):
+            if plan.quantize_weights:
+                from zerotopo.comm import qcollectives as Q
+
+                pending = Q.all_gather_int8(
+                    u.full, u.param_shard, group, block=plan.quant_block, ledger=self.ledger,
+                    async_op=True, stream=stream, tag=tag,
+                )  # fmt: skip
+            else:
+                pending = C.all_gather(
+                    u.full, u.param_shard, group, ledger=self.ledger, async_op=True, stream=stream, tag=tag
+                )
+        u.gather = (pending, None)
+        u.state = UnitState.GATHERING
+        assert d.params > 1
+
+    def _issue_secondary_gather(self, u: FlatUnit) -> None:
+        """Backward all-gather over the secondary group from this rank's secondary partition."""
+        holder: Ready = u.secondary
+        group = self.mesh.group("secondary")
+        stream = self.streams.all_gather
+        if self.sync != "none":
+            # Rule 1: the gather's stream waits on the copy's ready-event (the host only on CPU, and only
+            # here at the consumer, so the copy overlaps the forward compute).
+            holder.wait(stream)
+        if stream is not None:
+            stream.wait_stream(self.streams.current())
+        self.sanitizer.check(holder, unit=u.name, op="backward all-gather")
+        u.alloc_full()
+        tag = f"backward {u.name}"
+        with _on(stream):
+            if self.plan.secondary_dtype == "int8":
+                from zerotopo.comm import qcollectives as Q
+
+                pending = Q.gather_quantized(
+                    u.full, holder.tensor, group, ledger=self.ledger, async_op=True, stream=stream, tag=tag
+                )
+                tmp = None
+            else:
+                tmp = (
+                    u.full if u.param_dtype == _BF16 else torch.empty(u.padded, dtype=_BF16, device=u.device)
+                )
+                pending = C.all_gather(
+                    tmp, holder.tensor, group, ledger=self.ledger, async_op=True, stream=stream, tag=tag
+                )
+        u.gather = (pending, tmp)
+        u.state = UnitState.GATHERING
+
+    def _wait_gather(self, u: FlatUnit) -> None:
+        pending, tmp = u.gather
+        stream = self.streams.all_gather
+        # Rule 2: the event covers the collective only once wait() was called on the recording stream.
+        pending.wait(stream) if stream is not None else pending.wait()
+        with _on(stream):
+            if tmp is not None and tmp is not u.full:
+                u.full.copy_(tmp)
+        ev = self.streams.record(stream)
+        Ready(u.full, ev, f"full weights of {u.name}").wait(self.streams.current())
+        u.gather = None
+        u.state = UnitState.FULL
+
+    def _write_secondary(self, u: FlatUnit) -> None:
+        """This rank's ``secondary_range`` chunk of the full weight, as bf16 or int8, written
+        asynchronously into a fresh (uninitialized) buffer; ``sync`` decides who waits for it."""
+        lo, hi = u.s_range
+        src = u.full[lo:hi]
+        on_cpu = not self.streams.on_device
+        if on_cpu:
+            # The emulated engine must not read the full buffer after the host freed it; a device copy
+            # is protected by record_stream instead (streams.copy_async).
+            src = src.detach().clone()
+        if self.plan.secondary_dtype == "int8":
+            from zerotopo.comm import quant
+
+            dst = quant.quantize_int8(
+                torch.zeros(hi - lo, dtype=torch.float32, device=u.device), self.plan.quant_block
+            )
+            if on_cpu:
+                dst.scales.fill_(float("nan"))  # poison: a read before the copy lands yields NaN
+
+            def fill(dst=dst, src=src) -> None:
+                q = quant.quantize_int8(src, self.plan.quant_block)
+                dst.data.copy_(q.data)
+                dst.scales.copy_(q.scales)
+
+        else:
+            dst = torch.empty(hi - lo, dtype=_BF16, device=u.device)
+            if on_cpu:
+                dst.fill_(float("nan"))
+
+            def fill(dst=dst, src=src) -> None:
+                dst.copy_(src)
+
+        holder = self.streams.copy_async(f"secondary partition of {u.name}", dst, fill, u.full)
+        if self.sync == "host":
+            holder.host_wait()  # DeepSpeed's fix: block the host right after the copy
+            holder.waited = True
+        u.secondary = holder
+
+    # -- gradients -------------------------------------------------------------------------------------------
+    def reduce_unit(self, u: FlatUnit) -> None:
+        """Reduce-scatter ``u``'s gradients into its fp32 shard; free the full gradient and weights."""
+        d, plan = self.degrees, self.plan
+        with record_function(f"zerotopo::reduce_scatter {u.name}"):
+            flat = u.flat_grad(self.reduce_dtype)
+            if d.grads == 1:
+                u.grad_shard.add_(flat)
+            else:
+                out = torch.empty(u.padded // d.grads, dtype=self.reduce_dtype, device=u.device)
+                group = self.mesh.group("grads")
+                tag = f"grads {u.name}"
+                if plan.quantize_grads:
+                    from zerotopo.comm import qcollectives as Q
+
+                    intra, inter = self._int4_hops()
+                    Q.reduce_scatter_int4(
+                        out, flat, group, block=plan.quant_block, order=self.rs_order,
+                        intra=intra, inter=inter, ledger=self.ledger, tag=tag,
+                    )  # fmt: skip
+                else:
+                    C.reduce_scatter(out, flat, group, order=self.rs_order, ledger=self.ledger, tag=tag)
+                u.grad_shard.add_(out)
+        u.reduced = True
+        if u.sharded:
+            if u.state is UnitState.GATHERING:
+                self._wait_gather(u)
+            u.free_full()
+
+    def _int4_hops(self) -> tuple[Any, Any]:
+        """The two hop groups of the hierarchical int4 reduce-scatter when the grads group spans nodes."""
+        grads = self.mesh.group("grads")
+        if grads.tier != self.mesh.topology.network.name:
+            return None, None
+        intra, inter = self.mesh.group("grads_intra"), self.mesh.group("grads_inter")
+        if intra.size <= 1 or inter.size <= 1:
+            return None, None
+        return intra, inter
+
+    def invalidate_secondaries(self) -> None:
+        """After the optimizer step every secondary partition holds stale weights."""
+        for u in self.units:
+            u.secondary = None
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+class _on:
+    """``torch.cuda.stream(s)`` when ``s`` is a stream, nothing on CPU."""
+
+    def __init__(self, stream: Any) -> None:
+        self.ctx = torch.cuda.stream(stream) if stream is not None else None
+
+    def __enter__(self) -> None:
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+def unit_modules(units: list[FlatUnit]) -> list[nn.Module]:
+    return [u.module for u in units if u.module is not None]

@@ -1,0 +1,246 @@
+"""Sharded units: one flat buffer per module, and the shards of it each rank holds.
+
+A unit (a transformer layer, the embedding, the head) is flattened into one buffer of
+``layout.padded_numel(n, degrees)`` elements. Each rank holds, per unit (see ``zerotopo.layout``):
+
+- the primary parameter shard ``param_range`` in the parameter dtype;
+- the secondary partition ``secondary_range`` of the full weight (bf16 or int8), when the plan has one;
+- an fp32 gradient shard ``grad_range`` that accumulates over micro-batches;
+- the optimizer shard ``optim_range``: fp32 master weights and Adam's two moments (in :mod:`.optim`).
+
+While a unit is unsharded its parameters are real ``nn.Parameter``s whose ``.data`` are views into the
+full flat buffer. [Note: freeing full weights] Freeing resizes the buffer's storage to zero instead of
+dropping the tensor (as FSDP does), so views saved by autograd stay valid and see the weights again once
+the backward all-gather refills the same storage.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerotopo import layout
+from zerotopo.errors import ZerotopoError
+from zerotopo.plan import Degrees
+
+
+class UnitState(enum.Enum):
+    """Where a unit's full weights are."""
+
+    SHARDED = "sharded"  # only shards held; the full buffer has no storage
+    GATHERING = "gathering"  # an all-gather into the full buffer was issued and not waited yet
+    FULL = "full"  # the full buffer holds the weights (param views are valid)
+
+
+@dataclass
+class ParamSlot:
+    """One parameter's place in its unit's flat buffer."""
+
+    name: str
+    param: nn.Parameter
+    offset: int
+    numel: int
+    shape: torch.Size
+    decay: bool
+
+    @property
+    def trainable(self) -> bool:
+        return self.param.requires_grad
+
+
+def default_no_decay(name: str, param: torch.Tensor) -> bool:
+    """NeoX's rule: no weight decay for biases and norm weights (every parameter with ``ndim < 2``)."""
+    return param.ndim < 2
+
+
+class FlatUnit:
+    """The buffers of one unit on one rank, and its transitions between sharded and full."""
+
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module,
+        params: list[tuple[str, nn.Parameter]],
+        *,
+        index: int,
+        degrees: Degrees,
+        topo_index: int,
+        param_dtype: torch.dtype,
+        device: torch.device,
+        no_decay: Any = default_no_decay,
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.index = index
+        self.degrees = degrees
+        self.param_dtype = param_dtype
+        self.device = device
+        self.slots: list[ParamSlot] = []
+        offset = 0
+        for pname, p in params:
+            self.slots.append(ParamSlot(pname, p, offset, p.numel(), p.shape, decay=not no_decay(pname, p)))
+            offset += p.numel()
+        self.numel = offset
+        self.padded = layout.padded_numel(offset, degrees)
+        t = topo_index
+        self.p_range = layout.param_range(t, degrees, self.padded)
+        self.g_range = layout.grad_range(t, degrees, self.padded)
+        self.o_range = layout.optim_range(t, degrees, self.padded)
+        self.s_range = (
+            layout.secondary_range(t, degrees, self.padded) if degrees.secondary is not None else None
+        )
+        check_nesting(self)
+        self.trainable_count = sum(1 for s in self.slots if s.trainable)
+
+        # The full flat buffer: its storage is allocated while the unit is FULL and resized to 0 otherwise.
+        flat32 = torch.zeros(self.padded, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            for s in self.slots:
+                flat32[s.offset : s.offset + s.numel].copy_(s.param.detach().reshape(-1))
+        # The fp32 master chunk comes from the module's own values, before any cast to param_dtype.
+        self.initial_master = flat32[self.o_range[0] : self.o_range[1]].clone()
+        full = flat32.to(param_dtype) if param_dtype != torch.float32 else flat32
+        self.full = full
+        self.sharded = degrees.params > 1
+        if self.sharded:
+            self.param_shard = full[self.p_range[0] : self.p_range[1]].clone()
+        else:
+            self.param_shard = full  # p == 1: the shard is the full buffer; it is never freed
+        self.grad_shard = torch.zeros(self.g_range[1] - self.g_range[0], dtype=torch.float32, device=device)
+        self.set_views()
+        self.state = UnitState.FULL
+        self.secondary: Any = None  # a streams.Ready holding the secondary partition, or None
+        self.gather: Any = None  # pending all-gather: (Pending, source) while GATHERING
+        # Per micro-batch bookkeeping (runtime.py).
+        self.grads_ready = 0
+        self.reduced = False
+        self.forward_done = False
+        self.backward_started = False
+
+    # -- views and storage ------------------------------------------------------------------------------
+    def set_views(self) -> None:
+        """Point every parameter's ``.data`` at its slice of the full buffer."""
+        for s in self.slots:
+            s.param.data = self.full[s.offset : s.offset + s.numel].view(s.shape)
+
+    def alloc_full(self) -> None:
+        """Give the full buffer its storage back (contents undefined until an all-gather fills it)."""
+        storage = self.full.untyped_storage()
+        nbytes = self.padded * self.full.element_size()
+        if storage.size() != nbytes:
+            storage.resize_(nbytes)
+
+    def free_full(self) -> None:
+        """Drop the full weights' storage (views stay valid objects; see the module note)."""
+        if not self.sharded:
+            return
+        self.full.untyped_storage().resize_(0)
+        self.state = UnitState.SHARDED
+
+    def is_allocated(self) -> bool:
+        return self.full.untyped_storage().size() > 0
+
+    # -- gradients ------------------------------------------------------------------------------------
+    def flat_grad(self, dtype: torch.dtype) -> torch.Tensor:
+        """The unit's gradients as one padded flat buffer in ``dtype`` (zeros where a parameter has no
+        gradient or is frozen); the parameters' ``.grad`` are released."""
+        flat = torch.zeros(self.padded, dtype=dtype, device=self.device)
+        for s in self.slots:
+            g = s.param.grad
+            if g is not None:
+                flat[s.offset : s.offset + s.numel].copy_(g.reshape(-1))
+                s.param.grad = None
+        return flat
+
+    def masks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-element (decay, trainable) masks of this rank's optimizer chunk, as fp32 0/1."""
+        decay = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
+        trainable = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
+        for s in self.slots:
+            if s.decay:
+                decay[s.offset : s.offset + s.numel] = 1.0
+            if s.trainable:
+                trainable[s.offset : s.offset + s.numel] = 1.0
+        lo, hi = self.o_range
+        return decay[lo:hi].clone(), trainable[lo:hi].clone()
+
+    # -- relative offsets --------------------------------------------------------------------------------
+    @property
+    def optim_in_param(self) -> tuple[int, int]:
+        """The optimizer chunk as a slice of the parameter shard."""
+        return self.o_range[0] - self.p_range[0], self.o_range[1] - self.p_range[0]
+
+    @property
+    def optim_in_grad(self) -> tuple[int, int]:
+        """The optimizer chunk as a slice of the gradient shard."""
+        return self.o_range[0] - self.g_range[0], self.o_range[1] - self.g_range[0]
+
+    def __repr__(self) -> str:
+        return f"FlatUnit({self.name!r}, numel={self.numel}, padded={self.padded}, {self.state.value})"
+
+
+def check_nesting(unit: FlatUnit) -> None:
+    """The shard layout invariant at run time: optimizer range ⊆ gradient range ⊆ parameter range."""
+    (po, pe), (go, ge), (oo, oe) = unit.p_range, unit.g_range, unit.o_range
+    if not (po <= go <= oo < oe <= ge <= pe):
+        raise AssertionError(
+            f"unit {unit.name!r}: shard layout broken: optim {unit.o_range} must lie in grads "
+            f"{unit.g_range} which must lie in params {unit.p_range} (degrees {unit.degrees})"
+        )
+
+
+def collect_units(root: nn.Module, units: list[tuple[str, nn.Module]] | None) -> list[tuple[str, nn.Module]]:
+    """The default units: each child of every ``nn.ModuleList`` and every other top-level child with
+    parameters (in registration order), plus the root for stray parameters (added by the caller)."""
+    if units is not None:
+        return list(units)
+    out: list[tuple[str, nn.Module]] = []
+
+    def visit(prefix: str, module: nn.Module, top: bool) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if isinstance(child, nn.ModuleList):
+                for i, sub in enumerate(child):
+                    out.append((f"{path}.{i}", sub))
+            elif top and any(True for _ in child.parameters()):
+                out.append((path, child))
+
+    visit("", root, True)
+    return out
+
+
+def assign_params(
+    root: nn.Module, units: list[tuple[str, nn.Module]]
+) -> tuple[list[tuple[str, nn.Module, list[tuple[str, nn.Parameter]]]], list[tuple[str, nn.Parameter]]]:
+    """Give every parameter to exactly one unit; returns (units with their params, stray params).
+
+    A parameter reachable from two units (tied weights) is rejected with both modules named.
+    """
+    owner: dict[int, str] = {}
+    result = []
+    for uname, module in units:
+        params = []
+        for pname, p in module.named_parameters(remove_duplicate=True):
+            if id(p) in owner:
+                raise ZerotopoError(
+                    f"parameter {uname}.{pname} is shared with unit {owner[id(p)]!r} (tied weights); "
+                    f"the engine shards each parameter in one unit: untie them (e.g. tie_embeddings: false) "
+                    f"or pass units= that put both modules in one unit"
+                )
+            owner[id(p)] = uname
+            params.append((f"{uname}.{pname}", p))
+        result.append((uname, module, params))
+    stray = [(n, p) for n, p in root.named_parameters() if id(p) not in owner]
+    return result, stray
+
+
+def memory_bytes(units: list[FlatUnit], secondary_bytes: int) -> dict[str, int]:
+    """Bytes this rank holds per state (the full, gathered buffers are transient and not counted)."""
+    params = sum(u.param_shard.numel() * u.param_shard.element_size() for u in units)
+    grads = sum(u.grad_shard.numel() * 4 for u in units)
+    optim = sum((u.o_range[1] - u.o_range[0]) * 12 for u in units)
+    return {"params": params, "secondary": secondary_bytes, "grads": grads, "optim": optim}
