@@ -166,7 +166,7 @@ def slurm_port(environ: Mapping[str, str]) -> int:
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     if job is None or not job.isdigit():
         return DEFAULT_PORT
-    # Above the well-known range and below Linux's ephemeral ports (32768+), so no client socket holds it.
+    # Below Linux's ephemeral ports (32768+), so no outgoing connection already holds it.
     return 20000 + int(job) % 10000
 
 
