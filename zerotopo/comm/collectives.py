@@ -1,0 +1,414 @@
+"""Instrumented collectives on mesh groups: all-gather, reduce-scatter, all-reduce, all-to-all, broadcast.
+
+Each function takes a :class:`~zerotopo.comm.mesh.GroupHandle` and works in group *positions*
+(topological order; see the mesh's [Note: group order]), records one
+:class:`~zerotopo.comm.ledger.Record` into ``ledger`` when given, and runs synchronously (returns None)
+or asynchronously (returns a :class:`Pending`). One code path serves NCCL, RCCL and gloo.
+
+[Note: streams] With ``stream`` on an accelerator the collective is issued inside
+``torch.cuda.stream(stream)``, so it starts after the work already queued there. ``Pending.wait(s)``
+calls ``work.wait()`` while ``s`` is current: only then may an event recorded on ``s`` stand for the
+collective's result (DESIGN.md, synchronization rule 2). On CPU streams are ignored and ``wait`` blocks.
+
+[Note: gloo fallbacks] Older gloo builds lack ``reduce_scatter`` and reductions of bf16/fp16. When the
+backend refuses an op, the call is redone another way and remembered: non-reducing ops move the bytes
+(a uint8 view); reductions run in fp32 (reduce-scatter as an fp32 all-reduce and
+a slice). The ledger still records the logical message: its dtype and the ring bytes of
+:mod:`zerotopo.comm.volume`, whatever the fallback moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+from zerotopo.comm import volume
+from zerotopo.comm.ledger import Ledger, Record
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+# (backend, op, dtype) found unsupported; dtype None: the op itself.
+_UNSUPPORTED: set[tuple[str, str, torch.dtype | None]] = set()
+# One collective API name across torch versions (the *_single names replace the older ones).
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+Finish = Callable[[], None]
+
+
+def assume_unsupported(backend: str, op: str, dtype: torch.dtype | None = None) -> None:
+    """Treat ``op`` (on ``dtype``, or any dtype) as unsupported by ``backend``: its fallback runs.
+
+    Used when a backend is known to lack an op, and by the tests to exercise the fallbacks."""
+    _UNSUPPORTED.add((backend, op, dtype))
+
+
+def clear_unsupported() -> None:
+    """Forget every op found or declared unsupported."""
+    _UNSUPPORTED.clear()
+
+
+def _refused(backend: str, op: str, dtype: torch.dtype) -> bool:
+    return (backend, op, dtype) in _UNSUPPORTED or (backend, op, None) in _UNSUPPORTED
+
+
+def _looks_unsupported(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    keys = ("not supported", "unsupported", "not implemented", "does not support", "invalid scalar type")
+    return any(s in msg for s in keys)
+
+
+def _native_or_fallback(
+    group: Any, op: str, dtype: torch.dtype, native: Callable[[], Any], fallback: Callable[[], Any]
+) -> Any:
+    """Run ``native``; on gloo, when it is (or was once) refused as unsupported, run ``fallback``."""
+    backend = str(dist.get_backend(group.pg))
+    if _refused(backend, op, dtype):
+        return fallback()
+    try:
+        return native()
+    except (RuntimeError, NotImplementedError, ValueError) as exc:
+        # Only a deterministic refusal may switch paths: every rank hits it alike, so all take the fallback.
+        if backend != "gloo" or not _looks_unsupported(exc):
+            raise
+        _UNSUPPORTED.add((backend, op, dtype))
+        return fallback()
+
+
+# -- pending work and timing ------------------------------------------------------------------------
+
+
+def _stream_context(stream: Any, device: torch.device) -> Any:
+    if stream is not None and device.type == "cuda":
+        return torch.cuda.stream(stream)
+    return contextlib.nullcontext()
+
+
+class Pending:
+    """An asynchronous collective in flight; :meth:`wait` completes it (idempotent)."""
+
+    def __init__(
+        self, work: Any, finish: list[Finish], device: torch.device, record: Record | None, start: Any
+    ):
+        self._work = work
+        self._finish = finish
+        self._device = device
+        self._record = record
+        self._start = start
+        self._done = False
+
+    def wait(self, stream: Any = None) -> None:
+        """Order the result before later work on ``stream`` (default: the current stream); on CPU, block
+        until it arrived. Staged copies back into the caller's buffers run on that stream too."""
+        if self._done:
+            return
+        with _stream_context(stream, self._device):
+            if self._work is not None:
+                self._work.wait()
+            for f in self._finish:
+                f()
+            if self._record is not None:
+                if self._device.type == "cuda":
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    self._record.timing = (self._start, end)
+                else:
+                    self._record.seconds = time.perf_counter() - self._start
+        self._done = True
+
+    def is_completed(self) -> bool:
+        """Whether :meth:`wait` ran, or the backend reports the transfer finished."""
+        return self._done or self._work is None or bool(self._work.is_completed())
+
+
+def _start_clock(device: torch.device) -> Any:
+    if device.type == "cuda":
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+    return time.perf_counter()
+
+
+def _run(
+    op: str,
+    group: Any,
+    ref: torch.Tensor,
+    *,
+    numel: int,
+    nbytes: int,
+    dtype: torch.dtype | str,
+    ledger: Ledger | None,
+    tag: str,
+    async_op: bool,
+    stream: Any,
+    issue: Callable[[], tuple[Any, list[Finish]]],
+) -> Pending | None:
+    """Issue one collective (on ``stream``), record it, and wait unless ``async_op``."""
+    device = ref.device
+    with _stream_context(stream, device), record_function(f"zerotopo::{op} {tag}".rstrip()):
+        start = _start_clock(device)
+        work, finish = issue()
+    rec = None
+    if ledger is not None:
+        rec = ledger.record(op, group, dtype=dtype, numel=numel, bytes_sent=nbytes, seconds=0.0, tag=tag)
+    pending = Pending(work, finish, device, rec, start)
+    if async_op:
+        return pending
+    pending.wait(stream)
+    return None
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _flat(t: torch.Tensor, what: str) -> torch.Tensor:
+    if not t.is_contiguous():
+        raise ValueError(f"{what} must be contiguous")
+    return t.view(-1)
+
+
+def _check_split(big: torch.Tensor, small: torch.Tensor, d: int, op: str) -> None:
+    if big.numel() != small.numel() * d:
+        raise ValueError(
+            f"{op}: the full buffer has {big.numel()} elements but the shard has {small.numel()} "
+            f"and the group {d} ranks; expected {small.numel() * d}"
+        )
+    if big.dtype != small.dtype:
+        raise ValueError(f"{op}: dtypes differ ({big.dtype} and {small.dtype})")
+
+
+def _index(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.long, device=device)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a flat tensor (every backend moves uint8)."""
+    return t.view(torch.uint8)
+
+
+def _position_of_pg_rank(group: Any) -> list[int]:
+    inv = [0] * group.size
+    for pos, j in enumerate(group.pg_ranks):
+        inv[j] = pos
+    return inv
+
+
+# -- the collectives --------------------------------------------------------------------------------
+
+
+def _all_gather_issue(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[Any, list[Finish]]:
+    """Gather ``inp`` of every position into ``out`` (flat), position order. Shared with qcollectives."""
+    out_f, inp_f = _flat(out, "all_gather output"), _flat(inp, "all_gather input")
+    if group.size == 1:
+        out_f.copy_(inp_f)
+        return None, []
+    d, perm = group.size, group.pg_ranks
+    in_order = perm == tuple(range(d))
+    recv = out_f if in_order else torch.empty_like(out_f)
+    finish: list[Finish] = []
+    if not in_order:
+        idx = _index(perm, out.device)
+        finish.append(lambda: out_f.view(d, -1).copy_(recv.view(d, -1).index_select(0, idx)))
+
+    def native() -> Any:
+        return _ALL_GATHER(recv, inp_f, group=group.pg, async_op=True)
+
+    def fallback() -> Any:
+        return dist.all_gather(
+            list(_bits(recv).view(d, -1).unbind(0)), _bits(inp_f), group=group.pg, async_op=True
+        )
+
+    return _native_or_fallback(group, "all_gather", out.dtype, native, fallback), finish
+
+
+def all_gather(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: Any,
+    *,
+    ledger: Ledger | None = None,
+    async_op: bool = False,
+    stream: Any = None,
+    tag: str = "",
+) -> Pending | None:
+    """``out`` = concatenation of every position's ``inp``, in position order."""
+    _check_split(out, inp, group.size, "all_gather")
+    nbytes = volume.all_gather_bytes(out.numel(), group.size, out.element_size())
+    return _run(
+        "all_gather", group, out, numel=out.numel(), nbytes=nbytes, dtype=out.dtype, ledger=ledger,
+        tag=tag, async_op=async_op, stream=stream, issue=lambda: _all_gather_issue(out, inp, group),
+    )  # fmt: skip
+
+
+def reduce_scatter(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: Any,
+    *,
+    order: Sequence[int] | None = None,
+    op: str = "sum",
+    ledger: Ledger | None = None,
+    async_op: bool = False,
+    stream: Any = None,
+    tag: str = "",
+) -> Pending | None:
+    """Reduce ``inp`` (the full buffer, natural chunk order) over the group; position ``i`` receives
+    chunk ``order[i]`` (default ``i``) of the reduction in ``out``."""
+    d = group.size
+    _check_split(inp, out, d, "reduce_scatter")
+    order = list(order) if order is not None else list(range(d))
+    if sorted(order) != list(range(d)):
+        raise ValueError(f"reduce_scatter: order {order} is not a permutation of the {d} positions")
+    red = _REDUCE_OPS[op]
+    nbytes = volume.reduce_scatter_bytes(inp.numel(), d, inp.element_size())
+
+    def issue() -> tuple[Any, list[Finish]]:
+        out_f, inp2 = _flat(out, "reduce_scatter output"), _flat(inp, "reduce_scatter input").view(d, -1)
+        if d == 1:
+            out_f.copy_(inp2[order[0]])
+            return None, []
+        # Block j of the staged input goes to pg rank j: the chunk its position must receive.
+        src = [order[p] for p in _position_of_pg_rank(group)]
+        send = (
+            inp2.view(-1) if src == list(range(d)) else inp2.index_select(0, _index(src, inp.device)).view(-1)
+        )
+        me = group.pg_ranks[group.position]
+
+        def native() -> tuple[Any, list[Finish]]:
+            return _REDUCE_SCATTER(out_f, send, op=red, group=group.pg, async_op=True), []
+
+        def fallback() -> tuple[Any, list[Finish]]:
+            buf = send.to(torch.float32, copy=True)  # all_reduce works in place: never on the caller's input
+            work = dist.all_reduce(buf, op=red, group=group.pg, async_op=True)
+            return work, [lambda: out_f.copy_(buf.view(d, -1)[me])]
+
+        return _native_or_fallback(group, "reduce_scatter", inp.dtype, native, fallback)
+
+    return _run(
+        "reduce_scatter", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, ledger=ledger,
+        tag=tag, async_op=async_op, stream=stream, issue=issue,
+    )  # fmt: skip
+
+
+def all_reduce(
+    t: torch.Tensor,
+    group: Any,
+    *,
+    op: str = "sum",
+    ledger: Ledger | None = None,
+    async_op: bool = False,
+    stream: Any = None,
+    tag: str = "",
+) -> Pending | None:
+    """Reduce ``t`` in place over the group (``sum``, ``max`` or ``min``)."""
+    red = _REDUCE_OPS[op]
+    nbytes = volume.all_reduce_bytes(t.numel(), group.size, t.element_size())
+
+    def issue() -> tuple[Any, list[Finish]]:
+        flat = _flat(t, "all_reduce tensor")
+        if group.size == 1:
+            return None, []
+
+        def native() -> tuple[Any, list[Finish]]:
+            return dist.all_reduce(flat, op=red, group=group.pg, async_op=True), []
+
+        def fallback() -> tuple[Any, list[Finish]]:
+            buf = flat.to(torch.float32, copy=True)
+            return dist.all_reduce(buf, op=red, group=group.pg, async_op=True), [lambda: flat.copy_(buf)]
+
+        return _native_or_fallback(group, "all_reduce", t.dtype, native, fallback)
+
+    return _run(
+        "all_reduce", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
+        async_op=async_op, stream=stream, issue=issue,
+    )  # fmt: skip
+
+
+def _all_to_all_issue(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[Any, list[Finish]]:
+    """Chunk ``i`` of ``inp`` goes to position ``i``; chunk ``j`` of ``out`` comes from position ``j``."""
+    d = group.size
+    out_f, inp_f = _flat(out, "all_to_all output"), _flat(inp, "all_to_all input")
+    if d == 1:
+        out_f.copy_(inp_f)
+        return None, []
+    pos_of = _position_of_pg_rank(group)
+    in_order = pos_of == list(range(d))
+    send = inp_f if in_order else inp_f.view(d, -1).index_select(0, _index(pos_of, inp.device)).view(-1)
+    recv = out_f if in_order else torch.empty_like(out_f)
+    finish: list[Finish] = []
+    if not in_order:
+        idx = _index(group.pg_ranks, out.device)
+        finish.append(lambda: out_f.view(d, -1).copy_(recv.view(d, -1).index_select(0, idx)))
+
+    def native() -> Any:
+        return dist.all_to_all_single(recv, send, group=group.pg, async_op=True)
+
+    def fallback() -> Any:
+        return dist.all_to_all_single(_bits(recv), _bits(send), group=group.pg, async_op=True)
+
+    return _native_or_fallback(group, "all_to_all", out.dtype, native, fallback), finish
+
+
+def all_to_all(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: Any,
+    *,
+    ledger: Ledger | None = None,
+    async_op: bool = False,
+    stream: Any = None,
+    tag: str = "",
+) -> Pending | None:
+    """Equal-chunk all-to-all: position ``i`` receives chunk ``i`` of every position's ``inp``."""
+    if out.numel() != inp.numel() or out.numel() % group.size or out.dtype != inp.dtype:
+        raise ValueError(
+            f"all_to_all: input ({inp.numel()} {inp.dtype}) and output ({out.numel()} {out.dtype}) must "
+            f"match and split into {group.size} equal chunks"
+        )
+    nbytes = volume.all_to_all_bytes(inp.numel(), group.size, inp.element_size())
+    return _run(
+        "all_to_all", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, ledger=ledger,
+        tag=tag, async_op=async_op, stream=stream, issue=lambda: _all_to_all_issue(out, inp, group),
+    )  # fmt: skip
+
+
+def broadcast(
+    t: torch.Tensor,
+    src_position: int,
+    group: Any,
+    *,
+    ledger: Ledger | None = None,
+    async_op: bool = False,
+    stream: Any = None,
+    tag: str = "",
+) -> Pending | None:
+    """Copy ``t`` of position ``src_position`` into ``t`` of every member."""
+    if not 0 <= src_position < group.size:
+        raise ValueError(f"broadcast: source position {src_position} outside a group of {group.size}")
+    nbytes = volume.broadcast_bytes(
+        t.numel(), group.size, t.element_size(), is_root=group.position == src_position
+    )
+
+    def issue() -> tuple[Any, list[Finish]]:
+        flat = _flat(t, "broadcast tensor")
+        if group.size == 1:
+            return None, []
+        src = group.ranks[src_position]
+
+        def native() -> Any:
+            return dist.broadcast(flat, src=src, group=group.pg, async_op=True)
+
+        def fallback() -> Any:
+            return dist.broadcast(_bits(flat), src=src, group=group.pg, async_op=True)
+
+        return _native_or_fallback(group, "broadcast", t.dtype, native, fallback), []
+
+    return _run(
+        "broadcast", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
+        async_op=async_op, stream=stream, issue=issue,
+    )  # fmt: skip

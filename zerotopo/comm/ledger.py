@@ -1,0 +1,165 @@
+"""The communication ledger: every collective a rank issued, its bytes, the tier it crossed, its time.
+
+Bytes are this rank's sent bytes as :mod:`zerotopo.comm.volume` counts them (ring/direct algorithms), the
+same figures the cost model predicts, so a step's ledger can be compared with the model byte for byte.
+Times are wall-clock seconds from issue to completion: measured on the host on CPU, with CUDA events on
+an accelerator (resolved when a summary is read, which synchronizes those events: read summaries at
+logging intervals only).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: Messages of at most this many elements are control traffic (gradient norm, overflow flag).
+SCALAR_NUMEL = 16
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` -> ``bfloat16``; strings pass through."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass
+class Record:
+    """One collective as this rank saw it."""
+
+    op: str
+    """Collective name: ``all_gather``, ``reduce_scatter``, ``all_gather_int8``, ..."""
+    kind: str
+    """Group kind (``params``, ``grads_inter``, ...)."""
+    size: int
+    """Group size (the degree)."""
+    tier: str | None
+    """Outermost tier the group crosses; None for a single rank."""
+    dtype: str
+    """Element type of the logical message (``int8``/``int4`` for quantized payloads)."""
+    numel: int
+    """Elements of the whole message (gathered output, reduce-scatter input)."""
+    bytes_sent: int
+    """Bytes this rank sent, from :mod:`zerotopo.comm.volume`."""
+    seconds: float
+    """Wall time from issue to completion."""
+    tag: str = ""
+    """Caller's label (unit name, phase)."""
+    timing: Any = field(default=None, repr=False, compare=False)
+    """Pending CUDA events ``(start, end)``; ``seconds`` is filled in from them when read."""
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.numel <= SCALAR_NUMEL
+
+    def resolve(self) -> None:
+        """Turn pending CUDA events into seconds (blocks until the collective finished)."""
+        if self.timing is not None and self.timing[1] is not None:
+            start, end = self.timing
+            end.synchronize()
+            self.seconds = start.elapsed_time(end) / 1e3
+            self.timing = None
+
+
+def _tier_key(tier: str | None) -> str:
+    return tier if tier is not None else "local"
+
+
+class Ledger:
+    """Records of one rank's collectives, with per-step summaries by tier and by op."""
+
+    def __init__(self) -> None:
+        self._records: list[Record] = []
+        self._step_start = 0
+        self.steps_marked = 0
+
+    def record(
+        self,
+        op: str,
+        group: Any,
+        *,
+        dtype: torch.dtype | str,
+        numel: int,
+        bytes_sent: int,
+        seconds: float,
+        tag: str = "",
+    ) -> Record:
+        """Add one collective on ``group`` (a :class:`~zerotopo.comm.mesh.GroupHandle`); returns the record
+        so an asynchronous collective can fill in its time when it completes."""
+        rec = Record(
+            op=op,
+            kind=group.kind,
+            size=group.size,
+            tier=group.tier,
+            dtype=dtype_name(dtype),
+            numel=int(numel),
+            bytes_sent=int(bytes_sent),
+            seconds=float(seconds),
+            tag=tag,
+        )
+        self._records.append(rec)
+        return rec
+
+    def records(self) -> list[Record]:
+        """Every record since the last :meth:`reset`, oldest first."""
+        for r in self._records:
+            r.resolve()
+        return list(self._records)
+
+    @staticmethod
+    def _by_tier(records: list[Record], include_scalar: bool) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for r in records:
+            if include_scalar or not r.is_scalar:
+                out[_tier_key(r.tier)] += r.bytes_sent
+        return dict(out)
+
+    def bytes_by_tier(self, *, include_scalar: bool = True) -> dict[str, int]:
+        """Bytes sent per tier crossed (``local`` for single-rank groups) since the last reset."""
+        return self._by_tier(self._records, include_scalar)
+
+    def bytes_by_op(self) -> dict[tuple[str, str | None], int]:
+        """Bytes sent per ``(op, tier)`` since the last reset."""
+        out: dict[tuple[str, str | None], int] = defaultdict(int)
+        for r in self._records:
+            out[(r.op, r.tier)] += r.bytes_sent
+        return dict(out)
+
+    @staticmethod
+    def summarize(records: list[Record]) -> dict:
+        """Totals of ``records``: bytes by tier, bytes and seconds by op, calls."""
+        seconds: dict[str, float] = defaultdict(float)
+        by_op: dict[str, int] = defaultdict(int)
+        calls: dict[str, int] = defaultdict(int)
+        for r in records:
+            r.resolve()
+            seconds[r.op] += r.seconds
+            by_op[r.op] += r.bytes_sent
+            calls[r.op] += 1
+        return {
+            "bytes_by_tier": Ledger._by_tier(records, True),
+            "bytes_by_op": dict(by_op),
+            "seconds_by_op": dict(seconds),
+            "calls_by_op": dict(calls),
+            "bytes": sum(by_op.values()),
+            "seconds": sum(seconds.values()),
+            "calls": len(records),
+        }
+
+    def step_summary(self) -> dict:
+        """Totals of the records since the last :meth:`mark_step` (the step in progress)."""
+        return self.summarize(self._records[self._step_start :])
+
+    def mark_step(self) -> dict:
+        """Close the current step: return its summary and start counting the next one."""
+        summary = self.step_summary()
+        self._step_start = len(self._records)
+        self.steps_marked += 1
+        return summary
+
+    def reset(self) -> None:
+        """Forget every record."""
+        self._records.clear()
+        self._step_start = 0
+        self.steps_marked = 0

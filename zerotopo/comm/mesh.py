@@ -1,0 +1,303 @@
+"""Process groups per degree: the mesh every collective of a plan runs on.
+
+:func:`build_mesh` is called once by every rank after ``torch.distributed`` is initialised. It gathers
+each rank's topological index and host, checks them against the topology (one clear
+:class:`~zerotopo.errors.LaunchError` on every rank instead of a hang or silently wrong groups), then
+creates one process group per distinct member set over every group kind of the plan
+(:func:`zerotopo.layout.groups`), never one per module.
+
+[Note: group order] A :class:`GroupHandle` lists its ranks by topological index, and ``position`` is the
+place in that order; the layout's chunk arithmetic is written in positions. ``torch.distributed`` numbers
+a group's members by sorted global rank instead, which differs when the launcher's rank order is not
+topological (Frontier's ``--gpu-bind=closest``). :mod:`zerotopo.comm.collectives` maps between the two,
+so callers only ever see positions.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zerotopo import layout
+from zerotopo.errors import LaunchError
+from zerotopo.plan import Degrees, Plan
+from zerotopo.topology import Topology
+
+#: Kinds beyond the layout's: the whole job, and the two hops of the hierarchical int4 reduce-scatter.
+EXTRA_KINDS = ("world", "grads_intra", "grads_inter")
+#: Every kind a mesh answers for, in the (fixed) order groups are created on every rank.
+MESH_KINDS = tuple(dict.fromkeys((*layout.GROUP_KINDS, "optim", *EXTRA_KINDS)))
+
+
+@dataclass(frozen=True)
+class GroupHandle:
+    """This rank's group of one kind: its members by topological index and the process group."""
+
+    kind: str
+    """A layout group kind, or ``world``, ``grads_intra``, ``grads_inter``."""
+    ranks: tuple[int, ...]
+    """Global ranks of the group, ordered by topological index."""
+    position: int
+    """This rank's index in ``ranks``."""
+    tier: str | None
+    """Outermost tier the group crosses (None for a single rank)."""
+    pg: Any = field(default=None, compare=False, repr=False)
+    """The ``torch.distributed`` process group; None when the group is this rank alone."""
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @cached_property
+    def pg_ranks(self) -> tuple[int, ...]:
+        """For each position, the member's rank inside ``pg`` (members sorted by global rank)."""
+        order = sorted(self.ranks)
+        return tuple(order.index(r) for r in self.ranks)
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """What one rank reports at start-up."""
+
+    rank: int
+    topo_index: int
+    hostname: str
+    node: int
+    local_index: int
+
+
+def default_backend() -> str:
+    """``nccl`` when torch sees an accelerator (RCCL under the same name on ROCm), else ``gloo``."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def backend_label(backend: str) -> str:
+    """The backend as a person knows it: RCCL is torch's ``nccl`` on a ROCm build."""
+    if backend == "nccl" and getattr(torch.version, "hip", None):
+        return "rccl"
+    return backend
+
+
+def default_device() -> torch.device:
+    """The device of this rank: the local rank's accelerator, or the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    # One visible device per task (srun --gpus-per-task=1) is cuda:0 whatever its physical id.
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", local % count if count else 0)
+
+
+def this_hostname() -> str:
+    """The host this rank runs on; ``ZEROTOPO_EMULATED_NODE`` names an emulated node instead."""
+    return os.environ.get("ZEROTOPO_EMULATED_NODE") or socket.gethostname()
+
+
+class Mesh:
+    """Every process group a plan needs, created once; look groups up by kind with :meth:`group`."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        plan: Plan,
+        degrees: Degrees,
+        *,
+        rank: int,
+        topo_index: int,
+        rank_of_index: tuple[int, ...],
+        device: torch.device,
+        backend: str,
+        handles: dict[str, GroupHandle],
+    ):
+        self.topology = topology
+        self.plan = plan
+        self.degrees = degrees
+        self.rank = rank
+        self.world_size = len(rank_of_index)
+        self.topo_index = topo_index
+        self.rank_of_index = rank_of_index
+        self.device = device
+        self.backend = backend
+        self._handles = handles
+
+    def group(self, kind: str) -> GroupHandle:
+        """This rank's group of ``kind`` (see :data:`MESH_KINDS`)."""
+        if kind not in self._handles:
+            if kind == "secondary":
+                raise ValueError(f"plan {self.plan.name!r} has no secondary partition, so no secondary group")
+            raise ValueError(f"unknown group kind {kind!r}; kinds are {', '.join(self._handles)}")
+        return self._handles[kind]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._handles)
+
+    def describe(self) -> str:
+        """One line per kind: size, tier crossed and members (global ranks, topological order)."""
+        lines = [
+            f"mesh: rank {self.rank} of {self.world_size}, topological index {self.topo_index}, "
+            f"{backend_label(self.backend)} on {self.device}, plan {self.plan.name} "
+            f"({self.plan.label(self.topology)})"
+        ]
+        for kind, h in self._handles.items():
+            members = ",".join(map(str, h.ranks))
+            lines.append(f"  {kind:<15} size {h.size:>4}  tier {h.tier or 'local':<10} ranks [{members}]")
+        return "\n".join(lines)
+
+
+def _index_groups(topology: Topology, degrees: Degrees, kind: str) -> list[list[int]]:
+    """Every group of ``kind`` as lists of topological indices (each ordered by index)."""
+    world = degrees.world
+    if kind == "world":
+        return [list(range(world))]
+    if kind in ("grads_intra", "grads_inter"):
+        dpn = topology.devices_per_node
+        out: list[list[int]] = []
+        for members in layout.groups(degrees, "grads"):
+            # Hop groups of the hierarchical reduce-scatter: a grads group cut by node, or by the
+            # position inside the node. The node size is the topology's, never the visible devices'.
+            key = (lambda t: t // dpn) if kind == "grads_intra" else (lambda t: t % dpn)
+            buckets: dict[int, list[int]] = {}
+            for t in members:
+                buckets.setdefault(key(t), []).append(t)
+            out.extend(buckets.values())
+        return out
+    return layout.groups(degrees, kind)
+
+
+def _placements(infos: Iterable[RankPlacement], topology: Topology) -> tuple[int, ...]:
+    """Check the gathered placements; return topological index -> global rank."""
+    infos = sorted(infos, key=lambda p: p.rank)
+    world = len(infos)
+    seen: dict[int, list[int]] = {}
+    for p in infos:
+        seen.setdefault(p.topo_index, []).append(p.rank)
+    bad = {t: r for t, r in seen.items() if len(r) > 1 or not 0 <= t < world}
+    missing = sorted(set(range(world)) - set(seen))
+    if bad or missing:
+        detail = "; ".join(f"index {t} claimed by ranks {r}" for t, r in sorted(bad.items()))
+        raise LaunchError(
+            f"topological indices of the {world} ranks are not a permutation of 0..{world - 1}: "
+            f"{detail or ''}{'; ' if detail and missing else ''}"
+            f"{'no rank has index ' + str(missing) if missing else ''}. Every rank must pass its own "
+            f"index (zerotopo.launch.discovery.topological_index); check the node ids and the device "
+            f"binding of the launcher (topology {topology.name!r}, {topology.devices_per_node} per node)."
+        )
+    rank_of_index = [0] * world
+    for p in infos:
+        rank_of_index[p.topo_index] = p.rank
+    return tuple(rank_of_index)
+
+
+def _check_hosts(infos: list[RankPlacement], topology: Topology) -> None:
+    """Ranks the topology puts on one node must share a host, and different nodes different hosts."""
+    by_node: dict[int, dict[str, list[int]]] = {}
+    for p in infos:
+        by_node.setdefault(p.node, {}).setdefault(p.hostname, []).append(p.rank)
+    problems = []
+    for node, hosts in sorted(by_node.items()):
+        if len(hosts) > 1:
+            parts = ", ".join(f"ranks {r} on {h!r}" for h, r in sorted(hosts.items()))
+            problems.append(f"topology node {node} spans several hosts ({parts})")
+    owner: dict[str, int] = {}
+    for node, hosts in sorted(by_node.items()):
+        for h, ranks in hosts.items():
+            if h in owner and owner[h] != node:
+                problems.append(
+                    f"host {h!r} holds ranks of topology nodes {owner[h]} and {node} (ranks {ranks} ...)"
+                )
+            owner.setdefault(h, node)
+    if problems:
+        raise LaunchError(
+            "the topology does not match where the ranks run: "
+            + "; ".join(problems)
+            + f". Topology {topology.name!r} puts {topology.devices_per_node} ranks on each of "
+            f"{topology.nodes} nodes; launch that many tasks per node (srun --ntasks-per-node="
+            f"{topology.devices_per_node}), fix the device binding, or pick the topology of this machine."
+        )
+
+
+def build_mesh(
+    topology: Topology,
+    plan: Plan,
+    *,
+    topo_index: int,
+    device: torch.device | None = None,
+    check: bool = True,
+    hostname: str | None = None,
+) -> Mesh:
+    """Create every process group of ``plan`` on ``topology`` (collective: every rank calls it).
+
+    ``topo_index`` is this rank's topological index; ``hostname`` overrides the host this rank reports
+    (default: ``ZEROTOPO_EMULATED_NODE`` or the real host name); ``check=False`` skips the host check
+    (the world size and index checks always run: groups cannot be built without them).
+    """
+    if not dist.is_initialized():
+        raise LaunchError(
+            "torch.distributed is not initialised; call zerotopo.launch.discovery.init_distributed "
+            "(or dist.init_process_group) on every rank before building the mesh"
+        )
+    degrees = plan.degrees(topology)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # Every rank sees the same world size, so this raises on all of them before any collective.
+    if world != topology.world_size:
+        raise LaunchError(
+            f"the job has {world} ranks but topology {topology.name!r} has {topology.nodes} nodes x "
+            f"{topology.devices_per_node} devices = {topology.world_size}; launch "
+            f"{topology.world_size} ranks or give the topology the job's node count (--nodes)"
+        )
+    backend = str(dist.get_backend())
+    if device is None:
+        device = default_device() if backend != "gloo" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dpn = topology.devices_per_node
+    me = RankPlacement(
+        rank, int(topo_index), hostname or this_hostname(), topo_index // dpn, topo_index % dpn
+    )
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, me)
+    infos = sorted(gathered, key=lambda p: p.rank)
+    rank_of_index = _placements(infos, topology)
+    if check:
+        _check_hosts(infos, topology)
+
+    # [Note: one group per member set] dist.new_group is itself collective: every rank must create the
+    # same groups in the same order, including groups it is not in. Iterate all kinds in a fixed order,
+    # dedupe identical member sets (a plan's params and grads groups are often the same ranks).
+    pgs: dict[tuple[int, ...], Any] = {tuple(range(world)): dist.group.WORLD}
+    handles: dict[str, GroupHandle] = {}
+    for kind in MESH_KINDS:
+        if kind == "secondary" and degrees.secondary is None:
+            continue
+        for members in _index_groups(topology, degrees, kind):
+            ranks = tuple(rank_of_index[t] for t in members)
+            key = tuple(sorted(ranks))
+            if len(key) > 1 and key not in pgs:
+                pgs[key] = dist.new_group(list(key))
+            if topo_index in members:
+                handles[kind] = GroupHandle(
+                    kind=kind,
+                    ranks=ranks,
+                    position=members.index(topo_index),
+                    tier=topology.tier_of_group(members),
+                    pg=pgs[key] if len(key) > 1 else None,
+                )
+    return Mesh(
+        topology,
+        plan,
+        degrees,
+        rank=rank,
+        topo_index=int(topo_index),
+        rank_of_index=rank_of_index,
+        device=device,
+        backend=backend,
+        handles=handles,
+    )
