@@ -4,10 +4,10 @@ Candidates are the presets and/or every valid Lins-style plan of :func:`zerotopo
 The search space is pre-filtered (:func:`in_search_space`): by default only *tier-aligned* degrees
 (papers/004 §V-B, Eq. 5-7: a degree either divides each tier's size or is a multiple of it, so every
 group is whole packages, whole nodes or whole sets of nodes; ``aligned=False`` searches every divisor of
-the world), and a secondary partition only over at most the primary's group (as hpZ and papers/003 use
-it: to keep the backward gather inside a tier the forward gather crosses). Each candidate gets its memory per device,
-its bytes per tier and its predicted step time; plans over the device memory are kept but marked, and the
-list is sorted fits first, then by step time.
+the world), and a secondary partition only over at most the primary's group (hpZ's use of it: keep the
+backward gather inside a tier the forward gather crosses). The presets are always costed. Each
+candidate gets its memory per device, its bytes per tier and its predicted step time; plans over the
+device memory are kept but marked, and the list is sorted fits first, then by step time.
 """
 
 from __future__ import annotations
@@ -104,11 +104,14 @@ def is_tier_aligned(degree: int, topology: Topology) -> bool:
 
 
 def in_search_space(plan: Plan, topology: Topology, *, aligned: bool = True) -> bool:
-    """The planner's pre-filter (papers/004 §V-A) on a valid plan: tier-aligned degrees (unless
-    ``aligned=False``) and a secondary partition no larger than the primary's group. A secondary over
-    more ranks than the primary gathers across a wider tier and holds more than the primary shard, so
-    the same plan without it is never slower and never larger (with bf16; int8 only trims the bytes of
-    an outer-tier gather that the primary's inner-tier gather already beats)."""
+    """The planner's pre-filter (as Lins' Pre-Filter, papers/004 §V-A) on a valid plan.
+
+    Kept: tier-aligned degrees (unless ``aligned=False``) and secondary partitions over at most the
+    primary's group. A secondary over more ranks than the primary holds more than the primary's shard
+    (bf16) or a large share of it (int8) and makes the backward gather cross a wider tier than a gather
+    from the primary would, so such candidates are rarely worth costing. The presets (zerotopo's
+    node-wide int8 secondary over package-wide weights among them) are always costed.
+    """
     d = plan.degrees(topology)
     if d.secondary is not None and d.secondary > d.params:
         return False
