@@ -1,0 +1,214 @@
+"""``zerotopo topo`` and ``zerotopo plan`` through the CLI entry point: output, JSON keys, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from zerotopo.cli.main import main
+from zerotopo.cli.plan import DEFAULT_VOCAB, load_model
+
+TINY_MODEL = {
+    "num_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "seq_length": 32,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 4,
+    "checkpoint_activations": True,
+}
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, out, err
+
+
+def test_topo_show_list_and_validate(capsys, tmp_path):
+    rc, out, _ = _run(capsys, "topo", "show", "frontier", "--nodes", "2")
+    assert rc == 0
+    assert "frontier: 2 node(s) x 8 devices" in out and "16 ranks" in out
+    assert "package  2        2        200" in out  # tier table: fan-out, devices, GB/s per device
+    assert "12.5 (100/node)" in out
+    assert "package 2 (200 GB/s, 2 us): ranks 4 5  <- local ranks 0 1" in out  # srun puts local 0 on GCD 4
+    assert "node 1 (50 GB/s, 4 us): ranks 8 9 10 11 12 13 14 15" in out
+    rc, out, _ = _run(capsys, "topo", "show", "frontier", "--nodes", "48")
+    assert rc == 0 and "nodes 2..47 repeat the layout" in out
+    rc, out, _ = _run(capsys, "topo", "list")
+    assert rc == 0 and {line.split(":")[0] for line in out.splitlines()} >= {
+        "frontier",
+        "dgx-a100",
+        "dgx-h100",
+        "emulated",
+    }
+    good = tmp_path / "mine.yaml"
+    good.write_text(
+        yaml.safe_dump(
+            {
+                "name": "mine",
+                "device": {"name": "gpu", "memory_gib": 40, "peak_tflops": 300},
+                "tiers": [{"name": "node", "fanout": 4, "bandwidth_gbps": 100, "latency_us": 3}],
+                "network": {"name": "ib", "injection_gbps": 100, "latency_us": 5},
+            }
+        )
+    )
+    rc, out, _ = _run(capsys, "topo", "validate", str(good), "--nodes", "3")
+    assert rc == 0 and out.startswith(f"OK {good}") and "12 ranks of gpu" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("name: x\ntiers: [\n", "not valid YAML"),
+        (
+            "name: x\ndevice: {name: g, memory_gib: 1, peak_tflops: 1}\nnetwork: {name: n, injection_gbps: 1, latency_us: 1}\n",
+            "tiers: missing required key 'tiers'",
+        ),
+        (
+            "name: x\ndevice: {name: g, memory_gib: 1, peak_tflops: 1, hbm: 2}\ntiers: []\nnetwork: {}\n",
+            "device.hbm: unknown key 'hbm'",
+        ),
+        (
+            "name: x\ndevice: {name: g, memory_gib: 1, peak_tflops: 1}\n"
+            "tiers: [{name: node, fanout: -2, bandwidth_gbps: 1, latency_us: 1}]\n"
+            "network: {name: n, injection_gbps: 1, latency_us: 1}\n",
+            "tiers[0].fanout: expected a value > 0, found -2",
+        ),
+        (
+            "name: x\ndevice: {name: g, memory_gib: 1, peak_tflops: 1}\n"
+            "tiers: [{name: node, fanout: 2, bandwidth_gbps: fast, latency_us: 1}]\n"
+            "network: {name: n, injection_gbps: 1, latency_us: 1}\n",
+            "expected a number, found 'fast'",
+        ),
+        (
+            "name: x\ndevice: {name: g, memory_gib: 1, peak_tflops: 1}\n"
+            "tiers: [{name: node, fanout: 2, bandwidth_gbps: 1, latency_us: 1}]\n"
+            "network: {name: n, injection_gbps: 1, latency_us: 1}\ndevice_order: [1, 1]\n",
+            "exactly once",
+        ),
+    ],
+)
+def test_topo_validate_errors_exit_2_without_traceback(capsys, tmp_path, text, words):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    rc, out, err = _run(capsys, "topo", "validate", str(bad))
+    assert rc == 2 and out == ""
+    assert err.startswith("zerotopo topo: error: ") and str(bad) in err and words in err
+
+
+def _model(tmp_path, **changes):
+    path = tmp_path / "tiny.yml"
+    path.write_text(yaml.safe_dump({**TINY_MODEL, **changes}))
+    return str(path)
+
+
+def test_plan_table(capsys, tmp_path):
+    model = _model(tmp_path)
+    rc, out, _ = _run(capsys, "plan", "--topology", "emulated", "--model", model, "--plans", "presets")
+    assert rc == 0
+    lines = out.splitlines()
+    assert "micro-batch 2, 4 micro-batches per step" in lines[0]
+    header = lines[3].split()
+    assert header[:2] == ["plan", "degrees"] and header[-3:] == ["s", "TFLOPS", "fits"]
+    assert "intra" in lines[3] and "inter" in lines[3]
+    rows = {line.split()[0]: line for line in lines[4:]}
+    assert {"ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "zerotopo", "zerotopo-pkg"} <= set(rows)
+    assert "p=2 s=4/int8 g=4 o=8 qw8 qg4" in rows["zerotopo"]
+
+
+def test_plan_json_and_flags(capsys, tmp_path):
+    model = _model(tmp_path)
+    rc, out, _ = _run(
+        capsys,
+        "plan",
+        "--topology",
+        "frontier",
+        "--nodes",
+        "2",
+        "--model",
+        model,
+        "--plans",
+        "zero3,zerotopo",
+        "--json",
+        "--micro-batch",
+        "1",
+        "--grad-accum",
+        "8",
+        "--efficiency",
+        "0.4",
+    )
+    assert rc == 0
+    rows = json.loads(out)
+    assert sorted(r["name"] for r in rows) == ["zero3", "zerotopo"]
+    for r in rows:
+        assert {
+            "name",
+            "degrees",
+            "memory_bytes",
+            "comm_bytes",
+            "step_time_s",
+            "tflops_per_device",
+            "fits",
+        } <= set(r)
+        assert {"params", "secondary", "grads", "optim", "total"} <= set(r["memory_bytes"])
+        assert set(r["comm_bytes"]) == {"package", "node", "network"} and r["fits"] is True
+    zt = next(r for r in rows if r["name"] == "zerotopo")
+    assert zt["degrees"] == "p=2 s=8/int8 g=8 o=16 qw8 qg4"
+    # a measured table slows the network down: the same plans take longer
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"topology": "frontier", "tiers": {"network": {"bandwidth_gbps": 0.01}}}))
+    rc, out2, _ = _run(
+        capsys,
+        "plan",
+        "--topology",
+        "frontier",
+        "--nodes",
+        "2",
+        "--model",
+        model,
+        "--plans",
+        "zero3,zerotopo",
+        "--json",
+        "--micro-batch",
+        "1",
+        "--grad-accum",
+        "8",
+        "--efficiency",
+        "0.4",
+        "--calibration",
+        str(cal),
+    )
+    slow = {r["name"]: r["step_time_s"] for r in json.loads(out2)}
+    assert all(slow[r["name"]] > r["step_time_s"] for r in rows)
+
+
+def test_plan_models_by_name_and_vocabulary(tmp_path):
+    shape, args = load_model(["neox-20b"], None)
+    assert (shape.num_layers, shape.hidden_size, shape.vocab_size) == (44, 6144, DEFAULT_VOCAB)
+    assert args.train_micro_batch_size_per_gpu == 4 and args.gradient_accumulation_steps == 32
+    tok = tmp_path / "tok.json"
+    tok.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1, "c": 2}}, "added_tokens": [{"id": 300}]}))
+    shape, _ = load_model([_model(tmp_path, vocab_file=str(tok))], None)
+    assert shape.vocab_size == 384  # 301 tokens padded to a multiple of 128
+    shape, _ = load_model([_model(tmp_path)], 1000)
+    assert shape.vocab_size == 1024
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--model", "gpt-5"], "model 'gpt-5' is neither a file nor a config in configs/"),
+        (["--model", "neox-20b", "--topology", "summit"], "unknown topology 'summit'"),
+        (["--model", "neox-20b", "--plans", "zero9"], "unknown plan preset 'zero9'"),
+        (["--model", "neox-20b", "--nodes", "0"], "--nodes: expected a positive number"),
+        (["--model", "neox-20b", "--efficiency", "2"], "--efficiency: expected a fraction"),
+        (["--model", "neox-20b", "--calibration", "/nonexistent.yaml"], "does not exist"),
+    ],
+)
+def test_plan_errors_exit_2(capsys, argv, words):
+    rc, out, err = _run(capsys, "plan", *argv)
+    assert rc == 2 and words in err
