@@ -154,10 +154,10 @@ class RotaryEmbedding(nn.Module):
         emb_SD = torch.cat((freqs_SF, freqs_SF), dim=-1)
         return emb_SD.cos().to(dtype), emb_SD.sin().to(dtype)
 
-    def forward(self, x_BNSH: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BNSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
         if self.dim == 0:
-            return x_BNSH
-        rot, rest = x_BNSH[..., : self.dim], x_BNSH[..., self.dim :]
+            return x_BNSD
+        rot, rest = x_BNSD[..., : self.dim], x_BNSD[..., self.dim :]
         rot = rot * cos_SD + rotate_half(rot) * sin_SD
         return torch.cat((rot, rest), dim=-1)
 
@@ -182,9 +182,10 @@ class NeoXAttention(nn.Module):
     def qkv(self, x_BSH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys (both rotated) and values, each ``[B, heads, S, head_dim]``."""
         B, S, _ = x_BSH.shape
+        # [B, S, 3H] -> [B, S, N, 3D]: per head q|k|v, see [Note: NeoX layout]
         qkv_BSN3D = self.query_key_value(x_BSH).view(B, S, self.num_heads, 3 * self.head_dim)
-        qkv_BN3SD = qkv_BSN3D.transpose(1, 2)  # [B, N, S, 3D]: heads first for SDPA
-        q, k, v = qkv_BN3SD.split(self.head_dim, dim=-1)  # each [B, N, S, D]
+        qkv_BNS3D = qkv_BSN3D.transpose(1, 2)  # heads before positions, as SDPA wants
+        q, k, v = qkv_BNS3D.split(self.head_dim, dim=-1)  # each [B, N, S, D]
         cos, sin = self.rotary.cos_sin(S, x_BSH.device, q.dtype)
         return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
 
