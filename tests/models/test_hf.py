@@ -10,6 +10,7 @@ from zerotopo.models.hf import (
     hf_config_dict,
     load_hf_state_dict,
     load_safetensors,
+    save_pretrained,
     save_safetensors,
     to_hf_state_dict,
 )
@@ -94,3 +95,17 @@ def test_hf_config_dict():
     assert d["num_hidden_layers"] == 2 and d["intermediate_size"] == 64
     assert d["hidden_act"] == "gelu_new" and d["use_parallel_residual"] is False
     assert d["tie_word_embeddings"] is False and d["rotary_pct"] == 0.25
+
+
+def test_save_pretrained_directory(tmp_path):
+    import json
+
+    torch.manual_seed(0)
+    model = GPTNeoX(cfg()).to(torch.bfloat16)
+    save_pretrained(model, tmp_path / "export")
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16" and config["hidden_size"] == 16
+    fresh = GPTNeoX(cfg()).to(torch.bfloat16)
+    load_safetensors(fresh, tmp_path / "export" / "model.safetensors")
+    ids = torch.randint(0, 50, (1, 4))
+    assert torch.equal(model(ids), fresh(ids))

@@ -8,6 +8,7 @@ once ``hf_config_dict`` is saved as ``config.json`` beside them.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -118,3 +119,14 @@ def hf_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
         "initializer_range": cfg.init_std,
         "torch_dtype": "float32",
     }
+
+
+def save_pretrained(model: GPTNeoX, directory: str | os.PathLike) -> None:
+    """A directory ``GPTNeoXForCausalLM.from_pretrained`` opens: ``config.json`` and ``model.safetensors``."""
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    config = hf_config_dict(model.config)
+    config["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    save_safetensors(model, os.path.join(directory, "model.safetensors"))
