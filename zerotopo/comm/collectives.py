@@ -134,7 +134,7 @@ def _start_clock(device: torch.device) -> Any:
     return time.perf_counter()
 
 
-def _run(
+def run_collective(
     op: str,
     group: Any,
     ref: torch.Tensor,
@@ -201,7 +201,7 @@ def _position_of_pg_rank(group: Any) -> list[int]:
 # -- the collectives --------------------------------------------------------------------------------
 
 
-def _all_gather_issue(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[Any, list[Finish]]:
+def issue_all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[Any, list[Finish]]:
     """Gather ``inp`` of every position into ``out`` (flat), position order. Shared with qcollectives."""
     out_f, inp_f = _flat(out, "all_gather output"), _flat(inp, "all_gather input")
     if group.size == 1:
@@ -239,9 +239,9 @@ def all_gather(
     """``out`` = concatenation of every position's ``inp``, in position order."""
     _check_split(out, inp, group.size, "all_gather")
     nbytes = volume.all_gather_bytes(out.numel(), group.size, out.element_size())
-    return _run(
+    return run_collective(
         "all_gather", group, out, numel=out.numel(), nbytes=nbytes, dtype=out.dtype, ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=lambda: _all_gather_issue(out, inp, group),
+        tag=tag, async_op=async_op, stream=stream, issue=lambda: issue_all_gather(out, inp, group),
     )  # fmt: skip
 
 
@@ -289,7 +289,7 @@ def reduce_scatter(
 
         return _native_or_fallback(group, "reduce_scatter", inp.dtype, native, fallback)
 
-    return _run(
+    return run_collective(
         "reduce_scatter", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, ledger=ledger,
         tag=tag, async_op=async_op, stream=stream, issue=issue,
     )  # fmt: skip
@@ -323,13 +323,13 @@ def all_reduce(
 
         return _native_or_fallback(group, "all_reduce", t.dtype, native, fallback)
 
-    return _run(
+    return run_collective(
         "all_reduce", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
         async_op=async_op, stream=stream, issue=issue,
     )  # fmt: skip
 
 
-def _all_to_all_issue(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[Any, list[Finish]]:
+def issue_all_to_all(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[Any, list[Finish]]:
     """Chunk ``i`` of ``inp`` goes to position ``i``; chunk ``j`` of ``out`` comes from position ``j``."""
     d = group.size
     out_f, inp_f = _flat(out, "all_to_all output"), _flat(inp, "all_to_all input")
@@ -371,9 +371,9 @@ def all_to_all(
             f"match and split into {group.size} equal chunks"
         )
     nbytes = volume.all_to_all_bytes(inp.numel(), group.size, inp.element_size())
-    return _run(
+    return run_collective(
         "all_to_all", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=lambda: _all_to_all_issue(out, inp, group),
+        tag=tag, async_op=async_op, stream=stream, issue=lambda: issue_all_to_all(out, inp, group),
     )  # fmt: skip
 
 
@@ -408,7 +408,7 @@ def broadcast(
 
         return _native_or_fallback(group, "broadcast", t.dtype, native, fallback), []
 
-    return _run(
+    return run_collective(
         "broadcast", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
         async_op=async_op, stream=stream, issue=issue,
     )  # fmt: skip

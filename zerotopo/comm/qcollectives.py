@@ -1,0 +1,176 @@
+"""Quantized collectives: int8 all-gather (ZeRO++ qwZ, papers/003's int8 secondary partition) and the
+int4 all-to-all reduce-scatter (ZeRO++ qgZ), in one hop or two.
+
+[Note: qgZ] A ring reduce-scatter would requantize partial sums at every hop, compounding the error over
+``d - 1`` steps. qgZ instead quantizes each destination's chunk once, exchanges them with one all-to-all,
+and reduces in fp32 after dequantizing. Across nodes the two-hop form first reduces inside the node
+(all-to-all over the node's ranks of the group), then exchanges the node's partial sums with the ranks of
+the same position on the other nodes, so only ``1/devices_per_node`` of the message crosses the network.
+The node is the topology's (the mesh's ``grads_intra``/``grads_inter`` groups), never the number of
+visible devices: DeepSpeed's qgZ derives it from ``torch.cuda.device_count()``, which is 1 under
+``srun --gpus-per-task=1``, and then reduces the wrong chunks.
+
+Ledger records use the quantized byte counts of :mod:`zerotopo.comm.volume` (codes plus scales), one
+record per hop, each on its own group so the tier is the one that hop crosses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from zerotopo.comm import volume
+from zerotopo.comm.collectives import Finish, Pending, issue_all_gather, issue_all_to_all, run_collective
+from zerotopo.comm.ledger import Ledger
+from zerotopo.comm.quant import (
+    Quantized,
+    dequantize,
+    pack_payload,
+    quantize_int8,
+    quantize_rows,
+    unpack_payload,
+)
+
+
+def gather_quantized(
+    out: torch.Tensor,
+    q_local: Quantized,
+    group: Any,
+    *,
+    ledger: Ledger | None = None,
+    async_op: bool = False,
+    stream: Any = None,
+    tag: str = "",
+    op: str = "all_gather_int8",
+) -> Pending | None:
+    """Gather every position's quantized shard (codes + scales) and dequantize them into ``out`` in
+    position order. Used for a secondary partition that is stored quantized."""
+    d = group.size
+    if q_local.rows != 1:
+        raise ValueError("gather_quantized expects one quantized shard (rows == 1)")
+    if out.numel() != q_local.numel * d:
+        raise ValueError(f"{op}: output has {out.numel()} elements, expected {d} shards of {q_local.numel}")
+    if q_local.bits == 8:
+        nbytes = volume.int8_all_gather_bytes(out.numel(), d, q_local.block)
+    else:
+        nbytes = (d - 1) * volume.int4_payload(q_local.numel, q_local.block) if d > 1 else 0
+    payload = pack_payload(q_local).view(-1)
+    recv = torch.empty(d * payload.numel(), dtype=torch.uint8, device=payload.device)
+
+    def issue() -> tuple[Any, list[Finish]]:
+        work, finish = issue_all_gather(recv, payload, group)
+
+        def dequant() -> None:
+            q_all = unpack_payload(
+                recv.view(d, -1), numel=out.numel(), bits=q_local.bits, block=q_local.block, dtype=out.dtype
+            )
+            dequantize(q_all, out=out)
+
+        return work, [*finish, dequant]
+
+    return run_collective(
+        op, group, out, numel=out.numel(), nbytes=nbytes, dtype=f"int{q_local.bits}", ledger=ledger,
+        tag=tag, async_op=async_op, stream=stream, issue=issue,
+    )  # fmt: skip
+
+
+def all_gather_int8(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: Any,
+    *,
+    block: int,
+    ledger: Ledger | None = None,
+    async_op: bool = False,
+    stream: Any = None,
+    tag: str = "",
+) -> Pending | None:
+    """int8 all-gather: quantize the local shard in blocks of ``block``, gather codes and scales,
+    dequantize into ``out`` (``out``'s dtype, normally the parameters')."""
+    if out.numel() != inp.numel() * group.size:
+        raise ValueError(
+            f"all_gather_int8: output has {out.numel()} elements, expected {group.size} x {inp.numel()}"
+        )
+    return gather_quantized(
+        out, quantize_int8(inp, block), group, ledger=ledger, async_op=async_op, stream=stream, tag=tag
+    )
+
+
+def _all_to_all_reduce(
+    rows: torch.Tensor, group: Any, *, block: int, ledger: Ledger | None, tag: str
+) -> torch.Tensor:
+    """Row ``i`` of ``rows`` (``(d, n)``) goes to position ``i`` as int4; returns the fp32 sum (``n``)
+    of the rows every position sent here."""
+    d, n = rows.shape
+    payload = pack_payload(quantize_rows(rows, 4, block))
+    recv = torch.empty_like(payload)
+    run_collective(
+        "reduce_scatter_int4", group, rows, numel=rows.numel(),
+        nbytes=volume.int4_reduce_scatter_bytes(rows.numel(), d, block), dtype="int4", ledger=ledger,
+        tag=tag, async_op=False, stream=None, issue=lambda: issue_all_to_all(recv, payload, group),
+    )  # fmt: skip
+    q = unpack_payload(recv, numel=rows.numel(), bits=4, block=block, dtype=torch.float32)
+    return dequantize(q).sum(0)  # (d, n) fp32 -> the fp32 reduction
+
+
+def _check_hops(group: Any, intra: Any, inter: Any) -> None:
+    a, b = intra.size, inter.size
+    ok = (
+        a * b == group.size
+        and all(group.ranks[k * a + intra.position] == inter.ranks[k] for k in range(b))
+        and all(group.ranks[inter.position * a + j] == intra.ranks[j] for j in range(a))
+    )
+    if not ok:
+        raise ValueError(
+            f"two-hop reduce-scatter: intra group {intra.ranks} and inter group {inter.ranks} do not tile "
+            f"the {group.kind} group {group.ranks} as nodes x ranks per node; pass the mesh's grads_intra "
+            f"and grads_inter groups of a group made of whole nodes (or neither, for one hop)"
+        )
+
+
+def reduce_scatter_int4(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: Any,
+    *,
+    block: int,
+    order: Sequence[int] | None = None,
+    intra: Any = None,
+    inter: Any = None,
+    ledger: Ledger | None = None,
+    tag: str = "",
+) -> None:
+    """int4 all-to-all reduce-scatter (qgZ), summing in fp32: position ``i`` receives chunk ``order[i]``
+    (default ``i``) of the sum of every position's ``inp`` in ``out``.
+
+    With ``intra`` and ``inter`` (the mesh's ``grads_intra``/``grads_inter`` groups) and a group that
+    spans several nodes, runs in two hops: inside the node, then across nodes. Synchronous.
+    """
+    d = group.size
+    if inp.numel() != out.numel() * d:
+        raise ValueError(
+            f"reduce_scatter_int4: input has {inp.numel()} elements, expected {d} x {out.numel()}"
+        )
+    order = list(order) if order is not None else list(range(d))
+    if sorted(order) != list(range(d)):
+        raise ValueError(f"reduce_scatter_int4: order {order} is not a permutation of the {d} positions")
+    n = out.numel()
+    chunks = inp.reshape(d, n)
+    if d == 1:
+        out.copy_(chunks[order[0]].view(out.shape))
+        return
+    staged = chunks if order == list(range(d)) else chunks[order]  # row i: the chunk position i receives
+    if intra is None or inter is None or intra.size == 1 or inter.size == 1:
+        total = _all_to_all_reduce(staged, group, block=block, ledger=ledger, tag=tag)
+    else:
+        _check_hops(group, intra, inter)
+        a, b = intra.size, inter.size
+        # Position k*a + j is rank j of node k. Hop 1 sends rank j of this node the chunks of every
+        # position j on each node; it returns the node's partial sums of those b chunks.
+        bundles = staged.view(b, a, n).transpose(0, 1).reshape(a, b * n)
+        partial = _all_to_all_reduce(bundles, intra, block=block, ledger=ledger, tag=tag)
+        # Hop 2: partial sum k belongs to rank k*a + j, position j on node k: the inter group's position k.
+        total = _all_to_all_reduce(partial.view(b, n), inter, block=block, ledger=ledger, tag=tag)
+    out.copy_(total.view(out.shape))
