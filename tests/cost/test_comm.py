@@ -49,7 +49,8 @@ def test_table_vii_weight_all_gathers():
     # ZeRO++: forward int8 = half of ZeRO-3's (plus one scale per chunk), d = N_w·P_w on B_inter
     c = _costs(_plan("zeropp"), t)
     fwd = _one(c, "forward")
-    assert (fwd.group_size, fwd.tier, fwd.dtype, fwd.bytes_sent) == (
+    assert (fwd.op, fwd.group_size, fwd.tier, fwd.dtype, fwd.bytes_sent) == (
+        "all_gather_int8",
         d,
         "network",
         "int8",
@@ -58,14 +59,26 @@ def test_table_vii_weight_all_gathers():
     # backward from the hpZ copy over the node (d = P, B_intra). The zeropp preset keeps that copy in
     # bf16 as DeepSpeed's hpZ does: twice the paper's int8 figure. With an int8 copy it is the paper's ψ/2.
     bwd = _one(c, "backward")
-    assert (bwd.group_size, bwd.tier, bwd.dtype, bwd.bytes_sent) == (8, "node", "bf16", 2 * U * 7 // 8)
+    assert (bwd.op, bwd.group_size, bwd.tier, bwd.dtype, bwd.bytes_sent) == (
+        "all_gather",
+        8,
+        "node",
+        "bf16",
+        2 * U * 7 // 8,
+    )
     bwd = _one(_costs(_plan("zeropp", secondary_dtype="int8"), t), "backward")
     assert (bwd.group_size, bwd.tier, bwd.bytes_sent) == (8, "node", 7 * (U // 8 + 4))
     # Ours, Sec-Degree=8: forward int8 over d=2 (B_GCD), backward int8 over d=8 (B_intra)
     c = _costs(_plan("zerotopo"), t)
     fwd, bwd = _one(c, "forward"), _one(c, "backward")
     assert (fwd.group, fwd.group_size, fwd.tier, fwd.bytes_sent) == ("params", 2, "package", U // 2 + 4)
-    assert (bwd.group, bwd.group_size, bwd.tier, bwd.bytes_sent) == ("secondary", 8, "node", 7 * (U // 8 + 4))
+    assert (bwd.op, bwd.group, bwd.group_size, bwd.tier, bwd.bytes_sent) == (
+        "all_gather_int8",
+        "secondary",
+        8,
+        "node",
+        7 * (U // 8 + 4),
+    )
     # Ours, Sec-Degree=2: both over d=2 (B_GCD)
     bwd = _one(_costs(_plan("zerotopo-pkg"), t), "backward")
     assert (bwd.group_size, bwd.tier, bwd.bytes_sent) == (2, "package", U // 2 + 4)
@@ -96,19 +109,25 @@ def test_table_viii_gradient_reduce_scatter_with_fp16_gradients():
     # volume U/2·(d-1)/d (28U/64 + 3U/64 = 31U/64) but only 3U/64 crosses the network.
     c = [x for x in _costs(_plan("zeropp"), t) if x.phase == "grad_reduce"]
     hop1, hop2 = _one(c, "grad_reduce", group_size=8), _one(c, "grad_reduce", group_size=4)
-    assert (hop1.op, hop1.tier, hop1.dtype, hop1.bytes_sent) == (
-        "all_to_all",
+    assert (hop1.op, hop1.group, hop1.tier, hop1.dtype, hop1.bytes_sent) == (
+        "reduce_scatter_int4",
+        "grads_intra",
         "node",
         "int4",
         7 * (U // 16 + 4),
     )
-    assert (hop2.op, hop2.tier, hop2.bytes_sent) == ("all_to_all", "network", 3 * (U // 64 + 4))
+    assert (hop2.op, hop2.group, hop2.tier, hop2.bytes_sent) == (
+        "reduce_scatter_int4",
+        "grads_inter",
+        "network",
+        3 * (U // 64 + 4),
+    )
     assert hop1.bytes_sent + hop2.bytes_sent - 10 * 4 == U // 2 * (d - 1) // d
     assert (hop1.bytes_sent + hop2.bytes_sent) / rs.bytes_sent == pytest.approx(1 / 4, rel=1e-4)
     # Ours: int4 over P = 8 inside the node (B_intra), one hop: a quarter of fp16 over 8
     rs = _one(_costs(_plan("zerotopo"), t), "grad_reduce")
     assert (rs.op, rs.group, rs.group_size, rs.tier, rs.bytes_sent) == (
-        "all_to_all",
+        "reduce_scatter_int4",
         "grads",
         8,
         "node",

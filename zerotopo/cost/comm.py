@@ -43,9 +43,11 @@ class CollectiveCost:
     phase: str
     """``forward``, ``backward``, ``grad_reduce``, ``replica_reduce``, ``param_gather`` or ``scalar``."""
     op: str
-    """``all_gather``, ``reduce_scatter``, ``all_to_all`` (int4 reduce-scatter) or ``all_reduce``."""
+    """As the runtime ledger names it: ``all_gather``, ``all_gather_int8``, ``reduce_scatter``,
+    ``reduce_scatter_int4`` (the all-to-all based one, each hop of the two-hop form) or ``all_reduce``."""
     group: str
-    """Group kind (:func:`zerotopo.layout.groups`), or ``world`` for the fp16 overflow check."""
+    """Group kind (:func:`zerotopo.layout.groups`); ``grads_intra``/``grads_inter`` for the hops of the
+    two-hop int4 reduce-scatter and ``world`` for the fp16 overflow check (the mesh's extra kinds)."""
     group_size: int
     """Ranks in the group (for a hop of the two-hop all-to-all: ranks in that hop)."""
     tier: str
@@ -66,6 +68,15 @@ class CollectiveCost:
     def latency_steps(self) -> int:
         """Message steps of the ring algorithm: ``d-1``, twice that for an all-reduce."""
         return (2 if self.op == "all_reduce" else 1) * (self.group_size - 1)
+
+
+#: Op names as the runtime ledger records them (zerotopo.comm.collectives / qcollectives).
+INT8_AG = "all_gather_int8"
+INT4_RS = "reduce_scatter_int4"
+
+
+def _gather_op(dtype: str) -> str:
+    return INT8_AG if dtype == "int8" else "all_gather"
 
 
 def _dtype_name(elem_bytes: int) -> str:
@@ -205,7 +216,7 @@ def _comm(
                 b, dt = volume.int8_all_gather_bytes(N, d.params, block), "int8"
             else:
                 b, dt = volume.all_gather_bytes(N, d.params, param_bytes), _dtype_name(param_bytes)
-            add("forward", "all_gather", "params", d.params, tier("params"), b, M * mult, dt)
+            add("forward", _gather_op(dt), "params", d.params, tier("params"), b, M * mult, dt)
         # backward: the last forward unit still holds its weights
         if not is_last:
             if d.secondary is not None:
@@ -214,13 +225,13 @@ def _comm(
                     b, dt = volume.int8_all_gather_bytes(N, s, block), "int8"
                 else:
                     b, dt = volume.all_gather_bytes(N, s, 2), "bf16"
-                add("backward", "all_gather", "secondary", s, tier("secondary"), b, M * mult, dt)
+                add("backward", _gather_op(dt), "secondary", s, tier("secondary"), b, M * mult, dt)
             elif d.params > 1:
                 if plan.quantize_weights:
                     b, dt = volume.int8_all_gather_bytes(N, d.params, block), "int8"
                 else:
                     b, dt = volume.all_gather_bytes(N, d.params, param_bytes), _dtype_name(param_bytes)
-                add("backward", "all_gather", "params", d.params, tier("params"), b, M * mult, dt)
+                add("backward", _gather_op(dt), "params", d.params, tier("params"), b, M * mult, dt)
         # gradient reduce-scatter, every micro-batch
         if d.grads > 1:
             gtier = tier("grads")
@@ -241,11 +252,11 @@ def _comm(
                 g_inter = d.grads // g_intra
                 hop1, hop2 = volume.int4_reduce_scatter_2hop_bytes(N, g_intra, g_inter, block)
                 intra_tier = topology.tier_of_group(range(g_intra)) or ""
-                add("grad_reduce", "all_to_all", "grads", g_intra, intra_tier, hop1, M * mult, "int4")
-                add("grad_reduce", "all_to_all", "grads", g_inter, gtier, hop2, M * mult, "int4")
+                add("grad_reduce", INT4_RS, "grads_intra", g_intra, intra_tier, hop1, M * mult, "int4")
+                add("grad_reduce", INT4_RS, "grads_inter", g_inter, gtier, hop2, M * mult, "int4")
             else:
                 b = volume.int4_reduce_scatter_bytes(N, d.grads, block)
-                add("grad_reduce", "all_to_all", "grads", d.grads, gtier, b, M * mult, "int4")
+                add("grad_reduce", INT4_RS, "grads", d.grads, gtier, b, M * mult, "int4")
         # once per step: cross-replica reduction of the gradient shard, then the updated parameters
         gs = _dtype_name(grad_shard_bytes)
         if plan.grad_reduce == "allreduce":

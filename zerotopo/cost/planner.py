@@ -103,7 +103,9 @@ def is_tier_aligned(degree: int, topology: Topology) -> bool:
     return True
 
 
-def in_search_space(plan: Plan, topology: Topology, *, aligned: bool = True) -> bool:
+def in_search_space(
+    plan: Plan, topology: Topology, *, aligned: bool = True, degrees: Degrees | None = None
+) -> bool:
     """The planner's pre-filter (as Lins' Pre-Filter, papers/004 §V-A) on a valid plan.
 
     Kept: tier-aligned degrees (unless ``aligned=False``) and secondary partitions over at most the
@@ -112,7 +114,7 @@ def in_search_space(plan: Plan, topology: Topology, *, aligned: bool = True) -> 
     from the primary would, so such candidates are rarely worth costing. The presets (zerotopo's
     node-wide int8 secondary over package-wide weights among them) are always costed.
     """
-    d = plan.degrees(topology)
+    d = degrees or plan.degrees(topology)
     if d.secondary is not None and d.secondary > d.params:
         return False
     return not aligned or all(
@@ -120,10 +122,12 @@ def in_search_space(plan: Plan, topology: Topology, *, aligned: bool = True) -> 
     )
 
 
-def estimate(plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions) -> PlanEstimate:
-    """Memory, bytes per tier and step time of one plan."""
+def estimate(
+    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, *, degrees: Degrees | None = None
+) -> PlanEstimate:
+    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved)."""
     units = shape.unit_params()
-    d = plan.degrees(topology)
+    d = degrees or plan.degrees(topology)
     o = options
     # the internal forms take the resolved degrees: the planner resolves each plan once
     memory = _memory(
@@ -156,9 +160,9 @@ def estimate(plan: Plan, shape: ModelShape, topology: Topology, options: CostOpt
     return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, memory.total <= limit)
 
 
-def placement(plan: Plan, topology: Topology) -> tuple:
+def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:
     """What decides a plan's cost: resolved degrees, secondary dtype, quantization (not its name)."""
-    d = plan.degrees(topology)
+    d = degrees or plan.degrees(topology)
     dtype = plan.secondary_dtype if d.secondary is not None else None
     return (
         d,
@@ -214,11 +218,14 @@ def plan_candidates(
     if plans == "presets":
         return sorted(out, key=_sort_key)
     taken = {placement(p, topology) for p in presets}
-    lins = [
-        estimate(p, shape, topology, opts)
-        for p in enumerate_plans(topology)
-        if in_search_space(p, topology, aligned=aligned) and placement(p, topology) not in taken
-    ]
+    lins = []
+    for p in enumerate_plans(topology):
+        d = p.degrees(topology)
+        if (
+            in_search_space(p, topology, aligned=aligned, degrees=d)
+            and placement(p, topology, d) not in taken
+        ):
+            lins.append(estimate(p, shape, topology, opts, degrees=d))
     lins.sort(key=_sort_key)
     if plans == "auto":
         lins = [e for e in lins if e.fits][:AUTO_TOP]
