@@ -110,7 +110,15 @@ def reference(
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def make_model(opts: dict[str, Any]) -> TinyLM:
+def make_model(opts: dict[str, Any]) -> nn.Module:
+    if opts.get("model") == "neox":
+        from zerotopo.models.neox import GPTNeoX, NeoXConfig
+
+        torch.manual_seed(0)
+        cfg = NeoXConfig(
+            vocab_size=VOCAB, hidden_size=16, num_layers=2, num_attention_heads=2, max_position_embeddings=16
+        )
+        return GPTNeoX(cfg)
     model = TinyLM(unused=opts.get("unused", False))
     if opts.get("frozen"):
         model.blocks[1].up.weight.requires_grad_(False)
