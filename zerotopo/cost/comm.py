@@ -96,19 +96,29 @@ _KIND_FIELDS = {
 }
 
 
+_TIER_CACHE: dict[tuple, str | None] = {}
+
+
 def group_tier(topology: Topology, d: Degrees, kind: str) -> str | None:
     """The outermost tier any group of ``kind`` crosses (None when the groups are single ranks)."""
     fields = _KIND_FIELDS[kind]
+    vals = tuple(getattr(d, f) for f in fields)
+    key = (topology, kind, d.world, vals)
+    if key in _TIER_CACHE:
+        return _TIER_CACHE[key]
     # a canonical Degrees with only what ``kind`` depends on: plans share cache entries
-    vals = {f: getattr(d, f) for f in fields}
+    named = dict(zip(fields, vals))
     canon = Degrees(
-        params=vals.get("params", 1),
-        grads=vals.get("grads", vals.get("params", 1)),
-        optim=vals.get("optim", vals.get("grads", 1)),
+        params=named.get("params", 1),
+        grads=named.get("grads", named.get("params", 1)),
+        optim=named.get("optim", named.get("grads", 1)),
         world=d.world,
-        secondary=vals.get("secondary"),
+        secondary=named.get("secondary"),
     )
-    return _group_tier(topology, canon, kind)
+    if len(_TIER_CACHE) > 1 << 16:
+        _TIER_CACHE.clear()
+    _TIER_CACHE[key] = tier = _group_tier(topology, canon, kind)
+    return tier
 
 
 @lru_cache(maxsize=4096)
