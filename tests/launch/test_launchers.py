@@ -152,11 +152,13 @@ def need_trainer() -> None:
         pytest.skip("zerotopo train not available yet")
 
 
-def losses(run_dir: Path) -> list[tuple[int, float]]:
+def losses(run_dir: Path) -> list[tuple[str, int, float]]:
+    """(kind, step, loss) of every row of the run's metrics.csv (kind: train/valid when recorded)."""
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert rows, f"{run_dir}/metrics.csv has no rows"
-    return [(int(r["step"]), float(r["loss"])) for r in rows]
+    out = [(r.get("kind", "train"), int(r["step"]), float(r["loss"])) for r in rows]
+    assert [step for kind, step, _ in out if kind == "train"] == [1, 2, 3], f"{run_dir}/metrics.csv: {out}"
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +178,9 @@ def local_losses(tmp_path_factory):
     return losses(run_dir)
 
 
-def assert_same_losses(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> None:
-    assert [s for s, _ in got] == [s for s, _ in want]
-    assert [loss for _, loss in got] == pytest.approx([loss for _, loss in want], rel=1e-6, abs=0)
+def assert_same_losses(got: list[tuple[str, int, float]], want: list[tuple[str, int, float]]) -> None:
+    assert [row[:2] for row in got] == [row[:2] for row in want]
+    assert [row[2] for row in got] == pytest.approx([row[2] for row in want], rel=1e-6, abs=0)
 
 
 @pytest.mark.slow
