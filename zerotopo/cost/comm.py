@@ -200,8 +200,18 @@ def comm_per_step(
 
 
 def _comm(
-    unit_numels, topology, plan, d, micro_batches, param_bytes, reduce_bytes, grad_shard_bytes, padded, fp16
+    unit_numels: list[int],
+    topology: Topology,
+    plan: Plan,
+    d: Degrees,
+    micro_batches: int,
+    param_bytes: int,
+    reduce_bytes: int,
+    grad_shard_bytes: int,
+    padded: bool,
+    fp16: bool,
 ) -> list[CollectiveCost]:
+    """:func:`comm_per_step` on already resolved degrees (the planner resolves each plan once)."""
     rest, last = _ordered_units(unit_numels)
     tiers: dict[str, str] = {}
     acc: Counter[tuple] = Counter()
@@ -218,6 +228,7 @@ def _comm(
     M = micro_batches
     block = plan.quant_block
     w = d.world
+    pdt, rdt, gs = _dtype_name(param_bytes), _dtype_name(reduce_bytes), _dtype_name(grad_shard_bytes)
     for n, mult, is_last in [(n, k, False) for n, k in rest.items()] + [(last, 1, True)]:
         N = padded_numel(n, d) if padded else _exact(n, d)
         # forward: gather the primary partition
@@ -225,7 +236,7 @@ def _comm(
             if plan.quantize_weights:
                 b, dt = volume.int8_all_gather_bytes(N, d.params, block), "int8"
             else:
-                b, dt = volume.all_gather_bytes(N, d.params, param_bytes), _dtype_name(param_bytes)
+                b, dt = volume.all_gather_bytes(N, d.params, param_bytes), pdt
             add("forward", _gather_op(dt), "params", d.params, tier("params"), b, M * mult, dt)
         # backward: the last forward unit still holds its weights
         if not is_last:
@@ -240,7 +251,7 @@ def _comm(
                 if plan.quantize_weights:
                     b, dt = volume.int8_all_gather_bytes(N, d.params, block), "int8"
                 else:
-                    b, dt = volume.all_gather_bytes(N, d.params, param_bytes), _dtype_name(param_bytes)
+                    b, dt = volume.all_gather_bytes(N, d.params, param_bytes), pdt
                 add("backward", _gather_op(dt), "params", d.params, tier("params"), b, M * mult, dt)
         # gradient reduce-scatter, every micro-batch
         if d.grads > 1:
@@ -248,16 +259,7 @@ def _comm(
             g_intra = _node_share(topology, d)
             if not plan.quantize_grads:
                 b = volume.reduce_scatter_bytes(N, d.grads, reduce_bytes)
-                add(
-                    "grad_reduce",
-                    "reduce_scatter",
-                    "grads",
-                    d.grads,
-                    gtier,
-                    b,
-                    M * mult,
-                    _dtype_name(reduce_bytes),
-                )
+                add("grad_reduce", "reduce_scatter", "grads", d.grads, gtier, b, M * mult, rdt)
             elif gtier == topology.network.name and g_intra > 1 and d.grads % g_intra == 0:
                 g_inter = d.grads // g_intra
                 hop1, hop2 = volume.int4_reduce_scatter_2hop_bytes(N, g_intra, g_inter, block)
@@ -268,7 +270,6 @@ def _comm(
                 b = volume.int4_reduce_scatter_bytes(N, d.grads, block)
                 add("grad_reduce", INT4_RS, "grads", d.grads, gtier, b, M * mult, "int4")
         # once per step: cross-replica reduction of the gradient shard, then the updated parameters
-        gs = _dtype_name(grad_shard_bytes)
         if plan.grad_reduce == "allreduce":
             k = w // d.grads
             b = volume.all_reduce_bytes(N // d.grads, k, grad_shard_bytes)
@@ -282,27 +283,10 @@ def _comm(
             add("replica_reduce", "all_reduce", "optim_replicas", k, tier("optim_replicas"), b, mult, gs)
         k = d.optim // d.params
         b = volume.all_gather_bytes(N // d.params, k, param_bytes)
-        add(
-            "param_gather",
-            "all_gather",
-            "param_gather",
-            k,
-            tier("param_gather"),
-            b,
-            mult,
-            _dtype_name(param_bytes),
-        )
+        add("param_gather", "all_gather", "param_gather", k, tier("param_gather"), b, mult, pdt)
     # the gradient norm sums each optimizer shard once: over one optimizer group
-    add(
-        "scalar",
-        "all_reduce",
-        "optim",
-        d.optim,
-        tier("optim"),
-        volume.all_reduce_bytes(1, d.optim, 4),
-        1,
-        "fp32",
-    )
+    b = volume.all_reduce_bytes(1, d.optim, 4)
+    add("scalar", "all_reduce", "optim", d.optim, tier("optim"), b, 1, "fp32")
     if fp16:
         world_tier = topology.tier_of_group(range(w)) or ""
         add("scalar", "all_reduce", "world", w, world_tier, volume.all_reduce_bytes(1, w, 4), 1, "fp32")
