@@ -164,7 +164,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
         intra, inter = intra_inter_bytes(e.comm, topo)
         rows.append(
             [
-                e.name if len(e.name) <= 14 else "lins",
+                "lins" if e.name == e.plan.label() else e.name,  # enumerated plans are named by label
                 e.plan.label(topo),
                 *(f"{x / GIB:.2f}" for x in (m.params, m.secondary, m.grads, m.optim, m.total)),
                 f"{intra / 1e9:.1f}",
