@@ -138,6 +138,28 @@ def test_mpiexec_discovery_and_allreduce(mpiexec):
     check_allreduce(json_objects(proc.stdout), "mpi")
 
 
+# -- torchrun -----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_torchrun_allreduce():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "8",
+            str(HERE / "rank_allreduce.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **RANK_ENV},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_allreduce(json_objects(proc.stdout), "torchrun")
+
+
 # -- training end to end ----------------------------------------------------------------------------
 TINY = REPO / "configs" / "tiny.yml"
 TRAIN_ARGS = ["-m", "zerotopo.cli.main", "train", str(TINY), "--set", "train_iters=3"]
