@@ -170,7 +170,9 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
                 f"{intra / 1e9:.1f}",
                 f"{inter / 1e9:.1f}",
                 f"{e.time.step_time_s:.3f}",
-                f"{e.time.tflops_per_device:.1f}",
+                f"{e.time.tflops_per_device:.1f}"
+                if e.time.tflops_per_device >= 10
+                else f"{e.time.tflops_per_device:.3g}",
                 "yes" if e.fits else "NO",
             ]
         )
