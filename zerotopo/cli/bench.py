@@ -1,0 +1,104 @@
+"""``zerotopo bench``: measure collectives (``bench collectives``) or training steps (``bench step``).
+
+``bench collectives`` runs every op on the shard groups of every tier of the topology at once, as in
+training, and prints op, degree, tier crossed, message size, time and algorithm bandwidth (bytes this
+rank sent / time). Outside a distributed job it spawns the ranks locally (gloo, emulated topology);
+under ``srun``/``torchrun``/``mpiexec`` it runs as one rank of the job and rank 0 prints.
+``bench step`` is provided by :mod:`zerotopo.bench_step` when that module is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from types import ModuleType
+
+from zerotopo.errors import ConfigError
+
+EPILOG = """examples:
+  zerotopo bench collectives                              # 8 local gloo ranks, emulated topology
+  zerotopo bench collectives --sizes 64K,1M --ops all_gather,reduce_scatter_int4 --json
+  srun -N2 -n16 zerotopo bench collectives --topology frontier --sizes 16M,256M
+"""
+
+
+def _step_module() -> ModuleType | None:
+    try:
+        return importlib.import_module("zerotopo.bench_step")
+    except ImportError:
+        return None
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_collective_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``bench collectives`` and ``calibrate``."""
+    p.add_argument("--topology", default="emulated", help="topology name or YAML file (default: emulated)")
+    p.add_argument("--nodes", type=int, help="nodes (default: the job's, or ranks / devices per node)")
+    p.add_argument("--ranks", type=int, help="local ranks to spawn outside a job (default: the topology's)")
+    p.add_argument("--iters", type=int, default=5, help="timed calls per measurement (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
+    p.add_argument("--tiers", default="", help="comma-separated tiers to measure (default: all)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    sub = parser.add_subparsers(dest="bench_target", metavar="TARGET")
+    p = sub.add_parser("collectives", help="time collectives per op, size and tier")
+    add_collective_arguments(p)
+    p.add_argument(
+        "--sizes", default="64K,1M,4M", help="message sizes in bytes, K/M/G suffixes (default 64K,1M,4M)"
+    )
+    p.add_argument("--ops", default=None, help="comma-separated ops (default: the plain and quantized ones)")
+    p.add_argument(
+        "--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="element type (default fp32)"
+    )
+    p.add_argument("--block", type=int, default=256, help="quantization block (default 256)")
+    p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    step = sub.add_parser("step", help="time training steps per plan")
+    module = _step_module()
+    if module is not None:
+        module.add_arguments(step)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench_target == "step":
+        module = _step_module()
+        if module is None:
+            raise ConfigError(
+                "bench step is not available in this installation (zerotopo.bench_step is missing)"
+            )
+        return int(module.run(args) or 0)
+    if args.bench_target != "collectives":
+        raise ConfigError("choose what to benchmark: zerotopo bench collectives | zerotopo bench step")
+    from zerotopo.comm import bench
+
+    ops = tuple(_csv(args.ops)) if args.ops else bench.DEFAULT_OPS
+    unknown = [o for o in ops if o not in bench.OPS]
+    if unknown:
+        raise ConfigError(f"unknown op {unknown[0]!r}; ops are {', '.join(bench.OPS)}", key="--ops")
+    spec = bench.BenchSpec(
+        topology=args.topology,
+        nodes=args.nodes,
+        ops=ops,
+        sizes=tuple(bench.parse_size(s) for s in _csv(args.sizes)),
+        dtype=args.dtype,
+        block=args.block,
+        iters=args.iters,
+        warmup=args.warmup,
+        tiers=tuple(_csv(args.tiers)),
+    )
+    rows = bench.run("bench", spec, ranks=args.ranks)
+    if rows is None:  # not rank 0 of a job
+        return 0
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        backend = rows[0]["backend"] if rows else "?"
+        print(f"collectives on {backend}, topology {args.topology}, {args.dtype}, slowest rank per row")
+        print(bench.format_table(rows))
+    return 0
