@@ -15,8 +15,8 @@ from zerotopo.topology import load_topology
 
 pytestmark = pytest.mark.slow
 
-# A ZeRO++-shaped plan without quantization (the race is about the secondary copy, not the payload).
-HPZ = {"name": "hpz", "params": 8, "grads": 8, "optim": 8, "secondary": 4}
+# papers/003's plan: int8 secondary partition per node (the copy is a quantization into fresh buffers).
+HPZ = {"preset": "zerotopo", "name": "zerotopo"}
 DELAY_MS = 50.0
 
 CASES = [
@@ -34,7 +34,7 @@ CASES = [
      "opts": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}},
     {"name": "fp16", "plan": "zero3", "opts": {"param_dtype": "float16", "overflow_at_step": 2}},
     # last: the sanitizer stops the unordered read (all ranks raise before the collective)
-    {"name": "sanitizer", "plan": {**HPZ, "sync": "none"}, "opts": {"copy_delay_ms": DELAY_MS},
+    {"name": "sanitizer", "plan": {"preset": "zeropp", "sync": "none"}, "opts": {"copy_delay_ms": DELAY_MS},
      "expect_error": True},
 ]  # fmt: skip
 INDEX = {c["name"]: i for i, c in enumerate(CASES)}

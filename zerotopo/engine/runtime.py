@@ -31,6 +31,8 @@ from torch.utils._pytree import tree_flatten
 
 from zerotopo import layout
 from zerotopo.comm import collectives as C
+from zerotopo.comm import qcollectives as Q
+from zerotopo.comm import quant
 from zerotopo.comm.mesh import Mesh
 from zerotopo.engine.streams import Ready, Sanitizer, Streams
 from zerotopo.engine.units import FlatUnit, UnitState
@@ -213,8 +215,6 @@ class Runtime:
             stream.wait_stream(self.streams.current())
         with _on(stream):
             if plan.quantize_weights:
-                from zerotopo.comm import qcollectives as Q
-
                 pending = Q.all_gather_int8(
                     u.full, u.param_shard, group, block=plan.quant_block, ledger=self.ledger,
                     async_op=True, stream=stream, tag=tag,
@@ -243,8 +243,6 @@ class Runtime:
         tag = f"backward {u.name}"
         with _on(stream):
             if self.plan.secondary_dtype == "int8":
-                from zerotopo.comm import qcollectives as Q
-
                 pending = Q.gather_quantized(
                     u.full, holder.tensor, group, ledger=self.ledger, async_op=True, stream=stream, tag=tag
                 )
@@ -283,8 +281,6 @@ class Runtime:
             # is protected by record_stream instead (streams.copy_async).
             src = src.detach().clone()
         if self.plan.secondary_dtype == "int8":
-            from zerotopo.comm import quant
-
             dst = quant.quantize_int8(
                 torch.zeros(hi - lo, dtype=torch.float32, device=u.device), self.plan.quant_block
             )
@@ -323,8 +319,6 @@ class Runtime:
                 group = self.mesh.group("grads")
                 tag = f"grads {u.name}"
                 if plan.quantize_grads:
-                    from zerotopo.comm import qcollectives as Q
-
                     intra, inter = self._int4_hops()
                     Q.reduce_scatter_int4(
                         out, flat, group, block=plan.quant_block, order=self.rs_order,
