@@ -83,10 +83,19 @@ def _native_or_fallback(
 # -- pending work and timing ------------------------------------------------------------------------
 
 
-def _stream_context(stream: Any, device: torch.device) -> Any:
+def stream_context(stream: Any, device: torch.device) -> Any:
+    """``torch.cuda.stream(stream)`` on an accelerator when a stream is given; nothing otherwise."""
     if stream is not None and device.type == "cuda":
         return torch.cuda.stream(stream)
     return contextlib.nullcontext()
+
+
+def use_on_current_stream(*tensors: torch.Tensor) -> None:
+    """Mark staging buffers as read by the current stream, so the caching allocator does not hand their
+    memory out again (to the stream that allocated them) before that read is done."""
+    for t in tensors:
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
 
 
 class Pending:
@@ -107,7 +116,7 @@ class Pending:
         until it arrived. Staged copies back into the caller's buffers run on that stream too."""
         if self._done:
             return
-        with _stream_context(stream, self._device):
+        with stream_context(stream, self._device):
             if self._work is not None:
                 self._work.wait()
             for f in self._finish:
@@ -150,7 +159,7 @@ def run_collective(
 ) -> Pending | None:
     """Issue one collective (on ``stream``), record it, and wait unless ``async_op``."""
     device = ref.device
-    with _stream_context(stream, device), record_function(f"zerotopo::{op} {tag}".rstrip()):
+    with stream_context(stream, device), record_function(f"zerotopo::{op} {tag}".rstrip()):
         start = _start_clock(device)
         work, finish = issue()
     rec = None
@@ -191,6 +200,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
 
+def _unpermute(out_f: torch.Tensor, recv: torch.Tensor, idx: torch.Tensor, d: int) -> None:
+    """Row ``i`` of ``out`` = row ``idx[i]`` of the staging buffer (pg-rank order -> position order)."""
+    use_on_current_stream(recv, idx)
+    out_f.view(d, -1).copy_(recv.view(d, -1).index_select(0, idx))
+
+
 def _position_of_pg_rank(group: Any) -> list[int]:
     inv = [0] * group.size
     for pos, j in enumerate(group.pg_ranks):
@@ -213,7 +228,7 @@ def issue_all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[
     finish: list[Finish] = []
     if not in_order:
         idx = _index(perm, out.device)
-        finish.append(lambda: out_f.view(d, -1).copy_(recv.view(d, -1).index_select(0, idx)))
+        finish.append(lambda: _unpermute(out_f, recv, idx, d))
 
     def native() -> Any:
         return _ALL_GATHER(recv, inp_f, group=group.pg, async_op=True)
@@ -285,7 +300,12 @@ def reduce_scatter(
         def fallback() -> tuple[Any, list[Finish]]:
             buf = send.to(torch.float32, copy=True)  # all_reduce works in place: never on the caller's input
             work = dist.all_reduce(buf, op=red, group=group.pg, async_op=True)
-            return work, [lambda: out_f.copy_(buf.view(d, -1)[me])]
+
+            def finish() -> None:
+                use_on_current_stream(buf)
+                out_f.copy_(buf.view(d, -1)[me])
+
+            return work, [finish]
 
         return _native_or_fallback(group, "reduce_scatter", inp.dtype, native, fallback)
 
@@ -343,7 +363,7 @@ def issue_all_to_all(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[
     finish: list[Finish] = []
     if not in_order:
         idx = _index(group.pg_ranks, out.device)
-        finish.append(lambda: out_f.view(d, -1).copy_(recv.view(d, -1).index_select(0, idx)))
+        finish.append(lambda: _unpermute(out_f, recv, idx, d))
 
     def native() -> Any:
         return dist.all_to_all_single(recv, send, group=group.pg, async_op=True)

@@ -22,7 +22,15 @@ from typing import Any
 import torch
 
 from zerotopo.comm import volume
-from zerotopo.comm.collectives import Finish, Pending, issue_all_gather, issue_all_to_all, run_collective
+from zerotopo.comm.collectives import (
+    Finish,
+    Pending,
+    issue_all_gather,
+    issue_all_to_all,
+    run_collective,
+    stream_context,
+    use_on_current_stream,
+)
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.quant import (
     Quantized,
@@ -56,13 +64,15 @@ def gather_quantized(
         nbytes = volume.int8_all_gather_bytes(out.numel(), d, q_local.block)
     else:
         nbytes = (d - 1) * volume.int4_payload(q_local.numel, q_local.block) if d > 1 else 0
-    payload = pack_payload(q_local).view(-1)
-    recv = torch.empty(d * payload.numel(), dtype=torch.uint8, device=payload.device)
 
     def issue() -> tuple[Any, list[Finish]]:
+        # Runs on ``stream``: the packing is ordered with the collective, the dequantization with wait().
+        payload = pack_payload(q_local).view(-1)
+        recv = torch.empty(d * payload.numel(), dtype=torch.uint8, device=payload.device)
         work, finish = issue_all_gather(recv, payload, group)
 
         def dequant() -> None:
+            use_on_current_stream(recv)
             q_all = unpack_payload(
                 recv.view(d, -1), numel=out.numel(), bits=q_local.bits, block=q_local.block, dtype=out.dtype
             )
@@ -93,9 +103,9 @@ def all_gather_int8(
         raise ValueError(
             f"all_gather_int8: output has {out.numel()} elements, expected {group.size} x {inp.numel()}"
         )
-    return gather_quantized(
-        out, quantize_int8(inp, block), group, ledger=ledger, async_op=async_op, stream=stream, tag=tag
-    )
+    with stream_context(stream, inp.device):
+        q = quantize_int8(inp, block)  # on ``stream``, ordered after the work queued there
+    return gather_quantized(out, q, group, ledger=ledger, async_op=async_op, stream=stream, tag=tag)
 
 
 def _all_to_all_reduce(

@@ -1,0 +1,52 @@
+"""The ledger's bookkeeping (single process: handles without process groups)."""
+
+from __future__ import annotations
+
+import torch
+
+from zerotopo.comm import collectives as C
+from zerotopo.comm.ledger import Ledger
+from zerotopo.comm.mesh import GroupHandle
+
+PKG = GroupHandle("params", (0, 1), 0, "package")
+NET = GroupHandle("grad_replicas", (0, 4), 0, "network")
+SOLO = GroupHandle("params", (0,), 0, None)
+
+
+def test_tiers_ops_steps_and_scalars() -> None:
+    led = Ledger()
+    led.record("all_gather", PKG, dtype=torch.bfloat16, numel=1024, bytes_sent=1024, seconds=0.5, tag="l0")
+    led.record("all_reduce", NET, dtype="float32", numel=1, bytes_sent=8, seconds=0.25)
+    first = led.mark_step()
+    assert first["bytes_by_tier"] == {"package": 1024, "network": 8}
+    assert first["seconds_by_op"] == {"all_gather": 0.5, "all_reduce": 0.25}
+    assert first["calls"] == 2 and first["bytes"] == 1032
+    led.record("all_gather", PKG, dtype="bfloat16", numel=64, bytes_sent=64, seconds=0.1)
+    second = led.step_summary()
+    assert second["bytes_by_tier"] == {"package": 64} and second["calls"] == 1
+    assert led.mark_step() == second and led.steps_marked == 2
+    assert led.bytes_by_tier() == {"package": 1088, "network": 8}
+    assert led.bytes_by_tier(include_scalar=False) == {"package": 1088}
+    assert led.bytes_by_op() == {("all_gather", "package"): 1088, ("all_reduce", "network"): 8}
+    rec = led.records()[0]
+    assert (rec.kind, rec.size, rec.dtype, rec.tag) == ("params", 2, "bfloat16", "l0")
+    led.reset()
+    assert led.records() == [] and led.step_summary()["calls"] == 0
+
+
+def test_single_rank_groups_copy_and_count_as_local() -> None:
+    led = Ledger()
+    x = torch.arange(6.0)
+    out = torch.empty(6)
+    C.all_gather(out, x, SOLO, ledger=led)
+    assert torch.equal(out, x)
+    shard = torch.empty(6)
+    p = C.reduce_scatter(shard, x, SOLO, ledger=led, async_op=True)
+    assert p is not None and p.is_completed()
+    p.wait()
+    assert torch.equal(shard, x)
+    C.all_reduce(x, SOLO, ledger=led)
+    C.broadcast(x, 0, SOLO, ledger=led)
+    assert led.bytes_by_tier() == {"local": 0}
+    assert [r.op for r in led.records()] == ["all_gather", "reduce_scatter", "all_reduce", "broadcast"]
+    assert all(r.seconds >= 0 for r in led.records())
