@@ -50,3 +50,18 @@ def test_single_rank_groups_copy_and_count_as_local() -> None:
     assert led.bytes_by_tier() == {"local": 0}
     assert [r.op for r in led.records()] == ["all_gather", "reduce_scatter", "all_reduce", "broadcast"]
     assert all(r.seconds >= 0 for r in led.records())
+
+
+def test_retains_recent_steps_but_keeps_totals() -> None:
+    led = Ledger(keep_steps=2)
+    for step in range(5):
+        for _ in range(step + 1):
+            led.record(
+                "all_gather", PKG, dtype="float32", numel=64, bytes_sent=10, seconds=0.0, tag=str(step)
+            )
+        assert led.mark_step()["bytes"] == 10 * (step + 1)
+    led.record("all_gather", PKG, dtype="float32", numel=64, bytes_sent=10, seconds=0.0, tag="5")
+    # Steps 3 and 4 closed and retained, step 5 in progress.
+    assert [r.tag for r in led.records()] == ["3"] * 4 + ["4"] * 5 + ["5"]
+    assert led.step_summary()["bytes"] == 10
+    assert led.bytes_by_tier() == {"package": 10 * (1 + 2 + 3 + 4 + 5 + 1)}

@@ -67,11 +67,21 @@ def _tier_key(tier: str | None) -> str:
 
 
 class Ledger:
-    """Records of one rank's collectives, with per-step summaries by tier and by op."""
+    """Records of one rank's collectives, with per-step summaries by tier and by op.
 
-    def __init__(self) -> None:
+    Totals (:meth:`bytes_by_tier`, :meth:`bytes_by_op`) cover everything since the last :meth:`reset`;
+    the records themselves are kept for the step in progress and the last ``keep_steps`` closed steps
+    (None: all), so a long training run does not accumulate millions of them.
+    """
+
+    def __init__(self, *, keep_steps: int | None = 16) -> None:
+        self.keep_steps = keep_steps
         self._records: list[Record] = []
+        self._step_starts: list[int] = []  # index in _records where each retained closed step began
         self._step_start = 0
+        self._tier_all: dict[str, int] = defaultdict(int)
+        self._tier_no_scalar: dict[str, int] = defaultdict(int)
+        self._op_tier: dict[tuple[str, str | None], int] = defaultdict(int)
         self.steps_marked = 0
 
     def record(
@@ -99,46 +109,43 @@ class Ledger:
             tag=tag,
         )
         self._records.append(rec)
+        key = _tier_key(rec.tier)
+        self._tier_all[key] += rec.bytes_sent
+        if not rec.is_scalar:
+            self._tier_no_scalar[key] += rec.bytes_sent
+        self._op_tier[(rec.op, rec.tier)] += rec.bytes_sent
         return rec
 
     def records(self) -> list[Record]:
-        """Every record since the last :meth:`reset`, oldest first."""
+        """The retained records (see the class note), oldest first."""
         for r in self._records:
             r.resolve()
         return list(self._records)
 
-    @staticmethod
-    def _by_tier(records: list[Record], include_scalar: bool) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for r in records:
-            if include_scalar or not r.is_scalar:
-                out[_tier_key(r.tier)] += r.bytes_sent
-        return dict(out)
-
     def bytes_by_tier(self, *, include_scalar: bool = True) -> dict[str, int]:
-        """Bytes sent per tier crossed (``local`` for single-rank groups) since the last reset."""
-        return self._by_tier(self._records, include_scalar)
+        """Bytes sent per tier crossed (``local`` for single-rank groups) since the last reset;
+        ``include_scalar=False`` leaves out control messages of at most :data:`SCALAR_NUMEL` elements."""
+        return dict(self._tier_all if include_scalar else self._tier_no_scalar)
 
     def bytes_by_op(self) -> dict[tuple[str, str | None], int]:
         """Bytes sent per ``(op, tier)`` since the last reset."""
-        out: dict[tuple[str, str | None], int] = defaultdict(int)
-        for r in self._records:
-            out[(r.op, r.tier)] += r.bytes_sent
-        return dict(out)
+        return dict(self._op_tier)
 
     @staticmethod
     def summarize(records: list[Record]) -> dict:
         """Totals of ``records``: bytes by tier, bytes and seconds by op, calls."""
         seconds: dict[str, float] = defaultdict(float)
         by_op: dict[str, int] = defaultdict(int)
+        by_tier: dict[str, int] = defaultdict(int)
         calls: dict[str, int] = defaultdict(int)
         for r in records:
             r.resolve()
             seconds[r.op] += r.seconds
             by_op[r.op] += r.bytes_sent
+            by_tier[_tier_key(r.tier)] += r.bytes_sent
             calls[r.op] += 1
         return {
-            "bytes_by_tier": Ledger._by_tier(records, True),
+            "bytes_by_tier": dict(by_tier),
             "bytes_by_op": dict(by_op),
             "seconds_by_op": dict(seconds),
             "calls_by_op": dict(calls),
@@ -154,12 +161,21 @@ class Ledger:
     def mark_step(self) -> dict:
         """Close the current step: return its summary and start counting the next one."""
         summary = self.step_summary()
+        self._step_starts.append(self._step_start)
         self._step_start = len(self._records)
         self.steps_marked += 1
+        if self.keep_steps is not None and len(self._step_starts) > self.keep_steps:
+            drop = self._step_starts[len(self._step_starts) - self.keep_steps]
+            del self._records[:drop]
+            self._step_starts = [i - drop for i in self._step_starts[-self.keep_steps :]]
+            self._step_start -= drop
         return summary
 
     def reset(self) -> None:
-        """Forget every record."""
+        """Forget every record and total."""
         self._records.clear()
+        self._step_starts.clear()
         self._step_start = 0
+        for totals in (self._tier_all, self._tier_no_scalar, self._op_tier):
+            totals.clear()
         self.steps_marked = 0
