@@ -166,27 +166,36 @@ def test_mesh_groups_and_collectives(permuted: bool) -> None:
     assert "grads" in results[0]["describe"]
 
 
-def _bad_world(rank: int, world: int) -> str:
-    try:
-        build_mesh(load_topology("emulated"), get_preset("zero3"), topo_index=rank)
-    except LaunchError as exc:
-        return str(exc)
-    return "no error"
-
-
-def _bad_host(rank: int, world: int) -> str:
-    topo = load_topology("emulated", nodes=1)
-    # Rank 3 claims another host than the rest of its (topological) node.
-    host = "nodeB" if rank == 3 else "nodeA"
-    try:
-        build_mesh(topo, get_preset("zero3"), topo_index=rank, hostname=host)
-    except LaunchError as exc:
-        return str(exc)
-    return "no error"
+def _startup_errors(rank: int, world: int) -> list[str]:
+    """Three wrong launches in one spawn; each must raise on every rank (none may hang)."""
+    zero3 = get_preset("zero3")
+    attempts = [
+        # 4 ranks, but the emulated topology has 2 nodes of 4.
+        lambda: build_mesh(load_topology("emulated"), zero3, topo_index=rank),
+        # Ranks 1 and 2 both claim index 1.
+        lambda: build_mesh(
+            load_topology("emulated", nodes=1), zero3, topo_index=min(rank, 1) if rank < 3 else 3
+        ),
+        # Rank 3 claims another host than the rest of its (topological) node.
+        lambda: build_mesh(
+            load_topology("emulated", nodes=1),
+            zero3,
+            topo_index=rank,
+            hostname="nodeB" if rank == 3 else "nodeA",
+        ),
+    ]
+    out = []
+    for attempt in attempts:
+        try:
+            attempt()
+            out.append("no error")
+        except LaunchError as exc:
+            out.append(str(exc))
+    return out
 
 
 def test_startup_checks() -> None:
-    msgs = spawn(_bad_world, 4, ranks_per_node=4, timeout_s=120)
-    assert all("4 ranks" in m and "2 nodes x 4 devices = 8" in m for m in msgs), msgs[0]
-    msgs = spawn(_bad_host, 4, ranks_per_node=4, timeout_s=120)
-    assert all("spans several hosts" in m and "ranks [3] on 'nodeB'" in m for m in msgs), msgs[0]
+    for world_msg, dup_msg, host_msg in spawn(_startup_errors, 4, ranks_per_node=4, timeout_s=120):
+        assert "4 ranks" in world_msg and "2 nodes x 4 devices = 8" in world_msg, world_msg
+        assert "index 1 claimed by ranks [1, 2]" in dup_msg and "no rank has index [2]" in dup_msg, dup_msg
+        assert "spans several hosts" in host_msg and "ranks [3] on 'nodeB'" in host_msg, host_msg
