@@ -160,7 +160,7 @@ def run_collective(
     """Issue one collective (on ``stream``), record it, and wait unless ``async_op``."""
     device = ref.device
     with stream_context(stream, device), record_function(f"zerotopo::{op} {tag}".rstrip()):
-        start = _start_clock(device)
+        start = _start_clock(device) if ledger is not None else None  # no events when nothing records
         work, finish = issue()
     rec = None
     if ledger is not None:
