@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
     parser.add_argument("--vocab", type=int, default=512, help="vocabulary (default 512)")
     parser.add_argument(
-        "--copy-delay-ms", type=float, default=20.0, help="emulated copy delay for the sync rows"
+        "--copy-delay-ms", type=float, default=5.0, help="emulated copy delay for the sync rows"
     )
     parser.add_argument("--no-sync-rows", action="store_true", help="skip the sync none/event/host rows")
 

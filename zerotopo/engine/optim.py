@@ -151,6 +151,7 @@ class ShardedAdamW:
     def step(self) -> dict[str, Any]:
         """Reduce, clip and apply AdamW; returns ``{"grad_norm", "skipped", "loss_scale"}``."""
         scale = self.scaler.scale if self.scaler is not None else 1.0
+        self.runtime.wait_reductions()
         grads = [self._replica_reduce(u) for u in self.units]
         inv = 1.0 / (self.degrees.world * scale)
         sq = torch.zeros(1, dtype=torch.float32, device=self.mesh.device)

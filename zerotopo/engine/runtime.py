@@ -239,6 +239,8 @@ class Runtime:
         if stream is not None:
             stream.wait_stream(self.streams.current())
         self.sanitizer.check(holder, unit=u.name, op="backward all-gather")
+        if stream is not None:
+            _record_stream(holder.tensor, stream)
         u.alloc_full()
         tag = f"backward {u.name}"
         with _on(stream):
@@ -310,8 +312,12 @@ class Runtime:
     def reduce_unit(self, u: FlatUnit) -> None:
         """Reduce-scatter ``u``'s gradients into its fp32 shard; free the full gradient and weights."""
         d, plan = self.degrees, self.plan
-        with record_function(f"zerotopo::reduce_scatter {u.name}"):
-            flat = u.flat_grad(self.reduce_dtype)
+        rs = self.streams.reduce_scatter
+        if rs is not None:
+            # The gradients were produced on the compute stream; the reduction runs beside it.
+            rs.wait_stream(self.streams.current())
+        with record_function(f"zerotopo::reduce_scatter {u.name}"), _on(rs):
+            flat = u.flat_grad(self.reduce_dtype, stream=rs)
             if d.grads == 1:
                 u.grad_shard.add_(flat)
             else:
@@ -325,7 +331,9 @@ class Runtime:
                         intra=intra, inter=inter, ledger=self.ledger, tag=tag,
                     )  # fmt: skip
                 else:
-                    C.reduce_scatter(out, flat, group, order=self.rs_order, ledger=self.ledger, tag=tag)
+                    C.reduce_scatter(
+                        out, flat, group, order=self.rs_order, ledger=self.ledger, stream=rs, tag=tag
+                    )
                 u.grad_shard.add_(out)
         u.reduced = True
         if u.sharded:
@@ -343,6 +351,12 @@ class Runtime:
             return None, None
         return intra, inter
 
+    def wait_reductions(self) -> None:
+        """Order the optimizer step after every gradient reduction (device: the reduce-scatter stream)."""
+        rs = self.streams.reduce_scatter
+        if rs is not None:
+            self.streams.current().wait_stream(rs)
+
     def invalidate_secondaries(self) -> None:
         """After the optimizer step every secondary partition holds stale weights."""
         for u in self.units:
@@ -352,6 +366,13 @@ class Runtime:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+def _record_stream(x: Any, stream: Any) -> None:
+    """Tell the allocator that ``stream`` uses ``x`` (a tensor or a quantized pair), so it is not reused
+    before that stream's work finished (rule 1: buffers are freed only after their consumer)."""
+    for t in (x.data, x.scales) if isinstance(x, quant.Quantized) else (x,):
+        t.record_stream(stream)
 
 
 class _on:

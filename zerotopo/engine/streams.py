@@ -186,6 +186,8 @@ class Streams:
             with torch.cuda.stream(self.copy):
                 fn()
             src.record_stream(self.copy)
+            for t in (dst.data, dst.scales) if hasattr(dst, "scales") else (dst,):
+                t.record_stream(self.copy)
             return Ready(dst, self.record(self.copy), what)
         assert self.engine is not None
         return Ready(dst, self.engine.submit(fn), what)

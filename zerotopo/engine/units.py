@@ -145,14 +145,17 @@ class FlatUnit:
         return self.full.untyped_storage().size() > 0
 
     # -- gradients ------------------------------------------------------------------------------------
-    def flat_grad(self, dtype: torch.dtype) -> torch.Tensor:
+    def flat_grad(self, dtype: torch.dtype, stream: Any = None) -> torch.Tensor:
         """The unit's gradients as one padded flat buffer in ``dtype`` (zeros where a parameter has no
-        gradient or is frozen); the parameters' ``.grad`` are released."""
+        gradient or is frozen); the parameters' ``.grad`` are released. ``stream``: the (device) stream
+        that copies them, which must finish before their memory is reused."""
         flat = torch.zeros(self.padded, dtype=dtype, device=self.device)
         for s in self.slots:
             g = s.param.grad
             if g is not None:
                 flat[s.offset : s.offset + s.numel].copy_(g.reshape(-1))
+                if stream is not None:
+                    g.record_stream(stream)
                 s.param.grad = None
         return flat
 
