@@ -86,6 +86,9 @@ def reference(
     )
     losses = []
     for s in range(steps):
+        if opts.get("schedule"):
+            for group in opt.param_groups:
+                group["lr"] = schedule(s)
         per_rank = []
         for r in range(world):
             per_micro = []
@@ -195,3 +198,48 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
         out["nonfinite"] = any(not math.isfinite(v) for per in out["losses"] for v in per)
         results.append(out)
     return results
+
+
+def checkpoint_worker(rank: int, world: int, plan_name: str) -> dict[str, Any]:
+    """Train with the DeepSpeed-style facade and an LR schedule; checkpoint after step 1 (full fp32
+    state + this rank's optimizer shard), train on, reload, and train the same steps again."""
+    import copy
+
+    from zerotopo.comm.mesh import build_mesh
+    from zerotopo.engine import Engine, parallelize
+    from zerotopo.plan import get_preset
+    from zerotopo.topology import load_topology
+
+    mesh = build_mesh(load_topology("emulated"), get_preset(plan_name), topo_index=rank)
+    model, optimizer = parallelize(make_model({}), mesh=mesh, lr=1e-2, sanitize=True)
+    engine = Engine(model, optimizer, accumulation_steps=MICRO)
+
+    def run(steps: range) -> list[float]:
+        losses = []
+        for s in steps:
+            optimizer.param_groups[0]["lr"] = schedule(s)
+            for m in range(MICRO):
+                x, y = batch(s, rank, m)
+                loss = loss_fn(engine(x), y)
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.item())
+        return losses
+
+    first = run(range(2))
+    saved = (model.full_state_dict(), copy.deepcopy(optimizer.state_dict()))
+    after = run(range(2, STEPS))
+    final = model.full_state_dict()
+    model.load_full_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    again = run(range(2, STEPS))
+    return {
+        "losses": first + after,
+        "again": again,
+        "same_final": all(torch.equal(final[k], v) for k, v in model.full_state_dict().items()),
+    }
+
+
+def schedule(step: int) -> float:
+    """A warm-up then decay LR schedule, set through ``param_groups[0]["lr"]``."""
+    return 1e-2 * min(1.0, (step + 1) / 2) * (0.5 ** max(0, step - 2))

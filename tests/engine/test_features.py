@@ -144,3 +144,17 @@ def test_fp16_loss_scaling_skips_overflow(runs):
         )
     )  # fmt: skip
     assert res["ledger"] == {k: v for k, v in want.items() if v}
+
+
+def test_facade_schedule_and_checkpoint_round_trip():
+    from tests.engine.cases import checkpoint_worker
+
+    results = spawn(checkpoint_worker, WORLD, args=("zerotopo-pkg",), ranks_per_node=4, timeout_s=900)
+    ref_losses, _ = reference({"schedule": True})
+    for rank, res in enumerate(results):
+        want = [ref_losses[s][rank][m] * MICRO for s in range(STEPS) for m in range(MICRO)]
+        # int8/int4 plan: within the quantized bound of test_parity
+        assert all(abs(a - b) < 1e-2 * abs(b) for a, b in zip(res["losses"], want)), rank
+        # reloading the step-2 checkpoint replays steps 2..4 bit for bit
+        assert res["again"] == res["losses"][2 * MICRO :]
+        assert res["same_final"]
