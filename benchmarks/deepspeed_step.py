@@ -1,0 +1,119 @@
+"""DeepSpeed ZeRO-3 and ZeRO++ hpZ beside zerotopo's zero3/zeropp on the same model, batch and ranks.
+
+    DS_ACCELERATOR=cpu python benchmarks/deepspeed_step.py [--steps 4]
+
+Each configuration trains the small NeoX of ``zerotopo bench step`` on 8 local gloo ranks (2 emulated
+nodes of 4), inside the same processes, one after the other; rank 0 prints the median step time and
+tokens/s. DeepSpeed's quantized collectives (qwZ/qgZ) need its CUDA kernels, so its hpZ row runs the
+secondary partition alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+MICRO, BATCH = 2, 2
+
+
+def _timed(step, steps: int) -> float:
+    import torch.distributed as dist
+
+    times = []
+    for i in range(steps + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        dist.barrier()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _worker(rank: int, world: int, args: dict[str, Any]) -> list[tuple[str, float]]:
+    import torch
+    import torch.nn.functional as F
+
+    from zerotopo.bench_step import _model
+    from zerotopo.comm.mesh import build_mesh
+    from zerotopo.engine import parallelize
+    from zerotopo.plan import get_preset
+    from zerotopo.topology import load_topology
+
+    V, S = args["vocab"], args["seq"]
+    g = torch.Generator().manual_seed(rank)
+
+    def data():
+        ids = torch.randint(0, V, (BATCH, S + 1), generator=g)
+        return ids[:, :-1], ids[:, 1:].reshape(-1)
+
+    rows = []
+    topo = load_topology("emulated")
+    for preset in ("zero3", "zeropp"):
+        model, opt = parallelize(
+            _model(args), mesh=build_mesh(topo, get_preset(preset), topo_index=rank), lr=1e-4
+        )
+
+        def step(model=model, opt=opt):
+            for _ in range(MICRO):
+                x, y = data()
+                (F.cross_entropy(model(x).reshape(-1, V), y) / MICRO).backward()
+            opt.step()
+            opt.zero_grad()
+
+        rows.append((f"zerotopo {preset}", _timed(step, args["steps"])))
+
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo", dist_init_required=False)
+    for label, extra in (("deepspeed zero3", {}), ("deepspeed hpZ (s=4)", {"zero_hpz_partition_size": 4})):
+        model = _model(args)
+        config = {
+            "train_micro_batch_size_per_gpu": BATCH,
+            "gradient_accumulation_steps": MICRO,
+            "zero_optimization": {"stage": 3, **extra},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9,
+        }
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optim, config=config, dist_init_required=False
+        )
+
+        def step(engine=engine):
+            for _ in range(MICRO):
+                x, y = data()
+                engine.backward(F.cross_entropy(engine(x).reshape(-1, V), y))
+                engine.step()
+
+        rows.append((label, _timed(step, args["steps"])))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=512)
+    a = parser.parse_args()
+    from zerotopo.spawn import spawn
+
+    args = vars(a)
+    rows = spawn(_worker, 8, args=(args,), ranks_per_node=4, timeout_s=3600, env={"DS_ACCELERATOR": "cpu"})[0]
+    tokens = 8 * MICRO * BATCH * a.seq
+    print(f"{'run':<22} {'step ms':>8} {'tokens/s':>9}")
+    for label, sec in rows:
+        print(f"{label:<22} {1e3 * sec:>8.1f} {tokens / sec:>9.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    raise SystemExit(main())
