@@ -119,7 +119,12 @@ def make_model(opts: dict[str, Any]) -> nn.Module:
 
         torch.manual_seed(0)
         cfg = NeoXConfig(
-            vocab_size=VOCAB, hidden_size=16, num_layers=2, num_attention_heads=2, max_position_embeddings=16
+            vocab_size=VOCAB,
+            hidden_size=16,
+            num_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            checkpoint_activations=opts.get("checkpoint", False),
         )
         return GPTNeoX(cfg)
     model = TinyLM(unused=opts.get("unused", False))
