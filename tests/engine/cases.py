@@ -49,12 +49,14 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList(Block(HIDDEN) for _ in range(layers))
         self.head = Head(HIDDEN, VOCAB)
         self.spare = Block(HIDDEN) if unused else None
+        self.temperature: nn.Parameter | None = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
         for b in self.blocks:
             x = b(x)
-        return self.head(x)
+        logits = self.head(x)
+        return logits * self.temperature if self.temperature is not None else logits
 
 
 def batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,6 +130,8 @@ def make_model(opts: dict[str, Any]) -> nn.Module:
         )
         return GPTNeoX(cfg)
     model = TinyLM(unused=opts.get("unused", False))
+    if opts.get("stray"):
+        model.temperature = nn.Parameter(torch.tensor([1.5]))  # owned by the root: the root unit
     if opts.get("frozen"):
         model.blocks[1].up.weight.requires_grad_(False)
     return model
@@ -184,6 +188,9 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
                     scaled.backward()
                 stats = optimizer.step()
                 optimizer.zero_grad()
+                if opts.get("eval_between"):
+                    with torch.no_grad():  # an evaluation forward between steps changes nothing
+                        model(batch(99, rank, 0)[0])
                 out["stats"].append(stats)
                 out["losses"].append(per_micro)
                 if s == 1:

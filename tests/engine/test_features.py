@@ -28,7 +28,8 @@ CASES = [
     # 4-8: features, exact against their own reference
     {"name": "unused", "plan": "zero3", "opts": {"unused": True}},
     {"name": "frozen", "plan": {"name": "p2g4o8", "params": 2, "grads": 4, "optim": 8}, "opts": {"frozen": True}},
-    {"name": "wd-clip", "plan": "zero3", "opts": {"weight_decay": 0.1, "max_grad_norm": 0.05}},
+    {"name": "wd-clip", "plan": "zero3", "opts": {"weight_decay": 0.1, "max_grad_norm": 0.05, "eval_between": True}},
+    {"name": "stray", "plan": {"name": "p2g4o8", "params": 2, "grads": 4, "optim": 8}, "opts": {"stray": True}},
     {"name": "neox", "plan": "hsdp", "opts": {"model": "neox"}},
     {"name": "neox-ckpt", "plan": "zero3", "opts": {"model": "neox", "checkpoint": True}},
     {"name": "bf16", "plan": {"name": "p2g4o8", "params": 2, "grads": 4, "optim": 8},
@@ -94,6 +95,7 @@ def test_sanitizer_rejects_unordered_read(runs):
         ("unused", {"unused": True}),
         ("frozen", {"frozen": True}),
         ("wd-clip", {"weight_decay": 0.1, "max_grad_norm": 0.05}),
+        ("stray", {"stray": True}),
         ("neox", {"model": "neox"}),
         ("neox-ckpt", {"model": "neox", "checkpoint": True}),
     ],
