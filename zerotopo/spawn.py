@@ -40,17 +40,25 @@ def _rank_main(
     ranks_per_node: int | None,
     env: dict[str, str],
     threads: int,
+    netns: tuple[str, ...] | None,
+    master_addr: str,
 ) -> None:
+    os.environ.update(env)
+    if netns:
+        from zerotopo.netem import enter_namespace
+
+        # Before any socket exists: this rank's node lives in its own network namespace.
+        enter_namespace(netns[rank // (ranks_per_node or world_size)])
+        os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
     import torch
     import torch.distributed as dist
 
-    os.environ.update(env)
     os.environ.update(
         {
             "RANK": str(rank),
             "WORLD_SIZE": str(world_size),
             "LOCAL_RANK": str(rank % ranks_per_node if ranks_per_node else rank),
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(port),
         }
     )
@@ -59,10 +67,10 @@ def _rank_main(
         os.environ["LOCAL_WORLD_SIZE"] = str(ranks_per_node)
     torch.set_num_threads(threads)
     out = os.path.join(result_dir, f"rank{rank}.pkl")
+    # torch's TCP store does not come up across namespaces here; a file store on the shared disk does.
+    init = f"file://{result_dir}/store" if netns else f"tcp://{master_addr}:{port}"
     try:
-        dist.init_process_group(
-            backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}"
-        )
+        dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=init)
         result: Any = ("ok", fn(rank, world_size, *args))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
         result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
@@ -85,17 +93,26 @@ def spawn(
     env: dict[str, str] | None = None,
     timeout_s: float = 600.0,
     threads_per_rank: int = 1,
+    network: Any = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local ranks and return their results.
 
     ``fn`` must be importable (a module-level function) and its results picklable. ``ranks_per_node``
     groups consecutive ranks into emulated nodes (sets ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and
-    ``ZEROTOPO_EMULATED_NODE``).
+    ``ZEROTOPO_EMULATED_NODE``). ``network`` (a :class:`zerotopo.netem.EmulatedNetwork`) puts each emulated
+    node's ranks in that node's network namespace, so traffic between nodes crosses a shaped link.
     """
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     port = free_port()
+    netns = tuple(network.namespaces) if network is not None else None
+    master_addr = network.addresses[0] if network is not None else "127.0.0.1"
+    if network is not None and len(network.namespaces) * (ranks_per_node or world_size) != world_size:
+        raise ZerotopoError(
+            f"{world_size} ranks at {ranks_per_node} per node need {world_size // (ranks_per_node or world_size)} "
+            f"namespaces, the emulated network has {len(network.namespaces)}"
+        )
     with tempfile.TemporaryDirectory(prefix="zerotopo-spawn-") as result_dir:
         procs = []
         for rank in range(world_size):
@@ -112,6 +129,8 @@ def spawn(
                     ranks_per_node,
                     dict(env or {}),
                     threads_per_rank,
+                    netns,
+                    master_addr,
                 ),
                 daemon=False,
             )

@@ -80,6 +80,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="auto: join the srun/mpiexec/torchrun job if there is one, else spawn the "
         "topology's ranks locally (default)",
     )
+    p.add_argument(
+        "--network-mbit",
+        type=float,
+        metavar="MBIT",
+        help="local runs (root): each emulated node in its own network namespace, nodes joined by "
+        "links shaped to MBIT Mbit/s, so the inter-node tier is really slow",
+    )
     p.add_argument("--run-dir", help="directory for metrics.csv, plots, summary (default runs/<time>-<plan>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
@@ -105,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
         run_dir=args.run_dir,
         progress=not args.no_progress,
     )
+    if args.network_mbit is not None and args.launcher not in ("auto", "local"):
+        raise ConfigError(
+            "--network-mbit emulates nodes on this machine; it needs --launcher local",
+            source="--network-mbit",
+        )
     summary = run_training(job)
     if summary is None:
         return 0

@@ -44,6 +44,9 @@ class TrainJob:
     """Where metrics, plots and checkpoints go (default ``runs/<time>-<plan>``)."""
     progress: bool = True
     """Show a progress bar on rank 0."""
+    network_mbit: float | None = None
+    """Local runs only: put each emulated node in its own network namespace, nodes joined by links
+    shaped to this many Mbit/s (root; see :mod:`zerotopo.netem`)."""
 
     def config_paths(self) -> list[str]:
         return list(self.configs) or [str(DEFAULT_CONFIG)]
