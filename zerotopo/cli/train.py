@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         launcher=args.launcher,
         run_dir=args.run_dir,
         progress=not args.no_progress,
+        network_mbit=args.network_mbit,
     )
     if args.network_mbit is not None and args.launcher not in ("auto", "local"):
         raise ConfigError(

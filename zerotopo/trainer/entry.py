@@ -49,11 +49,19 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
         default_corpus_prefix(args.tokenizer_type)
     from zerotopo.spawn import spawn
 
-    results = spawn(
-        train_rank,
-        topology.world_size,
-        args=(job,),
-        ranks_per_node=topology.devices_per_node,
-        timeout_s=float(os.environ.get("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600)),
-    )
-    return results[0]
+    def launch(network=None) -> list:
+        return spawn(
+            train_rank,
+            topology.world_size,
+            args=(job,),
+            ranks_per_node=topology.devices_per_node,
+            timeout_s=float(os.environ.get("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600)),
+            network=network,
+        )
+
+    if job.network_mbit:
+        from zerotopo.netem import emulated_network
+
+        with emulated_network(topology.nodes, rate_mbit=job.network_mbit) as net:
+            return launch(net)[0]
+    return launch()[0]
