@@ -24,7 +24,6 @@ import warnings
 from typing import Any
 
 import torch
-from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten
@@ -388,7 +387,3 @@ class _on:
     def __exit__(self, *exc: Any) -> None:
         if self.ctx is not None:
             self.ctx.__exit__(*exc)
-
-
-def unit_modules(units: list[FlatUnit]) -> list[nn.Module]:
-    return [u.module for u in units if u.module is not None]
