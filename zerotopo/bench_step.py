@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--copy-delay-ms", type=float, default=5.0, help="emulated copy delay for the sync rows"
     )
+    parser.add_argument(
+        "--grad-reduce", choices=("reduce_scatter", "allreduce"), help="override every plan's grad_reduce"
+    )
     parser.add_argument("--no-sync-rows", action="store_true", help="skip the sync none/event/host rows")
 
 
@@ -72,6 +75,8 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
     M, B, S, V = args["micro_batches"], args["batch"], args["seq"], args["vocab"]
     for label, preset, delay in rows:
         plan = get_preset(preset)
+        if args.get("grad_reduce"):
+            plan = replace(plan, grad_reduce=args["grad_reduce"])
         if label.startswith("sync="):
             plan = replace(plan, sync=label.split("=", 1)[1])
         mesh = build_mesh(topo, plan, topo_index=rank)
@@ -156,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         "vocab": args.vocab,
         "copy_delay_ms": args.copy_delay_ms,
         "sync_rows": not args.no_sync_rows,
+        "grad_reduce": args.grad_reduce,
     }
     print(table(bench(opts)))
     return 0
