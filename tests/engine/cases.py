@@ -155,7 +155,11 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
         plan = load_plan(case["plan"])
         if case.get("plan_overrides"):
             plan = replace(plan, **case["plan_overrides"])
-        mesh = build_mesh(topo, plan, topo_index=rank)
+        index = rank
+        if case.get("permute"):
+            # the launcher's rank order is not topological (like srun --gpu-bind=closest on Frontier)
+            index = (rank // 4) * 4 + (3, 1, 2, 0)[rank % 4]
+        mesh = build_mesh(topo, plan, topo_index=index)
         ledger = Ledger()
         opts = case.get("opts", {})
         model, optimizer = parallelize(

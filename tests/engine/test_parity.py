@@ -29,6 +29,11 @@ EXACT = [
     {"plan": {"name": "p1g2o8-rs", "params": 1, "grads": 2, "optim": 8, "prefetch": 2}},
     {"plan": {"name": "p4g4o4-ar", "params": 4, "grads": 4, "optim": 4, "grad_reduce": "allreduce"}},
     {"plan": {"name": "zero3-pf0", "params": 8, "grads": 8, "optim": 8, "prefetch": 0}},
+    {"plan": {"name": "p2g4o8-perm", "params": 2, "grads": 4, "optim": 8}, "permute": True},
+    {
+        "plan": {"name": "p4g8o8-perm-ar", "params": 4, "grads": 8, "optim": 8, "grad_reduce": "allreduce"},
+        "permute": True,
+    },
 ]
 # A bf16 secondary partition: the backward sees weights rounded to bf16 (relative error 2^-9 per
 # weight), so gradients differ from the fp32 reference by about 1e-3 relative; the loss after a few
@@ -54,6 +59,7 @@ QUANTIZED = [
     {"plan": "zeropp"},
     {"plan": "zerotopo"},
     {"plan": "zerotopo-pkg", "plan_overrides": {"grad_reduce": "allreduce"}},
+    {"plan": "zerotopo", "plan_overrides": {"prefetch": 2}, "permute": True},
 ]
 
 
