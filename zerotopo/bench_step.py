@@ -114,7 +114,7 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
                 "predicted": {k: v for k, v in predicted.items() if v},
             }
         )
-        model._runtime.streams.close()
+        model.close()
     return out
 
 

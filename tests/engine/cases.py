@@ -212,6 +212,7 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
         sd = model.full_state_dict()
         out["params"] = sd if rank == 0 else None
         out["nonfinite"] = any(not math.isfinite(v) for per in out["losses"] for v in per)
+        model.close()
         results.append(out)
     return results
 

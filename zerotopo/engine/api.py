@@ -59,6 +59,11 @@ class ShardedModule(nn.Module):
     def units(self) -> list[FlatUnit]:
         return self._units
 
+    def close(self) -> None:
+        """Remove the engine's hooks and stop its copy engine (the model is unusable afterwards)."""
+        self._runtime.remove()
+        self._runtime.streams.close()
+
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` times the fp16 loss scale (unchanged without loss scaling)."""
         return loss * self.scaler.scale if self.scaler is not None else loss
