@@ -18,10 +18,12 @@ pytestmark = pytest.mark.slow
 # papers/003's plan: int8 secondary partition per node (the copy is a quantization into fresh buffers).
 HPZ = {"preset": "zerotopo", "name": "zerotopo"}
 DELAY_MS = 50.0
+# Stock ordering never waits, so a long delay costs nothing and keeps the race certain on a loaded machine.
+RACE_DELAY_MS = 300.0
 
 CASES = [
     # 0-2: the race. Stock ordering reads the poisoned (NaN) partition before the late copy lands.
-    {"name": "race-none", "plan": {**HPZ, "sync": "none"}, "opts": {"copy_delay_ms": DELAY_MS, "sanitize": False}},
+    {"name": "race-none", "plan": {**HPZ, "sync": "none"}, "opts": {"copy_delay_ms": RACE_DELAY_MS, "sanitize": False}},
     {"name": "race-event", "plan": {**HPZ, "sync": "event"}, "opts": {"copy_delay_ms": DELAY_MS}},
     {"name": "race-host", "plan": {**HPZ, "sync": "host"}, "opts": {"copy_delay_ms": DELAY_MS}},
     {"name": "no-delay", "plan": {**HPZ, "sync": "event"}, "opts": {"copy_delay_ms": 0.0}},
