@@ -25,6 +25,28 @@ def launched_externally(job: TrainJob) -> bool:
     return detect_launcher(os.environ) != "local"
 
 
+def preflight(job: TrainJob):
+    """Every check that needs no process group, run once before spawning ranks, so a bad config is one
+    clear error instead of eight: config, topology, plan, data files, vocabulary and memory fit."""
+    from zerotopo.data.tokenizers import build_tokenizer
+    from zerotopo.trainer.loop import DTYPES, check_memory, check_vocab, data_prefix
+
+    args = job.load_args()
+    topology = job.load_topology(args)
+    plan = job.load_plan(args)
+    plan.degrees(topology)
+    if args.data_path:
+        data_prefix(args)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    cfg = check_vocab(args, tokenizer)
+    micro, _, _ = args.batch_sizes(topology.world_size)
+    units = cfg.shape(args.seq_length).unit_params()
+    check_memory(
+        args, units, topology, plan, param_bytes=DTYPES[args.resolved_precision].itemsize, micro=micro
+    )
+    return args, topology
+
+
 def run_training(job: TrainJob) -> dict[str, Any] | None:
     """Train; returns rank 0's summary (None on other ranks of an external launch)."""
     from zerotopo.trainer.loop import train_rank
@@ -40,8 +62,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-    args = job.load_args()
-    topology = job.load_topology(args)
+    args, topology = preflight(job)
     if not args.data_path:
         # Build the bundled corpus once here, before the ranks all ask for it.
         from zerotopo.data.corpus import default_corpus_prefix

@@ -27,7 +27,8 @@ from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.engine import parallelize
 from zerotopo.errors import ConfigError, PlanError
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
-from zerotopo.models.neox import GPTNeoX
+from zerotopo.models.neox import GPTNeoX, NeoXConfig
+from zerotopo.plan import PRESETS
 from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.metrics import MetricsWriter, plot_run, write_summary
@@ -46,19 +47,20 @@ class RankContext:
     is_main: bool
 
 
-def data_prefix(args: NeoXArgs) -> str:
-    """The dataset prefix: the config's ``data_path`` (first entry), else the bundled corpus."""
+def data_prefix(args: NeoXArgs) -> str | list[str]:
+    """The dataset prefixes: the config's ``data_path`` (several are blended by size), else the bundled
+    corpus."""
     if args.data_path:
-        prefix = args.data_path[0]
-        missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
-        if missing:
-            raise ConfigError(
-                f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
-                f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {prefix}`",
-                source=args.sources.get("data_path"),
-                key="data_path",
-            )
-        return prefix
+        for prefix in args.data_path:
+            missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
+            if missing:
+                raise ConfigError(
+                    f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
+                    f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {prefix}`",
+                    source=args.sources.get("data_path"),
+                    key="data_path",
+                )
+        return list(args.data_path)
     from zerotopo.data.corpus import default_corpus_prefix
 
     return default_corpus_prefix(args.tokenizer_type)
@@ -67,38 +69,73 @@ def data_prefix(args: NeoXArgs) -> str:
 def check_memory(
     args: NeoXArgs, model_units: list[int], topology, plan, param_bytes: int, micro: int
 ) -> None:
-    """Refuse a plan that cannot fit the device, naming the planner's best fitting plan instead."""
+    """Refuse a plan whose states, buffers and activations exceed the device, naming a plan that fits."""
     from zerotopo.cost.memory import memory_per_device
+    from zerotopo.cost.planner import plan_candidates
 
-    mem = memory_per_device(model_units, topology, plan, param_bytes=param_bytes, padded=True)
+    shape = args.model_shape(args.padded_vocab(1) if not model_units else model_units[0] // args.hidden_size)
+    ckpt = args.checkpoint_activations
+    mem = memory_per_device(
+        model_units,
+        topology,
+        plan,
+        param_bytes=param_bytes,
+        padded=True,
+        micro_batch=micro,
+        shape=shape,
+        checkpoint_activations=ckpt,
+    )
     limit = topology.device.memory_gib * 2**30
-    states = mem.params + mem.secondary + mem.grads + mem.optim
-    if states > limit:
-        hint = ""
-        try:
-            from zerotopo.cost.planner import plan_candidates
-
-            shape = args.model_shape(256)
-            best = [
-                c
-                for c in plan_candidates(
-                    shape,
-                    topology,
-                    micro_batch=micro,
-                    grad_accum=args.gradient_accumulation_steps or 1,
-                    plans="auto",
-                )
-                if c.fits
-            ]
-            if best:
-                hint = f"; the planner suggests --plan {best[0].name!r} (run `zerotopo plan` to compare)"
-        except Exception:  # noqa: BLE001 - the suggestion is a courtesy
-            pass
-        raise PlanError(
-            f"plan {plan.name!r} needs {states / 2**30:.2f} GiB per device for parameters, gradients and "
-            f"optimizer states, more than the {topology.device.memory_gib:g} GiB of a {topology.device.name}"
-            f"{hint}"
+    if mem.total <= limit:
+        return
+    fitting = [
+        c
+        for c in plan_candidates(
+            shape,
+            topology,
+            micro_batch=micro,
+            grad_accum=args.gradient_accumulation_steps or 1,
+            plans="auto",
+            param_bytes=param_bytes,
+            checkpoint_activations=ckpt,
         )
+        if c.fits
+    ]
+    presets = [c for c in fitting if c.plan.name in PRESETS]
+    if presets:
+        hint = f"; --plan {presets[0].plan.name} fits (run `zerotopo plan` to compare all plans)"
+    elif fitting:
+        hint = (
+            f"; a plan with degrees {fitting[0].plan.label(topology)} fits: write it as a plan YAML "
+            "(docs/plans.md) or run `zerotopo plan` to compare"
+        )
+    else:
+        hint = "; no plan fits: use more nodes, a smaller micro-batch or checkpoint_activations: true"
+    raise PlanError(
+        f"plan {plan.name!r} needs {mem.total / 2**30:.3f} GiB per device (parameters "
+        f"{mem.params / 2**30:.3f}, secondary {mem.secondary / 2**30:.3f}, gradients {mem.grads / 2**30:.3f}, "
+        f"optimizer {mem.optim / 2**30:.3f}, buffers {mem.buffers / 2**30:.3f}, activations "
+        f"{mem.activations / 2**30:.3f}), more than the {topology.device.memory_gib:g} GiB of a "
+        f"{topology.device.name}{hint}"
+    )
+
+
+def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
+    """The model config for ``tokenizer``; the data's largest token id must fit its embedding."""
+    cfg = args.model_config(tokenizer.vocab_size)
+    if args.data_path:
+        from zerotopo.data.indexed import MMapIndexedDataset
+
+        for prefix in args.data_path:
+            top = MMapIndexedDataset(prefix).max_token_id()
+            if top >= cfg.vocab_size:
+                raise ConfigError(
+                    f"{prefix} holds token id {top}, but the model's vocabulary has {cfg.vocab_size} entries "
+                    f"(tokenizer {args.tokenizer_type}); preprocess the data with the tokenizer the config names",
+                    source=args.sources.get("data_path"),
+                    key="data_path",
+                )
+    return cfg
 
 
 def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
@@ -122,12 +159,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
-    cfg = args.model_config(tokenizer.vocab_size)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ConfigError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}",
-            key="vocab_file",
-        )
+    cfg = check_vocab(args, tokenizer)
     precision = args.resolved_precision
     param_dtype = DTYPES[precision]
     micro, accum, global_batch = args.batch_sizes(ctx.world)
