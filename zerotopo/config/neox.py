@@ -18,7 +18,7 @@ from typing import Any
 from zerotopo.config import checks as c
 from zerotopo.config.yamlio import apply_overrides, merge_files
 from zerotopo.errors import ConfigError
-from zerotopo.models.neox import INIT_METHODS, NeoXConfig
+from zerotopo.models.config import INIT_METHODS, NeoXConfig
 from zerotopo.models.shape import ModelShape
 
 # NeoX keys that configure things zerotopo does its own way (kernel fusions, pipeline/tensor parallelism,
