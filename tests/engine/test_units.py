@@ -119,3 +119,17 @@ def test_emulated_delay_from_env(monkeypatch):
     assert emulated_delay_s(10) == 0.01
     with pytest.raises(ZerotopoError):
         emulated_delay_s(-1)
+
+
+def test_parameter_names_follow_the_root_module_with_custom_units():
+    model = TinyLM(layers=2)
+    units = [("first", model.embed), ("body", model.blocks), ("last", model.head)]
+    pairs, stray = assign_params(model, units)
+    names = [n for _, _, params in pairs for n, _ in params]
+    assert names == [n for n, _ in model.named_parameters()] and not stray
+
+
+def test_container_units_are_rejected():
+    model = TinyLM(layers=2)
+    with pytest.raises(ZerotopoError, match="'body' is a ModuleList"):
+        collect_units(model, [("body", model.blocks)])

@@ -200,6 +200,12 @@ def collect_units(root: nn.Module, units: list[tuple[str, nn.Module]] | None) ->
     """The default units: each child of every ``nn.ModuleList`` and every other top-level child with
     parameters (in registration order), plus the root for stray parameters (added by the caller)."""
     if units is not None:
+        for name, module in units:
+            if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+                raise ZerotopoError(
+                    f"unit {name!r} is a {type(module).__name__}, which is never called: the engine gathers a "
+                    f"unit's weights in its forward hooks; pass its children as units instead"
+                )
         return list(units)
     out: list[tuple[str, nn.Module]] = []
 
@@ -223,6 +229,8 @@ def assign_params(
 
     A parameter reachable from two units (tied weights) is rejected with both modules named.
     """
+    # Parameters keep the names the root module gives them, so full state dicts load into the plain model.
+    root_name = {id(p): n for n, p in root.named_parameters()}
     owner: dict[int, str] = {}
     result = []
     for uname, module in units:
@@ -235,7 +243,7 @@ def assign_params(
                     f"or pass units= that put both modules in one unit"
                 )
             owner[id(p)] = uname
-            params.append((f"{uname}.{pname}", p))
+            params.append((root_name.get(id(p), f"{uname}.{pname}"), p))
         result.append((uname, module, params))
     stray = [(n, p) for n, p in root.named_parameters() if id(p) not in owner]
     return result, stray
