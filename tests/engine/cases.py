@@ -192,15 +192,17 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
                     scaled.backward()
                 stats = optimizer.step()
                 optimizer.zero_grad()
-                if opts.get("eval_between"):
-                    with torch.no_grad():  # an evaluation forward between steps changes nothing
-                        model(batch(99, rank, 0)[0])
-                out["stats"].append(stats)
-                out["losses"].append(per_micro)
                 if s == 1:
                     out["ledger"] = {
                         (op, tier or ""): b for (op, tier), b in ledger.bytes_by_op().items() if b
                     }
+                if opts.get("eval_between"):
+                    # An evaluation forward between steps changes nothing, and leaves nothing gathered:
+                    # the next step's ledger (checked after step 1) still equals the cost model.
+                    with torch.no_grad():
+                        model(batch(99, rank, 0)[0])
+                out["stats"].append(stats)
+                out["losses"].append(per_micro)
         except Exception as exc:  # reported to the parent, which decides whether it was expected
             if not case.get("expect_error"):
                 raise

@@ -117,6 +117,12 @@ def test_features_match_reference(runs, name, opts):
         assert frozen and (params[frozen[0]] == ref_params["blocks.1.up.weight"]).all()
     if name == "wd-clip":
         assert all(st["grad_norm"] > 0.05 for st in _res(runs, name)["stats"])  # clipping was active
+        res = _res(runs, name)
+        want = bytes_by_op_tier(
+            comm_per_step(res["unit_numels"], load_topology("emulated"), load_plan("zero3"), micro_batches=MICRO,
+                          param_bytes=4, reduce_bytes=4)
+        )  # fmt: skip
+        assert res["ledger"] == {k: v for k, v in want.items() if v}
 
 
 def test_bf16_params(runs):

@@ -116,7 +116,18 @@ class Runtime:
         tensors = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         if tensors:
             register_multi_grad_hook(tensors, lambda grads: self._queue_final(), mode="any")
+        else:
+            # No backward follows (evaluation, no_grad): nothing may stay gathered, or the next training
+            # forward would skip a gather and hold a full unit it never planned for.
+            self._release_all()
         return outputs
+
+    def _release_all(self) -> None:
+        for u in self.units:
+            if u.state is UnitState.GATHERING:
+                self._wait_gather(u)
+            if u.sharded and u.state is UnitState.FULL:
+                u.free_full()
 
     def _queue_final(self) -> None:
         if not self._callback_queued:
@@ -146,7 +157,7 @@ class Runtime:
             return out
         u.forward_done = True
         self._last_forward = u
-        if self.degrees.secondary is not None:
+        if self.degrees.secondary is not None and torch.is_grad_enabled():
             with record_function(f"zerotopo::secondary_write {u.name}"):
                 self._write_secondary(u)
         tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -175,11 +186,7 @@ class Runtime:
         for u in self.units:
             if not u.reduced and u.trainable_count > 0:
                 self.reduce_unit(u)
-        for u in self.units:
-            if u.state is UnitState.GATHERING:
-                self._wait_gather(u)
-            if u.sharded and u.state is UnitState.FULL:
-                u.free_full()
+        self._release_all()
         self.in_backward = False
         self._callback_queued = False
 
