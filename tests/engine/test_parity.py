@@ -29,6 +29,8 @@ EXACT = [
     {"plan": {"name": "p1g2o8-rs", "params": 1, "grads": 2, "optim": 8, "prefetch": 2}},
     {"plan": {"name": "p4g4o4-ar", "params": 4, "grads": 4, "optim": 4, "grad_reduce": "allreduce"}},
     {"plan": {"name": "zero3-pf0", "params": 8, "grads": 8, "optim": 8, "prefetch": 0}},
+    # p == 1 keeps every full weight, so a secondary partition is written but never gathered: still exact
+    {"plan": {"name": "p1s2g2o8", "params": 1, "grads": 2, "optim": 8, "secondary": 2}},
     {"plan": {"name": "p2g4o8-perm", "params": 2, "grads": 4, "optim": 8}, "permute": True},
     {
         "plan": {"name": "p4g8o8-perm-ar", "params": 4, "grads": 8, "optim": 8, "grad_reduce": "allreduce"},

@@ -238,8 +238,9 @@ def _comm(
             else:
                 b, dt = volume.all_gather_bytes(N, d.params, param_bytes), pdt
             add("forward", _gather_op(dt), "params", d.params, tier("params"), b, M * mult, dt)
-        # backward: the last forward unit still holds its weights
-        if not is_last:
+        # backward: the last forward unit still holds its weights; with p == 1 every unit does (the full
+        # weight is the rank's own shard, never freed), so nothing is gathered, secondary or not
+        if not is_last and d.params > 1:
             if d.secondary is not None:
                 s = d.secondary
                 if plan.secondary_dtype == "int8":
@@ -247,7 +248,7 @@ def _comm(
                 else:
                     b, dt = volume.all_gather_bytes(N, s, 2), "bf16"
                 add("backward", _gather_op(dt), "secondary", s, tier("secondary"), b, M * mult, dt)
-            elif d.params > 1:
+            else:
                 if plan.quantize_weights:
                     b, dt = volume.int8_all_gather_bytes(N, d.params, block), "int8"
                 else:
