@@ -52,7 +52,7 @@ def _worker(rank: int, world: int, args: dict[str, Any]) -> list[tuple[str, floa
 
     rows = []
     topo = load_topology("emulated")
-    for preset in ("zero3", "zeropp"):
+    for preset in args["plans"].split(","):
         model, opt = parallelize(
             _model(args), mesh=build_mesh(topo, get_preset(preset), topo_index=rank), lr=1e-4
         )
@@ -102,11 +102,26 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument(
+        "--plans", default="zero3,zeropp,zerotopo", help="zerotopo presets to run beside DeepSpeed"
+    )
+    parser.add_argument(
+        "--network-mbit", type=float, help="root: emulated nodes joined by links shaped to this many Mbit/s"
+    )
     a = parser.parse_args()
-    from zerotopo.spawn import spawn
+    from zerotopo.bench_step import run_local
+    from zerotopo.topology import load_topology
 
     args = vars(a)
-    rows = spawn(_worker, 8, args=(args,), ranks_per_node=4, timeout_s=3600, env={"DS_ACCELERATOR": "cpu"})[0]
+    if a.network_mbit:
+        print(f"inter-node links shaped to {a.network_mbit:g} Mbit/s per node")
+    rows = run_local(
+        _worker,
+        load_topology("emulated"),
+        (args,),
+        network_mbit=a.network_mbit,
+        env={"DS_ACCELERATOR": "cpu"},
+    )
     tokens = 8 * MICRO * BATCH * a.seq
     print(f"{'run':<22} {'step ms':>8} {'tokens/s':>9}")
     for label, sec in rows:

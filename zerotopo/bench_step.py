@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--grad-reduce", choices=("reduce_scatter", "allreduce"), help="override every plan's grad_reduce"
     )
     parser.add_argument("--no-sync-rows", action="store_true", help="skip the sync none/event/host rows")
+    parser.add_argument(
+        "--network-mbit",
+        type=float,
+        help="root: put each emulated node in its own network namespace, nodes joined by links shaped to "
+        "this many Mbit/s (a bandwidth-starved inter-node tier; see zerotopo.netem)",
+    )
 
 
 def _model(args: Any) -> Any:
@@ -120,15 +126,38 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
 
 def bench(args: dict[str, Any]) -> list[dict]:
     """Run the benchmark on local ranks; returns rank 0's rows."""
-    from zerotopo.spawn import spawn
     from zerotopo.topology import load_topology
 
     topo = load_topology(args["topology"])
     rows = [(p, p, 0.0) for p in args["plans"]]
     if args["sync_rows"]:
         rows += [(f"sync={s}", "zerotopo", args["copy_delay_ms"]) for s in ("none", "event", "host")]
-    per_node = topo.devices_per_node
-    return spawn(_worker, topo.world_size, args=(args, rows), ranks_per_node=per_node, timeout_s=3600)[0]
+    return run_local(_worker, topo, (args, rows), network_mbit=args.get("network_mbit"))
+
+
+def run_local(
+    fn: Any, topo: Any, fn_args: tuple, *, network_mbit: float | None = None, env: dict | None = None
+):
+    """Rank 0's result of ``fn`` on the topology's ranks spawned here, optionally over a shaped network."""
+    from zerotopo.spawn import spawn
+
+    def go(network: Any = None) -> Any:
+        return spawn(
+            fn,
+            topo.world_size,
+            args=fn_args,
+            ranks_per_node=topo.devices_per_node,
+            timeout_s=3600,
+            env=env,
+            network=network,
+        )[0]
+
+    if network_mbit:
+        from zerotopo.netem import emulated_network
+
+        with emulated_network(topo.nodes, rate_mbit=network_mbit) as net:
+            return go(net)
+    return go()
 
 
 def _fmt_bytes(d: dict[str, int]) -> str:
@@ -162,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
         "copy_delay_ms": args.copy_delay_ms,
         "sync_rows": not args.no_sync_rows,
         "grad_reduce": args.grad_reduce,
+        "network_mbit": args.network_mbit,
     }
+    if args.network_mbit:
+        print(f"inter-node links shaped to {args.network_mbit:g} Mbit/s per node")
     print(table(bench(opts)))
     return 0
