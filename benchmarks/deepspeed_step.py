@@ -2,7 +2,10 @@
 
     DS_ACCELERATOR=cpu python benchmarks/deepspeed_step.py [--steps 4]
 
-Each configuration trains the small NeoX of ``zerotopo bench step`` on 8 local gloo ranks (2 emulated
+DeepSpeed runs with ``stage3_param_persistence_threshold: 0`` and ``stage3_max_reuse_distance: 0`` so
+that it shards every parameter and gathers it again for the backward, as zerotopo's zero3 does (its
+defaults keep parameters under 100k elements whole, most of a model this small, and keep gathered
+parameters alive between forward and backward). Each configuration trains the small NeoX of ``zerotopo bench step`` on 8 local gloo ranks (2 emulated
 nodes of 4), inside the same processes, one after the other; rank 0 prints the median step time and
 tokens/s. DeepSpeed's quantized collectives (qwZ/qgZ) need its CUDA kernels, so its hpZ row runs the
 secondary partition alone.
@@ -19,21 +22,41 @@ from typing import Any
 MICRO, BATCH = 2, 2
 
 
-def _timed(step, steps: int) -> float:
+def _tx_bytes() -> int | None:
+    """Bytes sent so far on ``eth0``, the node's link inside an emulated network (``/proc/self/net/dev``
+    is per network namespace; sysfs is not)."""
+    try:
+        with open("/proc/self/net/dev") as f:
+            for line in f:
+                name, _, fields = line.partition(":")
+                if name.strip() == "eth0":
+                    return int(fields.split()[8])
+    except OSError:
+        pass
+    return None
+
+
+def _timed(step, steps: int) -> tuple[float, float | None]:
+    """Median step seconds, and the bytes per step that left this rank's node over its link (when the
+    run is on an emulated network: what really crossed the slow tier, whoever sent it)."""
     import torch.distributed as dist
 
     times = []
     for i in range(steps + 1):
         dist.barrier()
+        if i == 1:
+            tx0 = _tx_bytes()
         t0 = time.perf_counter()
         step()
         dist.barrier()
         if i:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    tx1 = _tx_bytes()
+    per_step = (tx1 - tx0) / steps if tx0 is not None and tx1 is not None else None
+    return statistics.median(times), per_step
 
 
-def _worker(rank: int, world: int, args: dict[str, Any]) -> list[tuple[str, float]]:
+def _worker(rank: int, world: int, args: dict[str, Any]) -> list[tuple[str, tuple[float, float | None]]]:
     import torch
     import torch.nn.functional as F
 
@@ -74,7 +97,16 @@ def _worker(rank: int, world: int, args: dict[str, Any]) -> list[tuple[str, floa
         config = {
             "train_micro_batch_size_per_gpu": BATCH,
             "gradient_accumulation_steps": MICRO,
-            "zero_optimization": {"stage": 3, **extra},
+            # DeepSpeed keeps parameters under 1e5 elements whole on every rank by default
+            # (stage3_param_persistence_threshold) and keeps gathered parameters that are reused soon
+            # (stage3_max_reuse_distance): 0 for both shards every parameter and frees it after use, the
+            # ZeRO-3 schedule zerotopo's zero3 runs (gather in the forward, again in the backward).
+            "zero_optimization": {
+                "stage": 3,
+                "stage3_param_persistence_threshold": 0,
+                "stage3_max_reuse_distance": 0,
+                **extra,
+            },
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
         }
@@ -123,9 +155,10 @@ def main() -> int:
         env={"DS_ACCELERATOR": "cpu"},
     )
     tokens = 8 * MICRO * BATCH * a.seq
-    print(f"{'run':<22} {'step ms':>8} {'tokens/s':>9}")
-    for label, sec in rows:
-        print(f"{label:<22} {1e3 * sec:>8.1f} {tokens / sec:>9.0f}")
+    print(f"{'run':<22} {'step ms':>8} {'tokens/s':>9} {'MB/step out of node 0':>22}")
+    for label, (sec, tx) in rows:
+        sent = f"{tx / 1e6:.2f}" if tx is not None else "-"
+        print(f"{label:<22} {1e3 * sec:>8.1f} {tokens / sec:>9.0f} {sent:>22}")
     return 0
 
 
