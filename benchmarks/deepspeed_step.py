@@ -157,7 +157,7 @@ def main() -> int:
     tokens = 8 * MICRO * BATCH * a.seq
     print(f"{'run':<22} {'step ms':>8} {'tokens/s':>9} {'MB/step out of node 0':>22}")
     for label, (sec, tx) in rows:
-        sent = f"{tx / 1e6:.2f}" if tx is not None else "-"
+        sent = f"{tx / 1e6:.2f}" if tx is not None and a.network_mbit else "-"
         print(f"{label:<22} {1e3 * sec:>8.1f} {tokens / sec:>9.0f} {sent:>22}")
     return 0
 
