@@ -100,45 +100,15 @@ def emulated_network(nodes: int, *, rate_mbit: float, delay_ms: float = 0.0) -> 
             _run("ip", "-n", switch, "link", "set", f"p{i}", "up")
             _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
+            qdisc = f"tc -n {ns} qdisc add dev eth0".split()
             parent = ["root"]
-            if delay_ms > 0 and _try(
-                "tc",
-                "-n",
-                ns,
-                "qdisc",
-                "add",
-                "dev",
-                "eth0",
-                "root",
-                "handle",
-                "1:",
-                "netem",
-                "delay",
-                f"{delay_ms}ms",
-            ):
+            if delay_ms > 0 and _try(*qdisc, "root", "handle", "1:", "netem", "delay", f"{delay_ms}ms"):
                 parent = ["parent", "1:1"]
             elif delay_ms > 0:
                 delay_ms = 0.0  # the kernel has no netem here: bandwidth is shaped, latency is not
             burst = max(int(rate_mbit * 1e6 / 8 / 250), 32 * 1024)  # ~4 ms of traffic
-            _run(
-                "tc",
-                "-n",
-                ns,
-                "qdisc",
-                "add",
-                "dev",
-                "eth0",
-                *parent,
-                "handle",
-                "10:",
-                "tbf",
-                "rate",
-                f"{rate_mbit}mbit",
-                "burst",
-                str(burst),
-                "latency",
-                "400ms",
-            )
+            tbf = f"handle 10: tbf rate {rate_mbit}mbit burst {burst} latency 400ms".split()
+            _run(*qdisc, *parent, *tbf)
         yield EmulatedNetwork(namespaces, addresses, rate_mbit, delay_ms)
     finally:
         for ns in reversed(created):
