@@ -159,3 +159,22 @@ def test_enumerated_plans_are_valid_distinct_and_complete(name, nodes):
     }
     plain = {(k[0], k[3], k[4]) for k in keys if k[1] is None and not k[5] and not k[6]}
     assert plain == triples
+
+
+def test_inline_plan_flags():
+    from zerotopo.plan import load_plan
+    from zerotopo.topology import load_topology
+
+    topo = load_topology("frontier", nodes=2)
+    plan = load_plan("params=package,grads=node,optim=world,secondary=node/int8,quantize_grads=true")
+    d = plan.degrees(topo)
+    assert (d.params, d.secondary, d.grads, d.optim) == (2, 8, 8, 16)
+    assert plan.secondary_dtype == "int8" and plan.quantize_grads and not plan.quantize_weights
+    over = load_plan("zerotopo,sync=host,prefetch=2")
+    assert (over.sync, over.prefetch, over.degrees(topo)) == ("host", 2, load_plan("zerotopo").degrees(topo))
+    with pytest.raises(ConfigError, match="given twice"):
+        load_plan("params=2,params=4")
+    with pytest.raises(ConfigError, match="unknown key 'bogus'"):
+        load_plan("params=2,bogus=1")
+    with pytest.raises(ConfigError, match="KEY=VALUE after the preset"):
+        load_plan("zero3,sync=host,zeropp")

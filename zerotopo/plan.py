@@ -348,10 +348,38 @@ def plan_from_deepspeed(zero: Mapping[str, Any], source: str = "zero_optimizatio
     return plan
 
 
+def parse_plan_flags(text: str, source: str = "--plan") -> dict[str, Any]:
+    """``"zerotopo,sync=host"`` or ``"params=package,grads=node,optim=world,secondary=node/int8"``: an
+    optional preset first, then ``key=value`` pairs (values read as YAML scalars; ``secondary`` may carry
+    its dtype after a slash)."""
+    out: dict[str, Any] = {}
+    for i, item in enumerate(p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        if "=" not in item:
+            if i or "preset" in out:
+                raise ConfigError(f"expected KEY=VALUE after the preset, found {item!r}", source=source)
+            out["preset"] = item
+            continue
+        key, value = (x.strip() for x in item.split("=", 1))
+        key = key.replace("-", "_")
+        if key in out:
+            raise ConfigError(f"key {key!r} given twice in {text!r}", source=source)
+        if key == "secondary" and "/" in value:
+            degree, dtype = value.split("/", 1)
+            out["secondary"] = {"degree": yaml.safe_load(degree), "dtype": dtype}
+        else:
+            out[key] = yaml.safe_load(value)
+    return out
+
+
 def load_plan(spec: str | Mapping[str, Any] | Plan, source: str = "plan") -> Plan:
-    """A plan from a preset name, a YAML file path, a mapping, or a plan."""
+    """A plan from a preset name, a YAML file path, a mapping, inline flags (see
+    :func:`parse_plan_flags`), or a plan."""
     if isinstance(spec, Plan):
         return spec
+    if isinstance(spec, str) and "=" in spec:
+        return plan_from_mapping(parse_plan_flags(spec, source), source=source)
     if isinstance(spec, Mapping):
         if "zero_optimization" in spec:
             return plan_from_deepspeed(spec["zero_optimization"], source=f"{source}: zero_optimization")

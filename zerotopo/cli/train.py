@@ -57,7 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--topology", help="topology name (frontier, dgx-a100, dgx-h100, emulated) or YAML file")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the launcher's, else the topology's)")
-    p.add_argument("--plan", help="plan preset (zerotopo, zero3, zeropp, mics, ...) or plan YAML file")
+    p.add_argument(
+        "--plan",
+        help="plan preset (zerotopo, zero3, zeropp, mics, ...), plan YAML file, or inline fields: 'zerotopo,sync=host' or 'params=package,grads=node,optim=world,secondary=node/int8'",
+    )
     p.add_argument(
         "--sync", choices=("event", "host", "none"), help="stream ordering of the secondary partition"
     )
