@@ -83,7 +83,7 @@ def _rank_main(
     os.replace(out + ".tmp", out)
 
 
-def spawn(
+def _spawn_once(
     fn: Callable[..., Any],
     world_size: int,
     args: tuple = (),
@@ -95,13 +95,7 @@ def spawn(
     threads_per_rank: int = 1,
     network: Any = None,
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local ranks and return their results.
-
-    ``fn`` must be importable (a module-level function) and its results picklable. ``ranks_per_node``
-    groups consecutive ranks into emulated nodes (sets ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and
-    ``ZEROTOPO_EMULATED_NODE``). ``network`` (a :class:`zerotopo.netem.EmulatedNetwork`) puts each emulated
-    node's ranks in that node's network namespace, so traffic between nodes crosses a shaped link.
-    """
+    """One start of :func:`spawn` (see there)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -174,7 +168,7 @@ def spawn(
             real = [e for e in errors if "failed:" in e] or errors
             collateral = ("Connection closed", "Connection reset", "Broken pipe", "Timed out", "gloo")
             real.sort(key=lambda e: any(c in e.split("\n", 1)[0] for c in collateral))
-            raise ZerotopoError(f"{len(errors)} of {world_size} ranks failed.\n" + "\n".join(real[:2]))
+            raise SpawnError(f"{len(errors)} of {world_size} ranks failed.\n" + "\n".join(real[:2]))
         return results
 
 
@@ -189,3 +183,25 @@ def _any_error(result_dir: str, world_size: int) -> bool:
             except (EOFError, pickle.UnpicklingError):
                 continue
     return False
+
+
+class SpawnError(ZerotopoError):
+    """One or more spawned ranks failed; the message carries the first real error."""
+
+
+def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), **kwargs: Any) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local ranks and return their results.
+
+    ``fn`` must be importable (a module-level function) and its results picklable. Keyword arguments:
+    ``backend`` (gloo), ``ranks_per_node`` (groups consecutive ranks into emulated nodes: sets
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``ZEROTOPO_EMULATED_NODE``), ``env``, ``timeout_s``,
+    ``threads_per_rank``, and ``network`` (a :class:`zerotopo.netem.EmulatedNetwork`: each emulated node's
+    ranks in that node's network namespace). A start that lost its rendezvous port to another process
+    between choosing and binding it is retried once on a new port.
+    """
+    try:
+        return _spawn_once(fn, world_size, args, **kwargs)
+    except SpawnError as exc:
+        if "address already in use" not in str(exc).lower() and "EADDRINUSE" not in str(exc):
+            raise
+        return _spawn_once(fn, world_size, args, **kwargs)

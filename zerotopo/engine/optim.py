@@ -117,6 +117,8 @@ class ShardedAdamW:
         masks = [u.masks() for u in units]
         self.decay_mask = [m[0] for m in masks]
         self.trainable = [m[1].bool() for m in masks]
+        # Decided once here: a per-step ``train.all()`` would make the host wait on the device.
+        self.all_trainable = [bool(t.all()) for t in self.trainable]
         self.pg_order = layout.param_gather_order(self.degrees)
         self.os_order = layout.optim_scatter_order(self.degrees)
 
@@ -149,7 +151,10 @@ class ShardedAdamW:
 
     @torch.no_grad()
     def step(self) -> dict[str, Any]:
-        """Reduce, clip and apply AdamW; returns ``{"grad_norm", "skipped", "loss_scale"}``."""
+        """Reduce, clip and apply AdamW; returns ``{"grad_norm", "skipped", "loss_scale"}``.
+
+        ``grad_norm`` is a 0-d tensor on the device (read it at the logging interval: reading it forces a
+        host wait), or ``inf`` when an fp16 overflow skipped the step."""
         scale = self.scaler.scale if self.scaler is not None else 1.0
         self.runtime.wait_reductions()
         grads = [self._replica_reduce(u) for u in self.units]
@@ -162,21 +167,22 @@ class ShardedAdamW:
             C.all_reduce(sq, self.mesh.group("optim"), ledger=self.ledger, tag="grad_norm")
         overflow = False
         if self.scaler is not None:
-            flag = torch.tensor([0.0 if math.isfinite(sq.item()) else 1.0], device=self.mesh.device)
+            flag = (~torch.isfinite(sq)).to(torch.float32)
             if self.degrees.world > 1:
                 C.all_reduce(flag, self.mesh.group("world"), op="max", ledger=self.ledger, tag="overflow")
             overflow = bool(flag.item() > 0)
             self.scaler.update(overflow)
-        norm = math.sqrt(sq.item()) if not overflow else float("inf")
         if overflow:
-            return {"grad_norm": norm, "skipped": True, "loss_scale": self.scaler.scale}
-        coef = 1.0
+            return {"grad_norm": float("inf"), "skipped": True, "loss_scale": self.scaler.scale}
+        # The norm and the clipping factor stay on the device (DESIGN.md rule 3): no host wait per step.
+        norm = sq.sqrt().squeeze(0)
+        coef = None
         if self.max_grad_norm is not None and self.max_grad_norm > 0:
-            coef = min(1.0, self.max_grad_norm / (norm + 1e-6))
+            coef = (self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0)
         self.step_count += 1
         group = self.param_groups[0]
         for i, u in enumerate(self.units):
-            if coef != 1.0:
+            if coef is not None:
                 grads[i].mul_(coef)
             self._adamw(i, grads[i], group)
             self._gather_params(u, self.master[i])
@@ -191,7 +197,7 @@ class ShardedAdamW:
         """torch.optim.AdamW's single-tensor update, with per-element decay and trainable masks."""
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         p, m, v, train = self.master[i], self.exp_avg[i], self.exp_avg_sq[i], self.trainable[i]
-        old = p.clone() if not bool(train.all()) else None
+        old = p.clone() if not self.all_trainable[i] else None
         if wd:
             p.mul_(1 - lr * wd * self.decay_mask[i])
         m.lerp_(grad, 1 - b1)

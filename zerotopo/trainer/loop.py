@@ -285,6 +285,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             losses = _mean_over_ranks(torch.stack([p[1] for p in pending]))
             for (_, _, r), value in zip(pending, losses):
                 r["loss"] = value
+                r.update({k: float(v) for k, v in r.items() if isinstance(v, torch.Tensor)})
                 r["perplexity"] = math.exp(min(value, 50.0))
                 if writer:
                     writer.write(r)
