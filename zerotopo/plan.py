@@ -263,8 +263,6 @@ def plan_from_mapping(raw: Mapping[str, Any], source: str = "plan") -> Plan:
         raise ConfigError(f"a plan must be a preset name or a mapping, found {raw!r}", source=source)
     raw = {str(k).replace("-", "_"): v for k, v in raw.items()}
     base = get_preset(raw.pop("preset")) if "preset" in raw else Plan(name=str(raw.get("name", "custom")))
-    if "preset" not in raw and "name" not in raw and base.name == "custom":
-        pass
     sec = raw.get("secondary")
     if isinstance(sec, Mapping):
         unknown = set(sec) - {"degree", "dtype"}

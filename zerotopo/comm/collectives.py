@@ -296,7 +296,7 @@ def reduce_scatter(
 
         def native() -> tuple[Any, list[Finish]]:
             if op == "sum" and d > 2 and str(dist.get_backend(group.pg)) == "gloo":
-                _ring_reduce_scatter(out_f, send, group)
+                _ring_reduce_scatter(out_f, send, group, owned=send.data_ptr() != inp2.data_ptr())
                 return None, []
             return _REDUCE_SCATTER(out_f, send, op=red, group=group.pg, async_op=True), []
 
@@ -318,7 +318,7 @@ def reduce_scatter(
     )  # fmt: skip
 
 
-def _ring_reduce_scatter(out_f: torch.Tensor, send: torch.Tensor, group: Any) -> None:
+def _ring_reduce_scatter(out_f: torch.Tensor, send: torch.Tensor, group: Any, *, owned: bool = False) -> None:
     """Sum-reduce-scatter as a ring of point-to-point steps; block ``j`` of ``send`` ends on pg rank ``j``.
 
     [Note: gloo reduce-scatter] gloo implements ``reduce_scatter`` as a full all-reduce, so every rank
@@ -332,7 +332,8 @@ def _ring_reduce_scatter(out_f: torch.Tensor, send: torch.Tensor, group: Any) ->
     me = group.pg_ranks[group.position]
     members = sorted(group.ranks)  # torch numbers a group's ranks by ascending global rank
     nxt, prv = members[(me + 1) % d], members[(me - 1) % d]
-    acc = send.view(d, -1).clone()
+    # Partial sums accumulate in place: in the staged copy when there is one, else in a copy of the input.
+    acc = send.view(d, -1) if owned else send.view(d, -1).clone()
     recv = torch.empty_like(acc[0])
     for k in range(d - 1):
         s_idx, r_idx = (me - k - 1) % d, (me - k - 2) % d

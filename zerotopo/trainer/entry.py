@@ -40,10 +40,11 @@ def preflight(job: TrainJob):
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
     cfg = check_vocab(args, tokenizer)
     micro, _, _ = args.batch_sizes(topology.world_size)
-    units = cfg.shape(args.seq_length).unit_params()
+    shape = cfg.shape(args.seq_length)
     check_memory(
-        args, units, topology, plan, param_bytes=DTYPES[args.resolved_precision].itemsize, micro=micro
-    )
+        args, shape, shape.unit_params(), topology, plan,
+        param_bytes=DTYPES[args.resolved_precision].itemsize, micro=micro,
+    )  # fmt: skip
     return args, topology
 
 

@@ -67,13 +67,15 @@ def data_prefix(args: NeoXArgs) -> str | list[str]:
 
 
 def check_memory(
-    args: NeoXArgs, model_units: list[int], topology, plan, param_bytes: int, micro: int
+    args: NeoXArgs, shape, model_units: list[int], topology, plan, param_bytes: int, micro: int
 ) -> None:
-    """Refuse a plan whose states, buffers and activations exceed the device, naming a plan that fits."""
+    """Refuse a plan whose states, buffers and activations exceed the device, naming a plan that fits.
+
+    ``model_units`` are the units' parameter counts (the built model's when there is one), ``shape`` the
+    model's :class:`~zerotopo.models.shape.ModelShape` for activations and the planner's suggestion."""
     from zerotopo.cost.memory import memory_per_device
     from zerotopo.cost.planner import plan_candidates
 
-    shape = args.model_shape(args.padded_vocab(1) if not model_units else model_units[0] // args.hidden_size)
     ckpt = args.checkpoint_activations
     mem = memory_per_device(
         model_units,
@@ -168,7 +170,8 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     unit_numels = [
         sum(p.numel() for p in m.parameters()) for m in [model.embed_in, *model.layers, model.head]
     ]
-    check_memory(args, unit_numels, topology, plan, param_bytes=param_dtype.itemsize, micro=micro)
+    shape = cfg.shape(args.seq_length)
+    check_memory(args, shape, unit_numels, topology, plan, param_bytes=param_dtype.itemsize, micro=micro)
 
     ledger = Ledger()
     fp16 = args.fp16
@@ -231,7 +234,6 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             f"{ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; run dir {run_dir}",
             flush=True,
         )
-    shape = args.model_shape(tokenizer.vocab_size)
     flops_per_step = shape.step_flops(global_batch, checkpoint_activations=args.checkpoint_activations)
     tokens_per_step = global_batch * args.seq_length
     peak = topology.device.peak_tflops
