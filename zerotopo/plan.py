@@ -27,6 +27,7 @@ from zerotopo.topology import Topology
 SYNC_MODES = ("event", "host", "none")
 SECONDARY_DTYPES = ("bf16", "int8")
 GRAD_REDUCE_MODES = ("reduce_scatter", "allreduce")
+GRAD_DTYPES = ("fp32", "param")
 
 Degree = int | str
 
@@ -76,6 +77,9 @@ class Plan:
     grad_reduce: str = "reduce_scatter"
     """Cross-replica gradient reduction: ``reduce_scatter`` inside the optimizer group then all-reduce
     across optimizer replicas, or ``allreduce`` of the whole gradient shard then select (the papers)."""
+    grad_dtype: str = "fp32"
+    """Gradients' width, in the per-micro-batch reduction and in the accumulated shard: ``fp32``, or
+    ``param`` (the parameter dtype, 2 bytes for fp16/bf16, as DeepSpeed ZeRO and papers/003 Tables V-VI)."""
     description: str = field(default="", compare=False)
 
     def degrees(self, topology: Topology) -> Degrees:
@@ -101,6 +105,10 @@ class Plan:
             (
                 self.grad_reduce in GRAD_REDUCE_MODES,
                 f"grad_reduce must be one of {', '.join(GRAD_REDUCE_MODES)}, got {self.grad_reduce!r}",
+            ),
+            (
+                self.grad_dtype in GRAD_DTYPES,
+                f"grad_dtype must be one of {', '.join(GRAD_DTYPES)}, got {self.grad_dtype!r}",
             ),
             (
                 isinstance(self.quant_block, int) and self.quant_block >= 2 and self.quant_block % 2 == 0,

@@ -133,3 +133,32 @@ def test_container_units_are_rejected():
     model = TinyLM(layers=2)
     with pytest.raises(ZerotopoError, match="'body' is a ModuleList"):
         collect_units(model, [("body", model.blocks)])
+
+
+def test_loss_scaler_hysteresis_window_and_floor():
+    """DeepSpeed's dynamic scaling: ``hysteresis`` overflows before halving, doubling every window."""
+    from zerotopo.engine.optim import LossScaler
+
+    s = LossScaler(2.0**12, growth_interval=3, hysteresis=2, min_scale=1024.0)
+    s.update(True)  # first overflow is absorbed by the hysteresis
+    assert s.scale == 2.0**12
+    s.update(True)
+    assert s.scale == 2.0**11
+    s.update(True)
+    assert s.scale == 1024.0  # floor
+    s.update(True)
+    assert s.scale == 1024.0
+    for _ in range(3):
+        s.update(False)
+    assert s.scale == 2048.0 and s.hysteresis_left == 2
+
+
+def test_fp16_block_reaches_the_scaler():
+    from zerotopo.config.neox import FP16Args
+    from zerotopo.engine.optim import make_scaler
+
+    block = FP16Args(
+        enabled=True, initial_scale_power=12, loss_scale_window=500, hysteresis=3, min_loss_scale=4
+    )
+    s = make_scaler("dynamic", torch.float16, **block.scaler_options())
+    assert (s.scale, s.growth_interval, s.hysteresis, s.min_scale) == (4096.0, 500, 3, 4.0)

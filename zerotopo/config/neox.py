@@ -96,6 +96,15 @@ class FP16Args:
     min_loss_scale: float = 1.0
     """The scale never drops below this."""
 
+    def scaler_options(self) -> dict[str, float | int]:
+        """The block as :class:`zerotopo.engine.optim.LossScaler` keywords (dynamic scaling)."""
+        return {
+            "init_scale": 2.0**self.initial_scale_power,
+            "growth_interval": self.loss_scale_window,
+            "hysteresis": self.hysteresis,
+            "min_scale": self.min_loss_scale,
+        }
+
 
 _OPTIM_CHECKS = {
     "lr": c.number(0.0, 10.0, lo_open=True),
@@ -111,7 +120,7 @@ _FP16_CHECKS = {
     "initial_scale_power": c.integer(0, 63),
     "loss_scale_window": c.integer(1),
     "hysteresis": c.integer(1),
-    "min_loss_scale": c.number(0.0),
+    "min_loss_scale": c.number(0.0, lo_open=True),
 }
 
 

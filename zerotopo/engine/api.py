@@ -141,6 +141,7 @@ def parallelize(
     no_decay: Callable[[str, torch.Tensor], bool] = default_no_decay,
     max_grad_norm: float | None = None,
     loss_scale: str | float | None = "dynamic",
+    loss_scale_options: dict[str, Any] | None = None,
     ledger: Any = None,
     sanitize: bool = False,
     copy_delay_ms: float | None = None,
@@ -149,7 +150,9 @@ def parallelize(
 
     ``units``: ``(name, module)`` pairs; by default each child of every ``nn.ModuleList`` and every other
     top-level child with parameters, plus a root unit for parameters owned by none of them. Every rank
-    must start from the same parameter values. ``copy_delay_ms`` delays the CPU emulated copy engine
+    must start from the same parameter values. ``loss_scale_options``: :class:`LossScaler` keywords
+    for dynamic fp16 scaling (``init_scale``, ``growth_interval``, ``hysteresis``, ``min_scale``).
+    ``copy_delay_ms`` delays the CPU emulated copy engine
     (default ``$ZEROTOPO_EMULATED_COPY_DELAY_MS`` or 0). ``sanitize`` checks the ordering rules on every
     collective that reads a buffer another stream wrote.
     """
@@ -191,7 +194,7 @@ def parallelize(
         streams=streams,
         sanitizer=Sanitizer(sanitize),
     )
-    scaler = make_scaler(loss_scale, param_dtype)
+    scaler = make_scaler(loss_scale, param_dtype, **(loss_scale_options or {}))
     optimizer = ShardedAdamW(
         flat_units,
         mesh,

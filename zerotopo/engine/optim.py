@@ -31,8 +31,10 @@ from zerotopo.errors import ZerotopoError
 
 
 class LossScaler:
-    """Dynamic (or static) loss scale for fp16: halve and skip on overflow, double after
-    ``growth_interval`` good steps."""
+    """Dynamic (or static) loss scale for fp16, with DeepSpeed's semantics: an overflow skips the step
+    and, once ``hysteresis`` overflows were seen since the last reduction, halves the scale (never below
+    ``min_scale``); ``growth_interval`` steps without overflow double it (DeepSpeed's
+    ``loss_scale_window``)."""
 
     def __init__(
         self,
@@ -40,40 +42,58 @@ class LossScaler:
         *,
         dynamic: bool = True,
         growth_interval: int = 1000,
+        hysteresis: int = 2,
         min_scale: float = 1.0,
     ) -> None:
+        if not (init_scale > 0 and min_scale > 0 and growth_interval >= 1 and hysteresis >= 1):
+            raise ZerotopoError(
+                f"loss scaler: need init_scale > 0, min_scale > 0, growth_interval >= 1 and hysteresis >= 1, "
+                f"got {init_scale}, {min_scale}, {growth_interval}, {hysteresis}"
+            )
         self.scale = float(init_scale)
         self.dynamic = dynamic
-        self.growth_interval = growth_interval
-        self.min_scale = min_scale
+        self.growth_interval = int(growth_interval)
+        self.hysteresis = int(hysteresis)
+        self.min_scale = float(min_scale)
         self.good_steps = 0
+        self.hysteresis_left = self.hysteresis
 
     def update(self, overflow: bool) -> None:
         if not self.dynamic:
             return
         if overflow:
-            self.scale = max(self.scale / 2.0, self.min_scale)
             self.good_steps = 0
+            if self.hysteresis_left <= 1:
+                self.scale = max(self.scale / 2.0, self.min_scale)
+            else:
+                self.hysteresis_left -= 1
         else:
             self.good_steps += 1
             if self.good_steps % self.growth_interval == 0:
                 self.scale *= 2.0
+                self.hysteresis_left = self.hysteresis
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "good_steps": self.good_steps}
+        return {"scale": self.scale, "good_steps": self.good_steps, "hysteresis_left": self.hysteresis_left}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.scale, self.good_steps = float(sd["scale"]), int(sd["good_steps"])
+        self.hysteresis_left = int(sd.get("hysteresis_left", self.hysteresis))
 
 
-def make_scaler(loss_scale: str | float | None, param_dtype: torch.dtype) -> LossScaler | None:
-    """``"dynamic"`` scales only fp16 parameters (bf16/fp32 need no scaling); a number is a static scale."""
+def make_scaler(
+    loss_scale: str | float | None, param_dtype: torch.dtype, **options: Any
+) -> LossScaler | None:
+    """``"dynamic"`` scales only fp16 parameters (bf16/fp32 need no scaling); a number is a static scale.
+
+    ``options`` are :class:`LossScaler` keywords (``init_scale``, ``growth_interval``, ``hysteresis``,
+    ``min_scale``), as a NeoX ``fp16`` block sets them (see ``NeoXArgs.loss_scaler_options``)."""
     if loss_scale is None:
         return None
     if isinstance(loss_scale, str):
         if loss_scale != "dynamic":
             raise ZerotopoError(f"loss_scale must be 'dynamic', a number or None, got {loss_scale!r}")
-        return LossScaler() if param_dtype == torch.float16 else None
+        return LossScaler(**options) if param_dtype == torch.float16 else None
     if not loss_scale > 0:
         raise ZerotopoError(f"a static loss_scale must be > 0, got {loss_scale!r}")
     return LossScaler(float(loss_scale), dynamic=False)

@@ -45,6 +45,19 @@ def save_checkpoint(
     return out
 
 
+def load_tensor_file(path: Path) -> dict:
+    """Read a ``torch.save`` file without unpickling code: only tensors, numbers, strings and
+    containers load (``weights_only=True``); anything else is refused with the file named."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every refusal becomes one readable error
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ZerotopoError(
+            f"{path}: not a zerotopo checkpoint shard (refused to load it: {first}); checkpoint files "
+            "hold tensors and plain values only, and zerotopo never runs code from a file"
+        ) from None
+
+
 def resolve_checkpoint(path: Path) -> Path:
     """A step directory from ``path``: the directory itself, or the one ``path/latest`` names."""
     path = Path(path)
@@ -66,7 +79,7 @@ def load_checkpoint(path: Path, model, optimizer, *, rank: int, cfg: NeoXConfig,
     shard = step_dir / f"optim_rank{rank}.pt"
     same_layout = state.get("world_size") == dist.get_world_size() and state.get("plan") == plan_label
     if same_layout and shard.exists():
-        optimizer.load_state_dict(torch.load(shard, map_location="cpu", weights_only=False))
+        optimizer.load_state_dict(load_tensor_file(shard))
     elif rank == 0:
         warnings.warn(
             f"{step_dir}: optimizer states were saved for plan {state.get('plan')!r} on "

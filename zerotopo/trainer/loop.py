@@ -188,6 +188,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         weight_decay=args.effective_weight_decay,
         max_grad_norm=args.gradient_clipping or None,
         loss_scale=loss_scale,
+        loss_scale_options=fp16.scaler_options(),
         ledger=ledger,
     )
     iters = args.train_iters or 100
