@@ -171,6 +171,7 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
             param_dtype=getattr(torch, opts.get("param_dtype", "float32")),
             reduce_dtype=getattr(torch, opts.get("reduce_dtype", "float32")),
             loss_scale=opts.get("loss_scale", "dynamic"),
+            loss_scale_options=opts.get("loss_scale_options"),
             ledger=ledger,
             sanitize=opts.get("sanitize", True),
             copy_delay_ms=opts.get("copy_delay_ms", 0.0),

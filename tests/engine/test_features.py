@@ -36,7 +36,8 @@ CASES = [
     {"name": "neox-ckpt", "plan": "zero3", "opts": {"model": "neox", "checkpoint": True}},
     {"name": "bf16", "plan": {"name": "p2g4o8", "params": 2, "grads": 4, "optim": 8},
      "opts": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}},
-    {"name": "fp16", "plan": "zero3", "opts": {"param_dtype": "float16", "overflow_at_step": 2}},
+    {"name": "fp16", "plan": "zero3",
+     "opts": {"param_dtype": "float16", "overflow_at_step": 2, "loss_scale_options": {"hysteresis": 1}}},
     # last: the sanitizer stops the unordered read (all ranks raise before the collective)
     {"name": "sanitizer", "plan": {"preset": "zeropp", "sync": "none"}, "opts": {"copy_delay_ms": DELAY_MS},
      "expect_error": True},
