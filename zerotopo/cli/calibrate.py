@@ -31,8 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zerotopo.cli.bench import check_collective_flags
     from zerotopo.comm import bench
 
+    check_collective_flags(args)
     spec = bench.BenchSpec(
         topology=args.topology,
         nodes=args.nodes,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -107,15 +108,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive(name: str, value: int | float | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"expected a positive number, found {value}", source=name)
+def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
+    if value is not None and not (math.isfinite(value) and 0 < value <= maximum):
+        raise ConfigError(f"expected a positive number up to {maximum:g}, found {value}", source=name)
 
 
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:
     """Run the planner for parsed arguments."""
+    from zerotopo.topology import MAX_NODES
+
+    limits = {"nodes": MAX_NODES, "micro_batch": 1 << 20, "grad_accum": 1 << 20, "vocab_size": 1 << 24}
     for flag in ("nodes", "micro_batch", "grad_accum", "vocab_size", "memory_gib", "top"):
-        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag), limits.get(flag, 2**40))
     if not 0 < args.efficiency <= 1:
         raise ConfigError(f"expected a fraction in (0, 1], found {args.efficiency}", source="--efficiency")
     topo = load_topology(args.topology, nodes=args.nodes)
