@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import yaml
 
@@ -52,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     table = {**{k: v for k, v in table.items() if k != "tiers"}, "command": command, "tiers": table["tiers"]}
     text = yaml.safe_dump(table, sort_keys=False)
     if args.output:
-        Path(args.output).write_text(text)
+        from zerotopo.fsutil import write_text_atomic
+
+        write_text_atomic(args.output, text)
     print(text, end="")
     if args.output:
         print(f"# written to {args.output}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from zerotopo.data.indexed import IndexedDatasetBuilder, best_dtype
 from zerotopo.data.tokenizers import Tokenizer
-from zerotopo.errors import ZerotopoError
+from zerotopo.errors import ZerotopoError, short
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,14 @@ def read_jsonl(path: str, json_key: str = "text") -> Iterator[str]:
     """The ``json_key`` text of every line; errors name the file and line number."""
     if not os.path.isfile(path):
         raise ZerotopoError(f"input {path} does not exist; give a .jsonl file with one JSON object per line")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ZerotopoError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {exc.start} of the line); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -44,8 +50,16 @@ def read_jsonl(path: str, json_key: str = "text") -> Iterator[str]:
                 raise ZerotopoError(
                     f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object"
                 ) from None
+            except RecursionError:
+                raise ZerotopoError(
+                    f"{path}:{lineno}: JSON nested too deeply; each line must be one flat object"
+                ) from None
             if not isinstance(record, dict) or json_key not in record:
-                found = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
+                found = (
+                    short(", ".join(map(str, record)), 120).strip("'")
+                    if isinstance(record, dict)
+                    else type(record).__name__
+                )
                 raise ZerotopoError(
                     f"{path}:{lineno}: no {json_key!r} field (found: {found or 'nothing'}); pass --json-key to name "
                     "the field that holds the text"
@@ -79,16 +93,20 @@ def preprocess_jsonl(
     os.makedirs(parent, exist_ok=True)
     builder = IndexedDatasetBuilder(output_prefix, dtype)
     documents = tokens = 0
-    for text in texts:
-        ids = tokenizer.encode(text)
-        if not ids:
-            continue
-        if append_eod:
-            ids.append(tokenizer.eod)
-        builder.add_document(ids)
-        documents += 1
-        tokens += len(ids)
-    if documents == 0:
-        raise ZerotopoError(f"{input_path} has no non-empty {json_key!r} texts; nothing to write")
+    try:
+        for text in texts:
+            ids = tokenizer.encode(text)
+            if not ids:
+                continue
+            if append_eod:
+                ids.append(tokenizer.eod)
+            builder.add_document(ids)
+            documents += 1
+            tokens += len(ids)
+        if documents == 0:
+            raise ZerotopoError(f"{input_path} has no non-empty {json_key!r} texts; nothing to write")
+    except BaseException:
+        builder.abort()
+        raise
     builder.finalize()
     return PreprocessStats(prefix=output_prefix, documents=documents, tokens=tokens, dtype=str(builder.dtype))

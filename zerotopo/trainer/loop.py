@@ -26,6 +26,7 @@ from zerotopo.data.dataset import DistributedBatches, build_train_valid_test
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.engine import parallelize
 from zerotopo.errors import ConfigError, PlanError
+from zerotopo.fsutil import write_text_atomic
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 from zerotopo.plan import PRESETS
@@ -218,7 +219,8 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     )
     writer = MetricsWriter(run_dir, topology.tier_names) if ctx.is_main else None
     if ctx.is_main:
-        (run_dir / "config.yml").write_text(
+        write_text_atomic(
+            run_dir / "config.yml",
             _yaml_dump(
                 {
                     "neox": args.to_dict(),
@@ -226,7 +228,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     "topology": topology.name,
                     "nodes": topology.nodes,
                 }
-            )
+            ),
         )
         print(
             f"zerotopo train: {cfg.num_layers} layers x {cfg.hidden_size} wide, "
