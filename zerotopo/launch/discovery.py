@@ -27,7 +27,7 @@ from typing import Any
 
 from zerotopo.errors import LaunchError
 from zerotopo.launch.devices import backend_for, detect_device_kind, physical_device
-from zerotopo.launch.hostlist import first_host, parse_tasks_per_node
+from zerotopo.launch.hostlist import count_hosts, first_host, parse_tasks_per_node
 
 LAUNCHERS = ("slurm", "mpi", "torchrun", "local")
 MPI_MARKERS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK")
@@ -172,6 +172,14 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
                 f"SLURM_JOB_NODELIST is set ({found}). Set MASTER_ADDR to the first node's address."
             )
         master_addr = first_host(nodelist[1], variable=nodelist[0])
+        hosts = count_hosts(nodelist[1], variable=nodelist[0])
+        # The step's list names exactly its nodes; the job's may name more (a step can use fewer).
+        if hosts < num_nodes or (nodelist[0] == "SLURM_STEP_NODELIST" and hosts != num_nodes):
+            shown = nodelist[1] if len(nodelist[1]) <= 60 else nodelist[1][:57] + "..."
+            raise LaunchError(
+                f"{nodelist[0]}={shown!r} names {hosts} hosts, but the step runs on {num_nodes} nodes ({found}); "
+                "the environment mixes jobs or was edited: launch with srun inside the allocation."
+            )
     return {
         "rank": rank,
         "world_size": world,

@@ -159,6 +159,14 @@ def _bad(variable: str, hostlist: str, exc: Exception) -> LaunchError:
     )
 
 
+def count_hosts(hostlist: str, *, variable: str = "host list") -> int:
+    """How many hosts a Slurm host list names, counted without expanding it."""
+    try:
+        return sum(_count(_pattern_choices(p)) for p in _patterns(hostlist.strip()))
+    except ValueError as exc:
+        raise _bad(variable, hostlist, exc) from None
+
+
 def first_host(hostlist: str, *, variable: str = "host list") -> str:
     """The first host of a Slurm host list (the rendezvous host of a job), read without expanding the
     list: ``nid[0-99999999]`` costs as little as ``nid0``. The whole list is still checked for syntax."""
