@@ -618,6 +618,11 @@ def _write_pair(
     Path(f"{prefix}.bin").write_bytes(bin_bytes)
 
 
+def _append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
 DATA_DEFECTS: dict[str, Callable[[Path], None]] = {
     "bad-magic": lambda p: _write_pair(p, magic=b"NOTANIDX\x00"),
     "version-2": lambda p: _write_pair(p, version=2),
@@ -644,7 +649,7 @@ DATA_DEFECTS: dict[str, Callable[[Path], None]] = {
     "idx-empty": lambda p: (_write_pair(p), Path(f"{p}.idx").write_bytes(b"")),
     "idx-header-cut": lambda p: (_write_pair(p), Path(f"{p}.idx").write_bytes(MAGIC + b"\x01\x00")),
     "idx-text": lambda p: (_write_pair(p), Path(f"{p}.idx").write_text("hello, I am not an index\n" * 3)),
-    "idx-trailing-garbage": lambda p: (_write_pair(p), open(f"{p}.idx", "ab").write(b"garbage")),
+    "idx-trailing-garbage": lambda p: (_write_pair(p), _append(Path(f"{p}.idx"), b"garbage")),
     "idx-fifo": lambda p: (_write_pair(p), os.unlink(f"{p}.idx"), os.mkfifo(f"{p}.idx")),
 }
 
