@@ -78,10 +78,3 @@ class PlanError(ZerotopoError):
 
 class LaunchError(ZerotopoError):
     """The launcher's environment is incomplete or disagrees with the topology."""
-
-
-class RunError(ZerotopoError):
-    """A run failed while running (a rank crashed or was killed); the message names the rank and where
-    the full traceback was written."""
-
-    exit_code = EXIT_FAILURE
