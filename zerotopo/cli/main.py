@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prefix}: error: {_bounded(str(exc))}", file=sys.stderr)
         return int(getattr(exc, "exit_code", EXIT_BAD_INPUT))
     except KeyboardInterrupt:
-        print(f"{prefix}: interrupted; every rank was stopped", file=sys.stderr)
+        print(f"{prefix}: interrupted{_ranks_note(args.command)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except _Terminated:
-        print(f"{prefix}: stopped by SIGTERM; every rank was stopped", file=sys.stderr)
+        print(f"{prefix}: stopped by SIGTERM{_ranks_note(args.command)}", file=sys.stderr)
         return EXIT_TERMINATED
     except RecursionError:
         print(f"{prefix}: error: an input is nested too deeply to read; flatten it", file=sys.stderr)
@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def _ranks_note(command: str) -> str:
+    return "; every rank was stopped" if command in ("train", "bench", "calibrate") else ""
 
 
 class _Terminated(BaseException):
