@@ -719,6 +719,38 @@ for _name, _build in PREPROCESS.items():
     add(f"data-preprocess-{_name}", "data", _build)
 
 
+def _vocab(content: bytes | None) -> Callable[[Path], Invocation]:
+    def build(tmp: Path) -> Invocation:
+        argv = ["train", TINY, "--set", "tokenizer_type=HFTokenizer", "--no-progress"]
+        if content is not None:
+            (tmp / "tok.json").write_bytes(content)
+            argv += ["--set", f"vocab_file={tmp / 'tok.json'}"]
+        return Invocation(argv)
+
+    return build
+
+
+add("tokenizer-vocab-binary", "data", _vocab(b"\x00\x01\x02garbage"))
+add("tokenizer-vocab-wrong-json", "data", _vocab(b'{"model": {"vocab": 5}}'))
+add("tokenizer-vocab-empty", "data", _vocab(b""))
+add("tokenizer-vocab-missing", "data", _vocab(None))
+add(
+    "train-run-dir-unwritable",
+    "flag",
+    lambda tmp: Invocation(["train", TINY, "--run-dir", "/proc/zerotopo-run"]),
+)
+add(
+    "train-save-unwritable",
+    "flag",
+    lambda tmp: Invocation(["train", TINY, "--set", "save=/proc/zerotopo-save", "--no-progress"]),
+)
+add(
+    "train-run-dir-is-file",
+    "flag",
+    lambda tmp: (tmp / "f").write_text("x") and Invocation(["train", TINY, "--run-dir", str(tmp / "f")]),
+)
+
+
 # -- launcher environments (read by `zerotopo env`) -----------------------------------------------------------
 
 SLURM_OK = {

@@ -110,7 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
     if value is not None and not (math.isfinite(value) and 0 < value <= maximum):
-        raise ConfigError(f"expected a positive number up to {maximum:g}, found {value}", source=name)
+        bound = int(maximum) if float(maximum).is_integer() else maximum
+        raise ConfigError(f"expected a positive number up to {bound}, found {value}", source=name)
 
 
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:
