@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    prefix = f"zerotopo {args.command}"
+    prefix = f"zerotopo {args.command}" + _launched_rank(args.command)
     old_term = _on_sigterm()
     try:
         module = importlib.import_module(SUBCOMMANDS[args.command][0])
@@ -90,6 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def _launched_rank(command: str) -> str:
+    """`` (rank N)`` when this process is one rank of an srun/mpiexec/torchrun job, so each rank's message
+    says which rank it is."""
+    if command not in ("train", "bench", "calibrate"):
+        return ""
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and len(value) <= 8:
+            return f" (rank {int(value)})"
+    return ""
 
 
 def _ranks_note(command: str) -> str:
