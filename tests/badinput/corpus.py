@@ -804,6 +804,19 @@ LAUNCH_ENVS: dict[str, dict[str, str]] = {
 }
 
 
+for _var, _value in (
+    ("ZEROTOPO_THREADS_PER_RANK", "lots"),
+    ("ZEROTOPO_THREADS_PER_RANK", "-4"),
+    ("ZEROTOPO_LOCAL_TIMEOUT_S", "nan"),
+    ("ZEROTOPO_LOCAL_TIMEOUT_S", "-1"),
+):
+    add(
+        f"train-env-{_var.lower()}-{_value}",
+        "launcher-env",
+        lambda tmp, v=_var, x=_value: Invocation(["train", TINY, "--no-progress"], env={v: x}),
+    )
+
+
 def _launch_env(env: dict[str, str], check: bool) -> Callable[[Path], Invocation]:
     return lambda tmp: Invocation(["env", "--check"] if check else ["env"], env=dict(env))
 
