@@ -58,9 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--plan",
         help="plan preset (zerotopo, zero3, zeropp, mics, ...), plan YAML file, or inline fields: 'zerotopo,sync=host' or 'params=package,grads=node,optim=world,secondary=node/int8'",
     )
-    p.add_argument(
-        "--sync", choices=("event", "host", "none"), help="stream ordering of the secondary partition"
-    )
+    p.add_argument("--sync", choices=("event", "host"), help="stream ordering of the secondary partition")
     p.add_argument(
         "--grad-reduce", choices=("reduce_scatter", "allreduce"), help="cross-replica gradient reduction"
     )

@@ -32,7 +32,7 @@ from zerotopo import layout
 from zerotopo.comm import collectives as C
 from zerotopo.comm import qcollectives as Q
 from zerotopo.comm.ledger import Ledger
-from zerotopo.comm.mesh import GroupHandle, build_mesh
+from zerotopo.comm.mesh import GroupHandle, build_mesh, new_group_in_order
 from zerotopo.errors import ConfigError
 from zerotopo.plan import get_preset
 from zerotopo.topology import Topology, load_topology
@@ -126,10 +126,10 @@ def tier_groups(
         groups = layout.strided(world, size, inner) if exact else layout.blocks(world, size)
         for members in groups:
             ranks = tuple(rank_of_index[t] for t in members)
-            pg = dist.new_group(sorted(ranks)) if len(ranks) > 1 else None
+            pg, order = new_group_in_order(ranks, local=False) if len(ranks) > 1 else (None, ranks)
             if topo_index in members:
                 tier_crossed = topology.tier_of_group(members)
-                out[tier] = GroupHandle(tier, ranks, members.index(topo_index), tier_crossed, pg)
+                out[tier] = GroupHandle(tier, ranks, members.index(topo_index), tier_crossed, pg, order)
         inner = size
     return out
 
