@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from zerotopo import resources
 from zerotopo.errors import ConfigError
 
 #: Names a degree may use besides tier names.
@@ -196,12 +197,12 @@ _NETWORK_KEYS = {"name": str, "injection_gbps": float, "latency_us": float}
 
 
 def builtin_dir() -> Path:
-    """Directory of the built-in topology files."""
-    return Path(__file__).resolve().parent.parent / "topologies"
+    """Directory of the built-in topology files (inside the package when installed from a wheel)."""
+    return resources.builtin_dir("topologies")
 
 
 def builtin_topologies() -> list[str]:
-    return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
+    return resources.builtin_names("topologies")
 
 
 def _typed(value: Any, kind: type, source: str, key: str, *, positive: bool = True) -> Any:
@@ -320,8 +321,8 @@ def load_topology(name_or_path: str | Path, nodes: int | None = None) -> Topolog
     file's node count."""
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
-        candidate = builtin_dir() / f"{name_or_path}.yaml"
-        if not candidate.exists():
+        candidate = resources.builtin_file("topologies", str(name_or_path))
+        if candidate is None:
             raise ConfigError(
                 f"unknown topology {str(name_or_path)!r}: built-ins are {', '.join(builtin_topologies())}; "
                 "or give the path of a YAML file (see docs/topology.md)"

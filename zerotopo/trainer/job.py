@@ -17,9 +17,11 @@ from typing import Any
 from zerotopo.config.neox import NeoXArgs, load_neox_config
 from zerotopo.errors import ConfigError
 from zerotopo.plan import Plan, load_plan, plan_from_deepspeed
+from zerotopo.resources import resolve_config_paths
 from zerotopo.topology import Topology, load_topology
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yml"
+DEFAULT_CONFIG = "tiny"
+"""The built-in config a run with no config files trains."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class TrainJob:
     """A training run as the user asked for it, before any process group exists."""
 
     configs: tuple[str, ...] = ()
-    """NeoX-style YAML files, merged in order (none: ``configs/tiny.yml``)."""
+    """NeoX-style YAML files or built-in config names, merged in order (none: ``tiny``)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """``--set key=value`` overrides of config keys."""
     topology: str | None = None
@@ -49,7 +51,8 @@ class TrainJob:
     shaped to this many Mbit/s (root; see :mod:`zerotopo.netem`)."""
 
     def config_paths(self) -> list[str]:
-        return list(self.configs) or [str(DEFAULT_CONFIG)]
+        """The config files, built-in names (``neox-125m``) resolved to their paths."""
+        return resolve_config_paths(list(self.configs) or [DEFAULT_CONFIG])
 
     def load_args(self, *, quiet: bool = False) -> NeoXArgs:
         with warnings.catch_warnings():
