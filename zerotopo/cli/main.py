@@ -13,6 +13,7 @@ import sys
 
 from zerotopo import __version__
 from zerotopo.errors import ZerotopoError
+from zerotopo.logs import setup_console
 
 # name -> (module, one-line help, longer description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    setup_console()
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)

@@ -10,6 +10,7 @@ for them; ``--launcher local`` forces that. Either way each rank runs
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -37,7 +38,7 @@ def preflight(job: TrainJob):
     plan.degrees(topology)
     if args.data_path:
         data_prefix(args)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
     cfg = check_vocab(args, tokenizer)
     micro, _, _ = args.batch_sizes(topology.world_size)
     shape = cfg.shape(args.seq_length)
@@ -64,6 +65,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             if dist.is_initialized():
                 dist.destroy_process_group()
     args, topology = preflight(job)
+    job = dataclasses.replace(job, config_warnings_shown=True)
     if not args.data_path:
         # Build the bundled corpus once here, before the ranks all ask for it.
         from zerotopo.data.corpus import default_corpus_prefix

@@ -46,6 +46,9 @@ class TrainJob:
     """Where metrics, plots and checkpoints go (default ``runs/<time>-<plan>``)."""
     progress: bool = True
     """Show a progress bar on rank 0."""
+    config_warnings_shown: bool = False
+    """The launching process has already shown the config's warnings on the console (local runs): the
+    ranks write them to the run's log file only."""
     network_mbit: float | None = None
     """Local runs only: put each emulated node in its own network namespace, nodes joined by links
     shaped to this many Mbit/s (root; see :mod:`zerotopo.netem`)."""
@@ -62,7 +65,8 @@ class TrainJob:
 
     def load_topology(self, args: NeoXArgs, nodes: int | None = None) -> Topology:
         name = self.topology or args.topology or "emulated"
-        return load_topology(name, nodes=self.nodes or nodes)
+        config_nodes = args.num_nodes if args.num_nodes and args.num_nodes > 0 else None
+        return load_topology(name, nodes=self.nodes or nodes or config_nodes)
 
     def load_plan(self, args: NeoXArgs) -> Plan:
         if self.plan is not None:
