@@ -100,6 +100,12 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "model_parallel_size": "as pipe_parallel_size",
 }
 
+# Fields whose every accepted value trains the same model (validated, so anything else is refused).
+EQUIVALENT_VALUES: dict[str, str] = {
+    "optimizer.type": "Adam and AdamW both train with decoupled weight decay: NeoX's Adam is DeepSpeed's "
+    "FusedAdam, which runs in AdamW mode by default",
+}
+
 # Dense attention types: global is what zerotopo computes; flash is a kernel for the same attention.
 _DENSE_ATTENTION = {"global": None, "flash": "a flash-attention kernel computes the same dense attention"}
 
