@@ -249,6 +249,9 @@ class NeoXArgs:
     """Fraction of ``lr_decay_iters`` spent warming up linearly from 0."""
     min_lr: float = _key(c.number(0.0), 0.0)
     """Learning rate at the end of decay."""
+    scheduler: dict[str, Any] | None = _key(c.optional(c.mapping))
+    """DeepSpeed's ``scheduler`` block (``WarmupLR`` or ``WarmupDecayLR`` with their ``params``); when
+    given it sets the learning rate instead of ``lr_decay_style``/``warmup``/``min_lr``, as in DeepSpeed."""
     optimizer: OptimizerArgs = field(default_factory=OptimizerArgs)
     """The ``optimizer`` block."""
     weight_decay: float = _key(c.number(0.0, 10.0), 0.01)

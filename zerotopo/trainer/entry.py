@@ -31,6 +31,7 @@ def preflight(job: TrainJob):
     clear error instead of eight: config, topology, plan, data files, vocabulary and memory fit."""
     from zerotopo.data.tokenizers import build_tokenizer
     from zerotopo.trainer.loop import DTYPES, check_memory, check_vocab, data_prefix
+    from zerotopo.trainer.schedule import schedule_for
 
     args = job.load_args()
     topology = job.load_topology(args)
@@ -38,6 +39,7 @@ def preflight(job: TrainJob):
     plan.degrees(topology)
     if args.data_path:
         data_prefix(args)
+    schedule_for(args, args.train_iters or 100)
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
     cfg = check_vocab(args, tokenizer)
     micro, _, _ = args.batch_sizes(topology.world_size)

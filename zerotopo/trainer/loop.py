@@ -35,7 +35,7 @@ from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
 from zerotopo.trainer.retention import prune_checkpoints
-from zerotopo.trainer.schedule import LRSchedule
+from zerotopo.trainer.schedule import schedule_for
 
 log = get_logger("train")
 
@@ -199,13 +199,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         ledger=ledger,
     )
     iters = args.train_iters or 100
-    schedule = LRSchedule.from_args(
-        lr=args.lr,
-        min_lr=args.min_lr,
-        warmup=args.warmup,
-        decay_iters=args.decay_iters or iters,
-        style=args.lr_decay_style,
-    )
+    schedule = schedule_for(args, iters)
 
     prefix = data_prefix(args)
     eval_runs = iters // args.eval_interval + 1
