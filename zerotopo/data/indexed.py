@@ -17,6 +17,7 @@ so a dataset larger than memory costs only what is touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from collections.abc import Iterable
@@ -88,6 +89,12 @@ class IndexedDatasetBuilder:
             )
         self._bin.write(arr.astype(self.dtype, copy=False).tobytes(order="C"))
         self._sizes.append(int(arr.size))
+
+    def abort(self) -> None:
+        """Drop what was written (an error part-way): no file is left behind."""
+        self._bin.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(data_path(self.prefix) + self._tmp_suffix)
 
     def finalize(self) -> None:
         """Write the index and move both files into place."""

@@ -59,9 +59,20 @@ def data_prefix(args: NeoXArgs) -> str | list[str]:
         for prefix in args.data_path:
             missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
             if missing:
+                stem, _, key = prefix.rpartition("_")[0].rpartition("_")
+                named = prefix.endswith("_document") and stem
                 raise ConfigError(
                     f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
-                    f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {prefix}`",
+                    f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {stem if named else 'PREFIX'}"
+                    f"{f' --jsonl-keys {key}' if named and key != 'text' else ''}"
+                    f" --tokenizer-type {args.tokenizer_type}"
+                    + "".join(
+                        f" --{flag} {value}"
+                        for flag, value in (("vocab-file", args.vocab_file), ("merge-file", args.merge_file))
+                        if value
+                    )
+                    + " --append-eod`"
+                    + ("" if named else " (it writes PREFIX_text_document; set data_path to that)"),
                     source=args.sources.get("data_path"),
                     key="data_path",
                 )
