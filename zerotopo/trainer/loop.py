@@ -27,6 +27,7 @@ from zerotopo.data.dataset import DistributedBatches, build_train_valid_test
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.engine import parallelize
 from zerotopo.errors import ConfigError, PlanError
+from zerotopo.launch.advice import topology_mismatch_advice
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
 from zerotopo.logs import attach_run_log, close_run_log, console_muted, get_logger, on_terminal, setup_console
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
@@ -166,8 +167,8 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     if info.world_size != topology.world_size:
         raise ConfigError(
             f"the job has {info.world_size} ranks but topology {topology.name!r} with {topology.nodes} nodes "
-            f"x {topology.devices_per_node} devices needs {topology.world_size}; launch "
-            f"{topology.world_size} ranks or pass --nodes {max(info.world_size // topology.devices_per_node, 1)}",
+            f"x {topology.devices_per_node} devices needs {topology.world_size}; "
+            + topology_mismatch_advice(info, topology),
             key="topology",
         )
     check_against_topology(info, topology)
