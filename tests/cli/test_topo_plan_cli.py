@@ -201,7 +201,7 @@ def test_plan_models_by_name_and_vocabulary(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--model", "gpt-5"], "model 'gpt-5' is neither a file nor a config in configs/"),
+        (["--model", "gpt-5"], "'gpt-5' is neither a config file nor a built-in config"),
         (["--model", "neox-20b", "--topology", "summit"], "unknown topology 'summit'"),
         (["--model", "neox-20b", "--plans", "zero9"], "unknown plan preset 'zero9'"),
         (["--model", "neox-20b", "--nodes", "0"], "--nodes: expected a positive number"),

@@ -20,35 +20,16 @@ from zerotopo.cost.memory import GIB
 from zerotopo.cost.planner import CostOptions, PlanEstimate, plan_candidates
 from zerotopo.errors import ConfigError
 from zerotopo.models.shape import ModelShape
+from zerotopo.resources import resolve_config_paths
 from zerotopo.topology import Topology, load_topology
 
 #: Embedding rows when the tokenizer is not at hand: GPT-NeoX-20B's padded vocabulary (50277 tokens).
 DEFAULT_VOCAB = 50432
 
 
-def configs_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "configs"
-
-
 def resolve_model_paths(specs: list[str]) -> list[str]:
-    """``neox-20b`` -> ``configs/neox-20b.yml``; paths pass through."""
-    out = []
-    for spec in specs:
-        p = Path(spec)
-        if p.exists():
-            out.append(str(p))
-            continue
-        for ext in (".yml", ".yaml"):
-            cand = configs_dir() / f"{spec}{ext}"
-            if cand.exists():
-                out.append(str(cand))
-                break
-        else:
-            names = ", ".join(sorted(x.stem for x in configs_dir().glob("*.yml")))
-            raise ConfigError(
-                f"model {spec!r} is neither a file nor a config in configs/ ({names})", source="--model"
-            )
-    return out
+    """``neox-20b`` -> the built-in ``neox-20b.yml``; paths pass through."""
+    return resolve_config_paths(specs, source="--model")
 
 
 def tokenizer_vocab(path: str | None) -> int | None:
