@@ -115,9 +115,19 @@ def test_plan_table(capsys, tmp_path):
     header = lines[3].split()
     assert header[:2] == ["plan", "degrees"] and header[-3:] == ["s", "TFLOPS", "fits"]
     assert "intra" in lines[3] and "inter" in lines[3]
-    rows = {line.split()[0]: line for line in lines[4:]}
+    end = lines.index("", 4)
+    rows = {line.split()[0]: line for line in lines[4:end]}
     assert {"ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "zerotopo", "zerotopo-pkg"} <= set(rows)
     assert "p=2 s=4/int8 g=4 o=8 qw8 qg4" in rows["zerotopo"]
+    # the recommendation names the first fitting row, or a plan without a secondary partition that one
+    # of the rows pays memory for (explained on its own line), with a reason
+    first_fit = next(name for name, line in rows.items() if line.endswith("yes"))
+    rec = lines[end + 1]
+    assert rec.startswith("recommended: ") and "fastest plan that fits" in rec
+    name = rec.split()[1]
+    assert name == first_fit or (
+        name.endswith("-nosec") and any(x.startswith(f"{name[:-6]}: its ") for x in lines[end + 2 :])
+    )
 
 
 def test_plan_json_and_flags(capsys, tmp_path):

@@ -139,7 +139,9 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         cal = load_calibration(args.calibration)
         topo = apply_calibration(topo, cal)
         measured = dict(
-            bandwidth=cal.get("bandwidth"), default_bandwidth=False, overlap=cal.get("overlap") or OverlapModel()
+            bandwidth=cal.get("bandwidth"),
+            default_bandwidth=False,
+            overlap=cal.get("overlap") or OverlapModel(),
         )
     shape, neox = load_model(args.model, args.vocab_size)
     precision = neox.resolved_precision
@@ -230,7 +232,9 @@ def explain(e: PlanEstimate, others: list[PlanEstimate], topo: Topology) -> str:
         )  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        lines.append("  " + "  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append(
+            "  " + "  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        )
     for o in others:
         if o is e:
             continue
@@ -272,7 +276,9 @@ def scaling(args: argparse.Namespace) -> tuple[list[int], dict[str, list[float]]
     try:
         counts = [int(x) for x in args.scaling.split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"expected comma-separated node counts, found {args.scaling!r}", source="--scaling") from None
+        raise ConfigError(
+            f"expected comma-separated node counts, found {args.scaling!r}", source="--scaling"
+        ) from None
     if not counts or any(n < 1 for n in counts):
         raise ConfigError(f"expected positive node counts, found {args.scaling!r}", source="--scaling")
     series: dict[str, list[float]] = {}

@@ -17,6 +17,7 @@ __all__ = [
     "CollectiveCost",
     "CostOptions",
     "MemoryBreakdown",
+    "OverlapModel",
     "PlanEstimate",
     "StepTime",
     "apply_calibration",

@@ -79,7 +79,9 @@ def parse_bytes(value: Any, source: str, key: str) -> int:
             n = 0
         if n > 0:
             return int(n)
-    raise ConfigError(f"expected a positive size in bytes (e.g. 1048576 or 1M), found {value!r}", source=source, key=key)
+    raise ConfigError(
+        f"expected a positive size in bytes (e.g. 1048576 or 1M), found {value!r}", source=source, key=key
+    )
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,9 @@ class BandwidthTable:
     def _matching(self, family: str, tier: str) -> list[Curve]:
         return [c for c in self.curves if c.op == family and c.tier == tier]
 
-    def busbw(self, op: str, message_bytes: float, tier: str, nodes: int, ranks_per_node: int) -> float | None:
+    def busbw(
+        self, op: str, message_bytes: float, tier: str, nodes: int, ranks_per_node: int
+    ) -> float | None:
         """Bus bandwidth (GB/s) of ``op`` on a message of ``message_bytes`` over a group spanning
         ``nodes`` × ``ranks_per_node`` crossing ``tier``; None when no curve applies."""
         family = OP_FAMILY.get(op, op)
@@ -192,13 +196,17 @@ def curves_from_list(raw: Any, source: str, key: str = "bandwidth") -> tuple[Cur
             raise ConfigError(f"expected a mapping, found {e!r}", source=source, key=path)
         for k in e:
             if k not in allowed:
-                raise ConfigError(f"unknown key; expected {', '.join(allowed)}", source=source, key=f"{path}.{k}")
+                raise ConfigError(
+                    f"unknown key; expected {', '.join(allowed)}", source=source, key=f"{path}.{k}"
+                )
         for k in allowed[:-1]:
             if k not in e:
                 raise ConfigError(f"missing required key {k!r}", source=source, key=f"{path}.{k}")
         op = e["op"]
         if op not in FAMILIES:
-            raise ConfigError(f"unknown op {op!r}; expected one of {', '.join(FAMILIES)}", source=source, key=f"{path}.op")
+            raise ConfigError(
+                f"unknown op {op!r}; expected one of {', '.join(FAMILIES)}", source=source, key=f"{path}.op"
+            )
         if not isinstance(e["tier"], str) or not e["tier"]:
             raise ConfigError(f"expected a tier name, found {e['tier']!r}", source=source, key=f"{path}.tier")
         sizes, bws = e["sizes"], e["busbw_gbps"]
@@ -212,7 +220,9 @@ def curves_from_list(raw: Any, source: str, key: str = "bandwidth") -> tuple[Cur
         ys = []
         for j, b in enumerate(bws):
             if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
-                raise ConfigError(f"expected a bandwidth > 0, found {b!r}", source=source, key=f"{path}.busbw_gbps[{j}]")
+                raise ConfigError(
+                    f"expected a bandwidth > 0, found {b!r}", source=source, key=f"{path}.busbw_gbps[{j}]"
+                )
             ys.append(float(b))
         out.append(
             Curve(
@@ -236,7 +246,9 @@ def table_from_mapping(raw: Any, source: str = "<table>") -> BandwidthTable:
     if not isinstance(raw.get("topology"), str):
         raise ConfigError("missing required key 'topology'", source=source, key="topology")
     if "bandwidth" not in raw:
-        raise ConfigError("missing required key 'bandwidth' (a list of curves)", source=source, key="bandwidth")
+        raise ConfigError(
+            "missing required key 'bandwidth' (a list of curves)", source=source, key="bandwidth"
+        )
     return BandwidthTable(raw["topology"], curves_from_list(raw["bandwidth"], source), source)
 
 

@@ -66,7 +66,9 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
             raise ConfigError(f"missing required key {k!r}", source=source, key=k)
     if not any(k in raw for k in ("tiers", "bandwidth", "overlap")):
         raise ConfigError(
-            "missing required key 'tiers' (or 'bandwidth' curves, or 'overlap' parameters)", source=source, key="tiers"
+            "missing required key 'tiers' (or 'bandwidth' curves, or 'overlap' parameters)",
+            source=source,
+            key="tiers",
         )
     if not isinstance(raw["topology"], str) or not raw["topology"].strip():
         raise ConfigError(

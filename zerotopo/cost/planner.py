@@ -147,7 +147,11 @@ def estimate(
     plan, sched = resolve(plan)
     d = degrees or plan.degrees(topology)
     o = options
-    units = module_units(shape, sched.persistence_threshold) if sched.granularity == "module" else engine_units(shape)
+    units = (
+        module_units(shape, sched.persistence_threshold)
+        if sched.granularity == "module"
+        else engine_units(shape)
+    )
     gw = grad_width(plan, o.param_bytes)
     grad_bytes = gw if o.grad_bytes is None else o.grad_bytes
     reduce_bytes = gw if o.reduce_bytes is None else o.reduce_bytes
@@ -191,7 +195,9 @@ def estimate(
     limit = options.memory_limit_bytes
     if limit is None:
         limit = topology.device.memory_gib * GIB
-    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, memory.total <= limit, schedule)
+    return PlanEstimate(
+        plan, d, memory, comm, bytes_by_tier(comm, topology), t, memory.total <= limit, schedule
+    )
 
 
 def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:

@@ -183,7 +183,9 @@ def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_o
             depth = u.prefetch if direction == "forward" else u.prefetch_backward
             while issued <= min(U - 1, pos + depth):
                 j = order[issued]
-                ready[j] = run("gather", start, units[j].forward if direction == "forward" else units[j].backward)
+                ready[j] = run(
+                    "gather", start, units[j].forward if direction == "forward" else units[j].backward
+                )
                 issued += 1
             t = compute(start, fwd[i] if direction == "forward" else bwd[i])
             if direction == "backward" and u.reduce:

@@ -135,7 +135,9 @@ class ScheduleOptions:
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
-            raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}")
+            raise ValueError(
+                f"granularity must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}"
+            )
         for k in ("reduce_bucket_elems", "prefetch_bucket_elems"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or v < 1):
@@ -266,7 +268,9 @@ def units_from_numels(unit_numels: list[int]) -> list[Unit]:
     for n in unit_numels:
         if not isinstance(n, int) or n < 0:
             raise ValueError(f"unit element counts must be non-negative integers, got {n!r}")
-    names = ["embedding"] + ["layer"] * (len(unit_numels) - 2) + ["head"] if len(unit_numels) > 1 else ["layer"]
+    names = (
+        ["embedding"] + ["layer"] * (len(unit_numels) - 2) + ["head"] if len(unit_numels) > 1 else ["layer"]
+    )
     return [Unit(name, n) for name, n in zip(names, unit_numels)]
 
 
@@ -403,7 +407,9 @@ def step_schedule(
         if size <= 1 or n == 0:
             return ()
         b = codec.gather_bytes(n, size, block)
-        return (coll(phase, codec.gather_op, kind, size, b, codec.name, codec.payload(n, block)),) if b else ()
+        return (
+            (coll(phase, codec.gather_op, kind, size, b, codec.name, codec.payload(n, block)),) if b else ()
+        )
 
     def reduce(n: int) -> tuple[Collective, ...]:
         if d.grads <= 1 or n == 0:
@@ -412,7 +418,17 @@ def step_schedule(
         g_intra = _node_share(topology, d)
         if not plan.quantize_grads:
             b = rcodec.reduce_bytes(n, d.grads, block)
-            return (coll("grad_reduce", rcodec.reduce_op, "grads", d.grads, b, rcodec.name, rcodec.payload(n, block)),)
+            return (
+                coll(
+                    "grad_reduce",
+                    rcodec.reduce_op,
+                    "grads",
+                    d.grads,
+                    b,
+                    rcodec.name,
+                    rcodec.payload(n, block),
+                ),
+            )
         i4 = CODECS["int4"]
         if tier == topology.network.name and g_intra > 1 and d.grads % g_intra == 0:
             g_inter = d.grads // g_intra
