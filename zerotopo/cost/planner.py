@@ -19,7 +19,7 @@ from zerotopo.cost.bandwidth import BandwidthTable, default_table
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
 from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory
 from zerotopo.cost.presets import resolve
-from zerotopo.cost.time import OverlapModel, StepTime, step_time
+from zerotopo.cost.time import OverlapModel, StepTime, collective_time, step_time
 from zerotopo.errors import PlanError
 from zerotopo.models.shape import ModelShape
 from zerotopo.plan import PRESETS, Degrees, Plan, enumerate_plans
@@ -28,6 +28,8 @@ from zerotopo.topology import Topology
 
 #: Lins-style plans added to the presets by ``plans="auto"``.
 AUTO_TOP = 5
+#: Step times this close (relative) count as a tie in the recommendation; the smaller plan wins.
+TIE = 0.005
 
 
 @dataclass(frozen=True)
@@ -138,12 +140,10 @@ def in_search_space(
     )
 
 
-def estimate(
-    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, *, degrees: Degrees | None = None
-) -> PlanEstimate:
-    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
-    cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
-    engine's."""
+def _prepare(
+    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, degrees: Degrees | None
+):
+    """Everything but the step time: (plan, degrees, memory, schedule, fits)."""
     plan, sched = resolve(plan)
     d = degrees or plan.degrees(topology)
     o = options
@@ -168,6 +168,9 @@ def estimate(
         shape,
         o.checkpoint_activations,
     )
+    limit = options.memory_limit_bytes
+    if limit is None:
+        limit = topology.device.memory_gib * GIB
     schedule = schedule_of(
         [],
         topology,
@@ -181,6 +184,12 @@ def estimate(
         degrees=d,
         units=units,
     )
+    return plan, d, memory, schedule, memory.total <= limit
+
+
+def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOptions) -> PlanEstimate:
+    plan, d, memory, schedule, fits = prepared
+    o = options
     comm = schedule.collectives()
     t = step_time(
         schedule,
@@ -192,12 +201,46 @@ def estimate(
         table=o.table(topology),
         overlap=o.overlap,
     )
-    limit = options.memory_limit_bytes
-    if limit is None:
-        limit = topology.device.memory_gib * GIB
-    return PlanEstimate(
-        plan, d, memory, comm, bytes_by_tier(comm, topology), t, memory.total <= limit, schedule
-    )
+    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, fits, schedule)
+
+
+def estimate(
+    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, *, degrees: Degrees | None = None
+) -> PlanEstimate:
+    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
+    cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
+    engine's."""
+    return _finish(_prepare(plan, shape, topology, options, degrees), shape, topology, options)
+
+
+def _lower_bound(
+    schedule: StepSchedule, shape: ModelShape, topology: Topology, options: CostOptions
+) -> float:
+    """A step time no simulation of ``schedule`` can beat: every micro-batch lasts at least its compute,
+    its gathers back to back and its reductions back to back (sharing links and slowdown only add), and
+    the step end adds its collectives less what may hide."""
+    o = options
+    table = o.table(topology)
+    M = schedule.micro_batches
+    peak = topology.device.peak_tflops * 1e12
+    flops = shape.step_flops(o.micro_batch * M, checkpoint_activations=o.checkpoint_activations)
+    compute = flops / (peak * o.efficiency) / M if peak > 0 else 0.0
+    seen: dict[int, float] = {}
+
+    def total(colls) -> float:
+        out = 0.0
+        for c in colls:
+            if id(c) not in seen:
+                seen[id(c)] = collective_time(c, topology, table)
+            out += seen[id(c)]
+        return out
+
+    g = sum(total(u.forward) + total(u.backward) for u in schedule.units)
+    r = sum(total(u.reduce) for u in schedule.units)
+    comm = g + r if o.overlap.concurrent == 1 else max(g, r)
+    end = total(schedule.step_end)
+    bwd_share = 1 - 1 / (4.0 if o.checkpoint_activations else 3.0)
+    return M * max(compute, comm) + end - min(o.overlap.step_end_overlap * end, compute * bwd_share)
 
 
 def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:
@@ -259,18 +302,30 @@ def plan_candidates(
     if plans == "presets":
         return sorted(out, key=_sort_key)
     taken = {placement(p, topology) for p in presets}
-    lins = []
+    prepared = []
     for p in enumerate_plans(topology):
         d = p.degrees(topology)
         if (
             in_search_space(p, topology, aligned=aligned, degrees=d)
             and placement(p, topology, d) not in taken
         ):
-            lins.append(estimate(p, shape, topology, opts, degrees=d))
-    lins.sort(key=_sort_key)
-    if plans == "auto":
-        lins = [e for e in lins if e.fits][:AUTO_TOP]
-    return sorted(out + lins, key=_sort_key)
+            prepared.append(_prepare(p, shape, topology, opts, d))
+    if plans == "all":
+        lins = [_finish(x, shape, topology, opts) for x in prepared]
+        return sorted(out + lins, key=_sort_key)
+    # auto: the AUTO_TOP fastest fitting plans, simulating candidates in order of a lower bound on their
+    # step time and stopping once the bound passes the AUTO_TOP-th best simulated time (exact)
+    bounded = sorted(
+        ((_lower_bound(x[3], shape, topology, opts), i, x) for i, x in enumerate(prepared) if x[4]),
+        key=lambda t: (t[0], t[1]),
+    )
+    lins: list[PlanEstimate] = []
+    for bound, _, x in bounded:
+        if len(lins) >= AUTO_TOP and bound > lins[AUTO_TOP - 1].time.step_time_s:
+            break
+        lins.append(_finish(x, shape, topology, opts))
+        lins.sort(key=_sort_key)
+    return sorted(out + lins[:AUTO_TOP], key=_sort_key)
 
 
 def best_plan(estimates: list[PlanEstimate]) -> PlanEstimate | None:
@@ -320,11 +375,21 @@ def recommendation(
             lines.append(alt[1])
     if not cands:
         return "no plan fits the device memory: use more nodes, a smaller micro-batch or activation checkpointing"
-    best = min(cands, key=_sort_key)
+    fastest = min(cands, key=_sort_key)
+    # plans within TIE of the fastest are as fast as the model can tell: take the one needing least memory
+    near = [c for c in cands if c.time.step_time_s <= fastest.time.step_time_s * (1 + TIE)]
+    best = min(near, key=lambda c: (c.memory.total, c.time.step_time_s))
     runner = sorted((c for c in cands if c is not best and c.name != best.name), key=_sort_key)
-    reason = f"fastest plan that fits: {best.time.step_time_s:.3f} s per step, {best.memory.total / GIB:.1f} GiB per device"
+    reason = (
+        f"fastest plan that fits: {best.time.step_time_s:.3f} s per step, {best.memory.total / GIB:.1f} GiB per device"
+        if best is fastest
+        else f"within {100 * TIE:g}% of the fastest plan that fits ({best.time.step_time_s:.3f} s vs "
+        f"{fastest.time.step_time_s:.3f} s per step) with the least memory, {best.memory.total / GIB:.1f} GiB per device"
+    )
     if runner:
         r = runner[0]
         reason += f", {r.time.step_time_s / best.time.step_time_s:.2f}x the throughput of {r.name}"
-    lines.insert(0, f"recommended: {best.name} ({best.plan.label(topology)}): {reason}")
+    label = best.plan.label(topology)
+    name = best.name if best.name == label else f"{best.name} ({label})"
+    lines.insert(0, f"recommended: {name}: {reason}")
     return "\n".join(lines)

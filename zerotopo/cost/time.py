@@ -13,6 +13,8 @@ when :attr:`OverlapModel.concurrent` is 1):
 - a unit's gathers are issued when the compute ``prefetch`` units earlier starts (DeepSpeed: while the
   elements in flight stay under its prefetch bucket), or on demand; its compute starts when they end;
 - its reductions are issued when its backward compute ends; the backward ends when they all have;
+- two collectives in flight together on the same tier share its links: the later one takes longer by
+  the time they overlap (the bandwidth curves are measured one collective at a time);
 - compute that starts while a collective is in flight runs slower by
   :attr:`OverlapModel.compute_slowdown` over the overlapping time (communication kernels take compute
   units);
@@ -93,7 +95,7 @@ class TimeShare:
     tier: str
     calls: int
     seconds: float
-    """All its calls, back to back."""
+    """All its calls as the simulation ran them (longer than alone when sharing links)."""
     exposed_s: float
     """Part of the step the compute stream waited on it."""
 
@@ -110,7 +112,7 @@ class StepTime:
     compute_s: float
     """Compute of all micro-batches at ``peak × efficiency`` (without the slowdown)."""
     comm_s: float
-    """All communication if nothing overlapped."""
+    """All communication if nothing overlapped (each collective alone on its links)."""
     exposed_comm_s: float
     """Step time not spent computing: communication the compute waited on."""
     tokens_per_s: float
@@ -151,13 +153,20 @@ def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_o
     slow = 0.0
     t = 0.0
 
+    tier_of: dict[str, str] = {}
+
     def run(kind: str, at: float, colls) -> float:
         s = stream(kind)
         start = max(at, free[s])
         for c in colls:
             d = time_of(c)
+            # the other stream busy on the same tier: the two share its links while both run
+            for o, until in free.items():
+                if o != s and until > start and tier_of.get(o) == c.tier:
+                    d += min(d, until - start)
             comm.append((start, start + d, c))
             start += d
+            tier_of[s] = c.tier
         free[s] = start
         return start
 
@@ -205,10 +214,15 @@ def _exposure(comm, busy, end: float) -> dict[int, float]:
     if end > t:
         gaps.append((t, end))
     out: dict[int, float] = defaultdict(float)
+    if not gaps or not comm:
+        return out
     for gs, ge in gaps:
-        points = sorted({gs, ge} | {x for s, e, _ in comm for x in (s, e) if gs < x < ge})
+        inside = [(max(s, gs), min(e, ge), k) for k, (s, e, _) in enumerate(comm) if s < ge and e > gs]
+        if not inside:
+            continue
+        points = sorted({gs, ge} | {x for a, b, _ in inside for x in (a, b)})
         for a, b in zip(points, points[1:]):
-            active = [k for k, (s, e, _) in enumerate(comm) if s < b and e > a]
+            active = [k for s, e, k in inside if s < b and e > a]
             for k in active:
                 out[k] += (b - a) / len(active)
     return out
@@ -243,21 +257,28 @@ def step_time(
         weights, total_w = [1.0] * len(schedule.units), float(len(schedule.units) or 1)
     fwd = [per_mb * fwd_share * w / total_w for w in weights]
     bwd = [per_mb * (1 - fwd_share) * w / total_w for w in weights]
-    cache: dict[Collective, float] = {}
+    cache: dict[int, float] = {}  # by object: units of one size share their collectives
 
     def time_of(c: Collective) -> float:
-        if c not in cache:
-            cache[c] = collective_time(c, topology, table)
-        return cache[c]
+        t = cache.get(id(c))
+        if t is None:
+            t = cache[id(c)] = collective_time(c, topology, table)
+        return t
 
     end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap)
     exposed = _exposure(comm, busy, end)
-    shares: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    by_obj: dict[int, list] = {}
     for k, (s, e, c) in enumerate(comm):
+        acc = by_obj.setdefault(id(c), [c, 0, 0.0, 0.0])
+        acc[1] += M
+        acc[2] += (e - s) * M
+        acc[3] += exposed.get(k, 0.0) * M
+    shares: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for c, n, sec, exp in by_obj.values():
         acc = shares[_key(c)]
-        acc[0] += M
-        acc[1] += (e - s) * M
-        acc[2] += exposed.get(k, 0.0) * M
+        acc[0] += n
+        acc[1] += sec
+        acc[2] += exp
     step_end = 0.0
     for c in schedule.step_end:
         d = time_of(c)
@@ -269,7 +290,9 @@ def step_time(
     last_bwd = sum(bwd)
     hidden_end = min(overlap.step_end_overlap * step_end, last_bwd)
     total = M * end + step_end - hidden_end
-    all_comm = sum(v[1] for v in shares.values())
+    all_comm = (
+        M * sum(time_of(c) for u in schedule.units for c in u.forward + u.backward + u.reduce) + step_end
+    )
     tokens = samples * shape.seq_length * topology.world_size
     model_flops = shape.step_flops(samples, checkpoint_activations=False)
     breakdown = tuple(

@@ -159,14 +159,17 @@ class StepSchedule:
 
     def collectives(self) -> list[Collective]:
         """Identical calls merged: ``count`` says how many run per step (the ledger's view)."""
-        acc: Counter[Collective] = Counter()
-        first: dict[Collective, Collective] = {}
+        # count by object first (units of one size share their collectives), then merge equal ones
+        by_id: dict[int, list] = {}
         for u in self.units:
             for c in u.forward + u.backward + u.reduce:
-                acc[c] += self.micro_batches
-                first.setdefault(c, c)
+                by_id.setdefault(id(c), [c, 0])[1] += self.micro_batches
         for c in self.step_end:
-            acc[c] += 1
+            by_id.setdefault(id(c), [c, 0])[1] += 1
+        acc: Counter[Collective] = Counter()
+        first: dict[Collective, Collective] = {}
+        for c, n in by_id.values():
+            acc[c] += n
             first.setdefault(c, c)
         out = [_with_count(first[c], n) for c, n in acc.items()]
         return sorted(out, key=lambda c: (PHASES.index(c.phase), c.op, c.group, c.group_size, c.bytes_sent))
@@ -403,6 +406,18 @@ def step_schedule(
     def size_of(n: int) -> int:
         return padded_numel(n, d) if padded else _exact(n, d)
 
+    memo: dict[tuple, tuple[Collective, ...]] = {}
+
+    def cached(fn):
+        def wrapped(*args):
+            key = (fn.__name__, *args)
+            if key not in memo:
+                memo[key] = tuple(c for c in fn(*args) if c.bytes_sent)
+            return memo[key]
+
+        return wrapped
+
+    @cached
     def gather(phase: str, kind: str, size: int, codec, n: int) -> tuple[Collective, ...]:
         if size <= 1 or n == 0:
             return ()
@@ -411,6 +426,7 @@ def step_schedule(
             (coll(phase, codec.gather_op, kind, size, b, codec.name, codec.payload(n, block)),) if b else ()
         )
 
+    @cached
     def reduce(n: int) -> tuple[Collective, ...]:
         if d.grads <= 1 or n == 0:
             return ()
@@ -443,6 +459,34 @@ def step_schedule(
         b = i4.reduce_bytes(n, d.grads, block)
         return (coll("grad_reduce", i4.reduce_op, "grads", d.grads, b, "int4", i4.payload(n, block)),)
 
+    @cached
+    def unit_end(N: int) -> list[Collective]:
+        out: list[Collective] = []
+        # once per step: cross-replica reduction of the gradient shard, then the updated parameters
+        if plan.grad_reduce == "allreduce":
+            k = w // d.grads
+            if k > 1:
+                b = volume.all_reduce_bytes(N // d.grads, k, grad_shard_bytes)
+                out.append(coll("replica_reduce", "all_reduce", "grad_replicas", k, b, gcodec.name,
+                                     gcodec.payload(N // d.grads, block), overlappable=False))  # fmt: skip
+        else:
+            k = d.optim // d.grads
+            if k > 1:
+                b = volume.reduce_scatter_bytes(N // d.grads, k, grad_shard_bytes)
+                out.append(coll("replica_reduce", "reduce_scatter", "optim_scatter", k, b, gcodec.name,
+                                     gcodec.payload(N // d.grads, block), overlappable=False))  # fmt: skip
+            k = w // d.optim
+            if k > 1:
+                b = volume.all_reduce_bytes(N // d.optim, k, grad_shard_bytes)
+                out.append(coll("replica_reduce", "all_reduce", "optim_replicas", k, b, gcodec.name,
+                                     gcodec.payload(N // d.optim, block), overlappable=False))  # fmt: skip
+        k = d.optim // d.params
+        if k > 1:
+            b = volume.all_gather_bytes(N // d.params, k, param_bytes)
+            out.append(coll("param_gather", "all_gather", "param_gather", k, b, pcodec.name,
+                                 pcodec.payload(N // d.params, block), overlappable=False))  # fmt: skip
+        return out
+
     fdepth = _prefetch_depths(units, plan, options, reverse=False)
     bdepth = _prefetch_depths(units, plan, options, reverse=True)
     steps: list[UnitSteps] = []
@@ -469,29 +513,7 @@ def step_schedule(
         # the last forward unit still holds its weights; with p == 1 every unit does
         bwd = gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
         steps.append(UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i]))
-        # once per step: cross-replica reduction of the gradient shard, then the updated parameters
-        if plan.grad_reduce == "allreduce":
-            k = w // d.grads
-            if k > 1:
-                b = volume.all_reduce_bytes(N // d.grads, k, grad_shard_bytes)
-                step_end.append(coll("replica_reduce", "all_reduce", "grad_replicas", k, b, gcodec.name,
-                                     gcodec.payload(N // d.grads, block), overlappable=False))  # fmt: skip
-        else:
-            k = d.optim // d.grads
-            if k > 1:
-                b = volume.reduce_scatter_bytes(N // d.grads, k, grad_shard_bytes)
-                step_end.append(coll("replica_reduce", "reduce_scatter", "optim_scatter", k, b, gcodec.name,
-                                     gcodec.payload(N // d.grads, block), overlappable=False))  # fmt: skip
-            k = w // d.optim
-            if k > 1:
-                b = volume.all_reduce_bytes(N // d.optim, k, grad_shard_bytes)
-                step_end.append(coll("replica_reduce", "all_reduce", "optim_replicas", k, b, gcodec.name,
-                                     gcodec.payload(N // d.optim, block), overlappable=False))  # fmt: skip
-        k = d.optim // d.params
-        if k > 1:
-            b = volume.all_gather_bytes(N // d.params, k, param_bytes)
-            step_end.append(coll("param_gather", "all_gather", "param_gather", k, b, pcodec.name,
-                                 pcodec.payload(N // d.params, block), overlappable=False))  # fmt: skip
+        step_end.extend(unit_end(N))
     # the gradient norm sums each optimizer shard once: over one optimizer group
     if d.optim > 1:
         b = volume.all_reduce_bytes(1, d.optim, 4)
@@ -504,9 +526,4 @@ def step_schedule(
             coll("scalar", "all_reduce", "world", w, b, "fp32", 4, overlappable=False,
                  where=(world_tier, nodes, min(w, topology.devices_per_node)))
         )  # fmt: skip
-    steps = [
-        UnitSteps(s.unit, tuple(c for c in s.forward if c.bytes_sent), tuple(c for c in s.backward if c.bytes_sent),
-                  tuple(c for c in s.reduce if c.bytes_sent), s.prefetch, s.prefetch_backward)
-        for s in steps
-    ]  # fmt: skip
     return StepSchedule(tuple(steps), tuple(c for c in step_end if c.bytes_sent), micro_batches, options)
