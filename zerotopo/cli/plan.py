@@ -17,6 +17,7 @@ from zerotopo.cost.calibration import apply_calibration, load_calibration
 from zerotopo.cost.comm import intra_inter_bytes
 from zerotopo.cost.memory import GIB
 from zerotopo.cost.planner import CostOptions, PlanEstimate, plan_candidates, recommendation
+from zerotopo.cost.presets import resolve
 from zerotopo.cost.time import OverlapModel
 from zerotopo.errors import ConfigError
 from zerotopo.models.shape import ModelShape
@@ -282,6 +283,9 @@ def scaling(args: argparse.Namespace) -> tuple[list[int], dict[str, list[float]]
     if not counts or any(n < 1 for n in counts):
         raise ConfigError(f"expected positive node counts, found {args.scaling!r}", source="--scaling")
     series: dict[str, list[float]] = {}
+    if args.plans not in ("all", "auto", "presets"):  # keep the order the plans were named in
+        for p in (x.strip() for x in args.plans.split(",") if x.strip()):
+            series[resolve(p)[0].name] = [float("nan")] * len(counts)
     for n in counts:
         args.nodes = n
         est, topo, shape, options = estimates(args)
@@ -293,13 +297,20 @@ def scaling(args: argparse.Namespace) -> tuple[list[int], dict[str, list[float]]
     rows = [["nodes", *series]]
     for i, n in enumerate(counts):
         rows.append([str(n), *(f"{v[i]:.1f}" if v[i] == v[i] else "OOM" for v in series.values())])
-    eff = ["scaling eff."] + [
-        f"{v[-1] / v[0]:.3f}" if len(counts) > 1 and v[0] == v[0] and v[-1] == v[-1] and v[0] > 0 else "-"
-        for v in series.values()
-    ]
+    eff = ["scaling eff."]
+    for v in series.values():
+        ok = [i for i, x in enumerate(v) if x == x and x > 0]  # NaN: did not fit
+        eff.append(
+            f"{v[-1] / v[ok[0]]:.3f} ({counts[ok[0]]}->{counts[-1]})"
+            if len(ok) > 1 and ok[-1] == len(v) - 1
+            else "-"
+        )
     rows.append(eff)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    text = [f"{name} on {args.topology}: predicted TFLOPS per device (efficiency = last / first node count)"]
+    text = [
+        f"{name} on {args.topology}: predicted TFLOPS per device (scaling efficiency: the last node count "
+        "over the first that fits)"
+    ]
     text += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     return counts, series, "\n".join(text)
 
