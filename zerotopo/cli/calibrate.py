@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import yaml
 
@@ -45,9 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zerotopo.cli.bench import check_collective_flags
     from zerotopo.comm import bench
     from zerotopo.cost import measure
 
+    check_collective_flags(args)
     sizes = tuple(sorted({bench.parse_size(s) for s in _csv(args.size or args.sizes)}))
     if not sizes:
         raise ConfigError("give at least one message size", source="--sizes")
@@ -77,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     body = {k: table[k] for k in ("tiers", "overlap", "bandwidth") if k in table}
     text = yaml.safe_dump({**head, "command": command, **body}, sort_keys=False, default_flow_style=None)
     if args.output:
-        Path(args.output).write_text(text)
+        from zerotopo.fsutil import write_text_atomic
+
+        write_text_atomic(args.output, text)
     print(text, end="")
     if args.output:
         print(f"# written to {args.output}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -21,35 +22,16 @@ from zerotopo.cost.presets import resolve
 from zerotopo.cost.time import OverlapModel
 from zerotopo.errors import ConfigError
 from zerotopo.models.shape import ModelShape
+from zerotopo.resources import resolve_config_paths
 from zerotopo.topology import Topology, load_topology
 
 #: Embedding rows when the tokenizer is not at hand: GPT-NeoX-20B's padded vocabulary (50277 tokens).
 DEFAULT_VOCAB = 50432
 
 
-def configs_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "configs"
-
-
 def resolve_model_paths(specs: list[str]) -> list[str]:
-    """``neox-20b`` -> ``configs/neox-20b.yml``; paths pass through."""
-    out = []
-    for spec in specs:
-        p = Path(spec)
-        if p.exists():
-            out.append(str(p))
-            continue
-        for ext in (".yml", ".yaml"):
-            cand = configs_dir() / f"{spec}{ext}"
-            if cand.exists():
-                out.append(str(cand))
-                break
-        else:
-            names = ", ".join(sorted(x.stem for x in configs_dir().glob("*.yml")))
-            raise ConfigError(
-                f"model {spec!r} is neither a file nor a config in configs/ ({names})", source="--model"
-            )
-    return out
+    """``neox-20b`` -> the built-in ``neox-20b.yml``; paths pass through."""
+    return resolve_config_paths(specs, source="--model")
 
 
 def tokenizer_vocab(path: str | None) -> int | None:
@@ -122,15 +104,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PNG", default=None, help="with --scaling: draw the chart to PNG")
 
 
-def _positive(name: str, value: int | float | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"expected a positive number, found {value}", source=name)
+def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
+    if value is not None and not (math.isfinite(value) and 0 < value <= maximum):
+        raise ConfigError(f"expected a positive number up to {maximum:g}, found {value}", source=name)
 
 
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:
     """Run the planner for parsed arguments."""
+    from zerotopo.topology import MAX_NODES
+
+    limits = {"nodes": MAX_NODES, "micro_batch": 1 << 20, "grad_accum": 1 << 20, "vocab_size": 1 << 24}
     for flag in ("nodes", "micro_batch", "grad_accum", "vocab_size", "memory_gib", "top"):
-        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag), limits.get(flag, 2**40))
     if not 0 < args.efficiency <= 1:
         raise ConfigError(f"expected a fraction in (0, 1], found {args.efficiency}", source="--efficiency")
     topo = load_topology(args.topology, nodes=args.nodes)

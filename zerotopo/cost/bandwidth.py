@@ -253,8 +253,10 @@ def table_from_mapping(raw: Any, source: str = "<table>") -> BandwidthTable:
 
 
 def tables_dir() -> Path:
-    """Directory of the default tables shipped with the built-in topologies."""
-    return Path(__file__).resolve().parents[2] / "topologies" / "bandwidth"
+    """Directory of the default tables shipped with the built-in topologies (``topologies/bandwidth``)."""
+    from zerotopo import resources
+
+    return resources.builtin_dir("topologies") / "bandwidth"
 
 
 def load_table(path: str | Path) -> BandwidthTable:

@@ -26,17 +26,16 @@ tiers left out keep their YAML figures.
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from zerotopo.config.yamlio import load_yaml_file
 from zerotopo.cost.bandwidth import BandwidthTable, curves_from_list
 from zerotopo.cost.time import overlap_from_mapping
-from zerotopo.errors import ConfigError
+from zerotopo.errors import ConfigError, short
 from zerotopo.topology import Topology
 
 _TOP_REQUIRED = ("topology",)
@@ -46,10 +45,12 @@ _TIER_KEYS = ("bandwidth_gbps", "latency_us")
 
 def _number(value: Any, source: str, key: str, *, positive: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"expected a number, found {value!r}", source=source, key=key)
-    if (positive and value <= 0) or value < 0:
+        raise ConfigError(f"expected a number, found {short(value)}", source=source, key=key)
+    if not math.isfinite(value) or (positive and value <= 0) or value < 0 or value > 1e9:
         bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"expected a value {bound}, found {value!r}", source=source, key=key)
+        raise ConfigError(
+            f"expected a value {bound} (finite, below 1e9), found {short(value)}", source=source, key=key
+        )
     return float(value)
 
 
@@ -60,7 +61,9 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
     allowed = _TOP_REQUIRED + _TOP_OPTIONAL
     for k in raw:
         if k not in allowed:
-            raise ConfigError(f"unknown key; expected one of {', '.join(allowed)}", source=source, key=str(k))
+            raise ConfigError(
+                f"unknown key; expected one of {', '.join(allowed)}", source=source, key=str(k)[:60]
+            )
     for k in _TOP_REQUIRED:
         if k not in raw:
             raise ConfigError(f"missing required key {k!r}", source=source, key=k)
@@ -72,14 +75,14 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
         )
     if not isinstance(raw["topology"], str) or not raw["topology"].strip():
         raise ConfigError(
-            f"expected a topology name, found {raw['topology']!r}", source=source, key="topology"
+            f"expected a topology name, found {short(raw['topology'])}", source=source, key="topology"
         )
     tiers = raw.get("tiers", {"__none__": None})
     if tiers == {"__none__": None}:
         tiers = {}
     elif not isinstance(tiers, Mapping) or not tiers:
         raise ConfigError(
-            f"expected a mapping of tier name to {{bandwidth_gbps, latency_us}}, found {tiers!r}",
+            f"expected a mapping of tier name to {{bandwidth_gbps, latency_us}}, found {short(tiers)}",
             source=source,
             key="tiers",
         )
@@ -88,7 +91,7 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
         path = f"tiers.{name}"
         if not isinstance(entry, Mapping) or not entry:
             raise ConfigError(
-                f"expected a mapping with bandwidth_gbps and/or latency_us, found {entry!r}",
+                f"expected a mapping with bandwidth_gbps and/or latency_us, found {short(entry)}",
                 source=source,
                 key=path,
             )
@@ -114,15 +117,7 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
 def load_calibration(path: str | Path) -> dict[str, Any]:
     """Read and validate a calibration table (YAML or JSON)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"calibration file {str(p)!r} does not exist; write one with `zerotopo calibrate`")
-    text = p.read_text()
-    try:
-        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}", source=str(p)
-        ) from None
+    raw = load_yaml_file(p, what="calibration table", hint="write one with `zerotopo calibrate -o FILE`")
     return calibration_from_mapping(raw, source=str(p))
 
 
@@ -156,7 +151,7 @@ def apply_calibration(topology: Topology, table: Mapping[str, Any]) -> Topology:
             )
         else:
             raise ConfigError(
-                f"unknown tier {name!r}; topology {topology.name!r} has {', '.join(topology.tier_names)}",
+                f"unknown tier {short(name)}; topology {topology.name!r} has {', '.join(topology.tier_names)}",
                 source=source,
                 key=f"tiers.{name}",
             )
