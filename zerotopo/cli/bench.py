@@ -42,6 +42,38 @@ def add_collective_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=5, help="timed calls per measurement (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument("--tiers", default="", help="comma-separated tiers to measure (default: all)")
+    add_emulation_arguments(p)
+
+
+def add_emulation_arguments(p: argparse.ArgumentParser) -> None:
+    """``--emulate``, ``--network-mbit``, ``--shape``: local ranks on an emulated, shaped cluster."""
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="root: each local rank in its own network namespace, every tier a shaped link "
+        "(zerotopo.netem.emulated_cluster)",
+    )
+    p.add_argument(
+        "--network-mbit",
+        type=float,
+        default=50.0,
+        help="with --emulate: network tier rate per rank, Mbit/s; inner tiers at Frontier's ratios "
+        "above it (default 50: package 800, node 200)",
+    )
+    p.add_argument(
+        "--shape",
+        default="",
+        help="with --emulate: per-tier rates overriding those, e.g. package=1000,node=250",
+    )
+
+
+def emulation(args: argparse.Namespace) -> dict | None:
+    """Keywords of :func:`zerotopo.netem.emulated_cluster` from the emulation flags (None: no emulation)."""
+    if not getattr(args, "emulate", False):
+        return None
+    from zerotopo.netem import parse_rates
+
+    return {"network_mbit": args.network_mbit, "rates": parse_rates(args.shape)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         tiers=tuple(_csv(args.tiers)),
     )
-    rows = bench.run("bench", spec, ranks=args.ranks)
+    rows = bench.run("bench", spec, ranks=args.ranks, emulate=emulation(args))
     if rows is None:  # not rank 0 of a job
         return 0
     if args.json:

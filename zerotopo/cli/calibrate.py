@@ -14,10 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from zerotopo.cli.bench import _csv, add_collective_arguments
+from zerotopo.cli.bench import _csv, add_collective_arguments, emulation
 
 EPILOG = """examples:
   zerotopo calibrate --topology emulated -o calibration.yaml
+  zerotopo calibrate --topology emulated-frontier --emulate   # root: every tier a shaped link
   srun -N2 -n16 zerotopo calibrate --topology frontier --size 256M -o frontier-calibration.yaml
 """
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         tiers=tuple(_csv(args.tiers)),
     )
-    table = bench.run("calibrate", spec, ranks=args.ranks)
+    table = bench.run("calibrate", spec, ranks=args.ranks, emulate=emulation(args))
     if table is None:  # not rank 0 of a job
         return 0
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo calibrate"
