@@ -430,10 +430,3 @@ def class_bytes(device: str = "eth0", namespace: str | None = None) -> dict[str,
             out[current] = int(m.group(1))
             current = None
     return out
-
-
-def tier_bytes(network: EmulatedNetwork, device: str = "eth0") -> dict[str, int]:
-    """Bytes this rank has sent so far across every tier of a per-rank emulated cluster (the htb class
-    counters of its link; call it inside the rank's namespace)."""
-    counters = class_bytes(device)
-    return {tier: counters.get(cls, 0) for tier, cls in network.tier_classes.items()}
