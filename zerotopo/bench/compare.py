@@ -220,7 +220,7 @@ def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tupl
                 known = ", ".join(ZEROTOPO_ROWS + FRAMEWORK_ROWS)
                 raise ConfigError(
                     f"unknown row {name!r}; rows are {known} or a zerotopo preset", key="--rows"
-                )
+                ) from None
         est = estimate(plan, shape, topo, cost)
         meta[name] = {
             "kind": "zerotopo",
