@@ -23,7 +23,10 @@ from zerotopo.config.yamlio import load_yaml_file, load_yaml_text
 from zerotopo.errors import ConfigError, PlanError, short
 from zerotopo.topology import Topology
 
-SYNC_MODES = ("event", "host", "none")
+SYNC_MODES = ("event", "host")
+#: The stock (racy) ordering of ZeRO++ hpZ: never a plan option, only the engine's test and benchmark hook
+#: ``parallelize(..., unordered_secondary=True)``, so no user can select a racy schedule.
+RACY_SYNC = "none"
 SECONDARY_DTYPES = ("bf16", "int8")
 GRAD_REDUCE_MODES = ("reduce_scatter", "allreduce")
 GRAD_DTYPES = ("fp32", "param")
@@ -76,7 +79,8 @@ class Plan:
     prefetch: int = 1
     """Units whose all-gather is issued ahead of the one being computed."""
     sync: str = "event"
-    """Stream ordering: ``event`` (zerotopo), ``host`` (DeepSpeed's host block), ``none`` (stock hpZ race)."""
+    """Stream ordering of the secondary partition: ``event`` (zerotopo) or ``host`` (DeepSpeed's host
+    block). The stock hpZ race is not a plan option (see :data:`RACY_SYNC`)."""
     grad_reduce: str = "reduce_scatter"
     """Cross-replica gradient reduction: ``reduce_scatter`` inside the optimizer group then all-reduce
     across optimizer replicas, or ``allreduce`` of the whole gradient shard then select (the papers)."""
@@ -100,7 +104,16 @@ class Plan:
 
     def _validate_options(self) -> None:
         checks = [
-            (self.sync in SYNC_MODES, f"sync must be one of {', '.join(SYNC_MODES)}, got {self.sync!r}"),
+            (
+                self.sync in SYNC_MODES,
+                f"sync must be one of {', '.join(SYNC_MODES)}, got {self.sync!r}"
+                + (
+                    " (the unordered stock hpZ schedule races and is not a plan option; it exists only as "
+                    "the engine's test hook parallelize(..., unordered_secondary=True))"
+                    if self.sync == RACY_SYNC
+                    else ""
+                ),
+            ),
             (
                 self.secondary_dtype in SECONDARY_DTYPES,
                 f"secondary dtype must be one of {', '.join(SECONDARY_DTYPES)}, got {self.secondary_dtype!r}",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from zerotopo import resources
 from zerotopo.config.yamlio import load_yaml_file
 from zerotopo.errors import ConfigError, short
 
@@ -215,12 +216,12 @@ _NETWORK_KEYS = {"name": str, "injection_gbps": float, "latency_us": float}
 
 
 def builtin_dir() -> Path:
-    """Directory of the built-in topology files."""
-    return Path(__file__).resolve().parent.parent / "topologies"
+    """Directory of the built-in topology files (inside the package when installed from a wheel)."""
+    return resources.builtin_dir("topologies")
 
 
 def builtin_topologies() -> list[str]:
-    return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
+    return resources.builtin_names("topologies")
 
 
 def _typed(
@@ -372,8 +373,8 @@ def load_topology(name_or_path: str | Path, nodes: int | None = None) -> Topolog
     file's node count."""
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
-        candidate = builtin_dir() / f"{name_or_path}.yaml"
-        if not candidate.exists():
+        candidate = resources.builtin_file("topologies", str(name_or_path))
+        if candidate is None:
             raise ConfigError(
                 f"unknown topology {short(str(name_or_path))}: built-ins are {', '.join(builtin_topologies())}; "
                 "or give the path of a YAML file (see docs/topology.md)"

@@ -2,7 +2,7 @@
 
 Every case must end in one clean error: a non-zero exit status, an ``error:`` line, no Python traceback,
 no "internal error", a bounded message, and no sign that anything in the input was executed (cases with
-a hostile payload name a ``marker`` file the payload would create). ``tests/badinput/test_corpus.py``
+a hostile payload name a ``marker`` file the payload would create). ``tests/badinput/test_badinput_corpus.py``
 runs the fast cases in-process; ``benchmarks/badinput_corpus.py`` runs all of them as subprocesses with a
 timeout and prints the summary line.
 

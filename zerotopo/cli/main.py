@@ -22,6 +22,7 @@ from zerotopo.errors import (
     EXIT_TERMINATED,
     ZerotopoError,
 )
+from zerotopo.logs import setup_console
 
 # name -> (module, one-line help, longer description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     prefix = f"zerotopo {args.command}" + _launched_rank(args.command)
+    setup_console()
     old_term = _on_sigterm()
     try:
         module = importlib.import_module(SUBCOMMANDS[args.command][0])

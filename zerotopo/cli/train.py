@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from zerotopo.errors import ConfigError
 
@@ -17,6 +18,7 @@ EPILOG = """examples:
   zerotopo train configs/tiny.yml --set train_iters=50 --plan zero3
   zerotopo train configs/neox-20b.yml --topology frontier --nodes 48 --plan zerotopo   # one rank under srun
   srun -N2 -n16 zerotopo train configs/tiny.yml --topology frontier --nodes 2
+  srun -N1 -n8 zerotopo train --emulated-nodes 2   # 8 ranks on one host as the 2-node emulated topology
 
 Config keys follow GPT-NeoX (see docs/configs.md); --set overrides any of them.
 """
@@ -50,17 +52,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "configs",
         nargs="*",
         metavar="CONFIG.yml",
-        help="NeoX-style YAML files merged in order (default: configs/tiny.yml)",
+        help="NeoX-style YAML files merged in order, or built-in config names (neox-125m); default: tiny",
     )
     p.add_argument("--topology", help="topology name (frontier, dgx-a100, dgx-h100, emulated) or YAML file")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the launcher's, else the topology's)")
     p.add_argument(
+        "--emulated-nodes",
+        type=int,
+        metavar="N",
+        help="under srun/mpiexec/torchrun: group the job's ranks into N nodes of consecutive ranks (all "
+        "ranks on one host then act as N nodes of the topology); sets ZEROTOPO_EMULATED_NODES",
+    )
+    p.add_argument(
         "--plan",
         help="plan preset (zerotopo, zero3, zeropp, mics, ...), plan YAML file, or inline fields: 'zerotopo,sync=host' or 'params=package,grads=node,optim=world,secondary=node/int8'",
     )
-    p.add_argument(
-        "--sync", choices=("event", "host", "none"), help="stream ordering of the secondary partition"
-    )
+    p.add_argument("--sync", choices=("event", "host"), help="stream ordering of the secondary partition")
     p.add_argument(
         "--grad-reduce", choices=("reduce_scatter", "allreduce"), help="cross-replica gradient reduction"
     )
@@ -120,7 +127,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotopo.trainer.entry import run_training
+    from zerotopo.trainer.entry import launched_externally, run_training
     from zerotopo.trainer.job import TrainJob
 
     check_flags(args)
@@ -142,6 +149,18 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         network_mbit=args.network_mbit,
     )
+    if args.emulated_nodes is not None:
+        if args.emulated_nodes < 1:
+            raise ConfigError(
+                f"{args.emulated_nodes}: expected a positive node count", source="--emulated-nodes"
+            )
+        if not launched_externally(job):
+            raise ConfigError(
+                "local runs already emulate the topology's nodes; use --nodes N (--emulated-nodes regroups "
+                "the ranks of srun, mpiexec or torchrun)",
+                source="--emulated-nodes",
+            )
+        os.environ["ZEROTOPO_EMULATED_NODES"] = str(args.emulated_nodes)
     if args.network_mbit is not None and args.launcher not in ("auto", "local"):
         raise ConfigError(
             "--network-mbit emulates nodes on this machine; it needs --launcher local",

@@ -145,3 +145,12 @@ def betas(value: Any) -> tuple[float, float]:
         if all(0.0 <= x < 1.0 for x in b):
             return b  # type: ignore[return-value]
     raise ValueError("expected two numbers in [0, 1), like [0.9, 0.95]")
+
+
+def int_list(value: Any) -> tuple[int, ...]:
+    """A list of non-negative integers (a single integer is a list of one)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = tuple(_number(v, int) for v in items)
+    if any(v < 0 for v in out):
+        raise ValueError("expected non-negative integers")
+    return out

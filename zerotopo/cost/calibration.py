@@ -12,7 +12,12 @@ The table ``zerotopo calibrate`` writes (YAML or JSON; see docs/cost-model.md)::
       node:    {bandwidth_gbps: 41.5,  latency_us: 6.0}
       network: {bandwidth_gbps: 10.8,  latency_us: 14.0}
 
-Every bandwidth is GB/s per device, one direction, measured with every device of the machine
+Optional sections (see docs/cost-model.md): ``bandwidth:`` measured curves by collective, message size
+and group span (:mod:`zerotopo.cost.bandwidth`; they replace the topology's shipped table) and
+``overlap:`` the overlap parameters (:class:`zerotopo.cost.time.OverlapModel`). At least one of
+``tiers``, ``bandwidth`` and ``overlap`` is required.
+
+Every tier bandwidth is GB/s per device, one direction, measured with every device of the machine
 communicating across that tier at once: the figure the cost model divides bytes by. For the network tier
 that is the node's injection bandwidth divided among its devices, so :func:`apply_calibration` stores
 ``bandwidth_gbps × devices per node`` as the injection bandwidth. A tier may give either field or both;
@@ -28,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from zerotopo.config.yamlio import load_yaml_file
+from zerotopo.cost.bandwidth import BandwidthTable, curves_from_list
+from zerotopo.cost.time import overlap_from_mapping
 from zerotopo.errors import ConfigError, short
 from zerotopo.topology import Topology
 
-_TOP_REQUIRED = ("topology", "tiers")
-_TOP_OPTIONAL = ("nodes", "date", "command", "notes")
+_TOP_REQUIRED = ("topology",)
+_TOP_OPTIONAL = ("nodes", "date", "command", "notes", "tiers", "bandwidth", "overlap")
 _TIER_KEYS = ("bandwidth_gbps", "latency_us")
 
 
@@ -60,12 +67,20 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
     for k in _TOP_REQUIRED:
         if k not in raw:
             raise ConfigError(f"missing required key {k!r}", source=source, key=k)
+    if not any(k in raw for k in ("tiers", "bandwidth", "overlap")):
+        raise ConfigError(
+            "missing required key 'tiers' (or 'bandwidth' curves, or 'overlap' parameters)",
+            source=source,
+            key="tiers",
+        )
     if not isinstance(raw["topology"], str) or not raw["topology"].strip():
         raise ConfigError(
             f"expected a topology name, found {short(raw['topology'])}", source=source, key="topology"
         )
-    tiers = raw["tiers"]
-    if not isinstance(tiers, Mapping) or not tiers:
+    tiers = raw.get("tiers", {"__none__": None})
+    if tiers == {"__none__": None}:
+        tiers = {}
+    elif not isinstance(tiers, Mapping) or not tiers:
         raise ConfigError(
             f"expected a mapping of tier name to {{bandwidth_gbps, latency_us}}, found {short(tiers)}",
             source=source,
@@ -92,6 +107,10 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
         }
     out = {k: raw[k] for k in _TOP_OPTIONAL if k in raw}
     out.update(topology=raw["topology"].strip(), tiers=out_tiers, source=source)
+    if "bandwidth" in raw:
+        out["bandwidth"] = BandwidthTable(out["topology"], curves_from_list(raw["bandwidth"], source), source)
+    if "overlap" in raw:
+        out["overlap"] = overlap_from_mapping(raw["overlap"], source)
     return out
 
 

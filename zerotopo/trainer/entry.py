@@ -10,6 +10,7 @@ for them; ``--launcher local`` forces that. Either way each rank runs
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import replace
@@ -33,6 +34,7 @@ def preflight(job: TrainJob):
     clear error instead of eight: config, topology, plan, data files, vocabulary and memory fit."""
     from zerotopo.data.tokenizers import build_tokenizer
     from zerotopo.trainer.loop import DTYPES, check_memory, check_vocab, data_prefix
+    from zerotopo.trainer.schedule import schedule_for
 
     env_number("ZEROTOPO_THREADS_PER_RANK", 1, 1, 1024, integer=True)
     env_number("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600, 1, 30 * 24 * 3600)
@@ -42,7 +44,8 @@ def preflight(job: TrainJob):
     plan.degrees(topology)
     if args.data_path:
         data_prefix(args)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    schedule_for(args, args.train_iters or 100)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
     cfg = check_vocab(args, tokenizer)
     micro, _, _ = args.batch_sizes(topology.world_size)
     shape = cfg.shape(args.seq_length)
@@ -105,6 +108,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
     check_writable_dir(job.run_dir, "--run-dir")
     if args.save:
         check_writable_dir(args.save, args.sources.get("save", "save"))
+    job = dataclasses.replace(job, config_warnings_shown=True)
     if not args.data_path:
         # Build the bundled corpus once here, before the ranks all ask for it.
         from zerotopo.data.corpus import default_corpus_prefix
