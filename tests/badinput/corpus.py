@@ -798,7 +798,7 @@ LAUNCH_ENVS: dict[str, dict[str, str]] = {
     "torchrun-local-world-zero": {**TORCHRUN_OK, "LOCAL_WORLD_SIZE": "0"},
     "rocr-garbage": {**SLURM_OK, "ROCR_VISIBLE_DEVICES": "gpu-please"},
     "cuda-garbage": {**SLURM_OK, "CUDA_VISIBLE_DEVICES": "0,x,1"},
-    "cuda-huge-list": {**SLURM_OK, "CUDA_VISIBLE_DEVICES": ",".join(["0"] * 100_000)},
+    "cuda-huge-list": {**SLURM_OK, "CUDA_VISIBLE_DEVICES": ",".join(["0"] * 10_000)},
     "emulated-nodes-zero": {**TORCHRUN_OK, "ZEROTOPO_EMULATED_NODES": "0"},
     "emulated-nodes-garbage": {**TORCHRUN_OK, "ZEROTOPO_EMULATED_NODES": "many"},
 }
