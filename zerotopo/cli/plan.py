@@ -41,9 +41,12 @@ def tokenizer_vocab(path: str | None) -> int | None:
     try:
         raw = json.loads(Path(path).read_text())
         ids = set(raw["model"]["vocab"].values()) | {t["id"] for t in raw.get("added_tokens", [])}
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
-    return max(ids) + 1 if ids else None
+    # Ids that are not non-negative integers (a hostile or broken file) say nothing about the vocabulary.
+    if not ids or not all(type(i) is int and 0 <= i < 1 << 24 for i in ids):
+        return None
+    return max(ids) + 1
 
 
 def load_model(specs: list[str], vocab_size: int | None) -> tuple[ModelShape, NeoXArgs]:
