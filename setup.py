@@ -11,7 +11,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-BUILTINS = {"topologies": ("*.yaml",), "configs": ("*.yml", "*.yaml")}
+BUILTINS = {"topologies": ("*.yaml",), "topologies/bandwidth": ("*.yaml",), "configs": ("*.yml", "*.yaml")}
 
 
 class BuildPyWithBuiltins(build_py):

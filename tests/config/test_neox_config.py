@@ -107,7 +107,7 @@ def test_pipeline_parallel_refused_unless_the_global_batch_is_fixed(tmp_path):
 @pytest.mark.parametrize(
     "text, key, fragment",
     [
-        ("num_layers: 0\n", "num_layers", "[1, inf]"),
+        ("num_layers: 0\n", "num_layers", "[1, 10000]"),
         ("num_layers: two\n", "num_layers", "integer"),
         ("rotary_pct: 1.5\n", "rotary_pct", "[0.0, 1.0]"),
         ("lr_decay_style: exponential\n", "lr_decay_style", "constant, linear, cosine"),

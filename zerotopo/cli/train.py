@@ -11,8 +11,6 @@ import argparse
 import json
 import os
 
-import yaml
-
 from zerotopo.errors import ConfigError
 
 EPILOG = """examples:
@@ -27,10 +25,9 @@ Config keys follow GPT-NeoX (see docs/configs.md); --set overrides any of them.
 
 
 def _parse_value(text: str):
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+    from zerotopo.config.yamlio import parse_override_value
+
+    return parse_override_value(text)
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -70,9 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--plan",
         help="plan preset (zerotopo, zero3, zeropp, mics, ...), plan YAML file, or inline fields: 'zerotopo,sync=host' or 'params=package,grads=node,optim=world,secondary=node/int8'",
     )
-    p.add_argument(
-        "--sync", choices=("event", "host", "none"), help="stream ordering of the secondary partition"
-    )
+    p.add_argument("--sync", choices=("event", "host"), help="stream ordering of the secondary partition")
     p.add_argument(
         "--grad-reduce", choices=("reduce_scatter", "allreduce"), help="cross-replica gradient reduction"
     )
@@ -104,9 +99,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
 
+#: Fastest emulated link, Mbit/s (10 Tbit/s: anything faster is not emulation).
+MAX_NETWORK_MBIT = 1e7
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Flag values out of range are bad input before anything starts."""
+    import math
+
+    from zerotopo.topology import MAX_NODES
+
+    if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
+        raise ConfigError(
+            f"expected a node count from 1 to {MAX_NODES}, found {args.nodes}", source="--nodes"
+        )
+    if args.prefetch is not None and not 0 <= args.prefetch <= 64:
+        raise ConfigError(f"expected 0 to 64 units, found {args.prefetch}", source="--prefetch")
+    if args.network_mbit is not None and not (
+        math.isfinite(args.network_mbit) and 0 < args.network_mbit <= MAX_NETWORK_MBIT
+    ):
+        raise ConfigError(
+            f"expected a link rate in Mbit/s above 0 and at most {MAX_NETWORK_MBIT:g}, found {args.network_mbit}",
+            source="--network-mbit",
+        )
+    if args.run_dir is not None and (not args.run_dir.strip() or "\x00" in args.run_dir):
+        raise ConfigError("expected a directory path", source="--run-dir")
+
+
 def run(args: argparse.Namespace) -> int:
     from zerotopo.trainer.entry import launched_externally, run_training
     from zerotopo.trainer.job import TrainJob
+
+    check_flags(args)
 
     plan_overrides = {
         k: v

@@ -17,7 +17,7 @@ from typing import Any
 
 from zerotopo.config import checks as c
 from zerotopo.config.yamlio import apply_overrides, merge_files
-from zerotopo.errors import ConfigError
+from zerotopo.errors import ConfigError, short
 from zerotopo.models.config import INIT_METHODS, NeoXConfig
 from zerotopo.models.shape import ModelShape
 
@@ -182,17 +182,17 @@ class NeoXArgs:
     """Everything a NeoX-style config file can set that zerotopo uses, validated."""
 
     # --- model shape -------------------------------------------------------------------------------------
-    num_layers: int = _key(c.integer(1), 4)
+    num_layers: int = _key(c.integer(1, 10_000), 4)
     """Transformer layers."""
-    hidden_size: int = _key(c.integer(1), 128)
+    hidden_size: int = _key(c.integer(1, 1 << 20), 128)
     """Model width; a multiple of ``num_attention_heads``."""
-    num_attention_heads: int = _key(c.integer(1), 4)
+    num_attention_heads: int = _key(c.integer(1, 1 << 16), 4)
     """Attention heads."""
-    intermediate_size: int | None = _key(c.optional(c.integer(1)))
+    intermediate_size: int | None = _key(c.optional(c.integer(1, 1 << 22)))
     """MLP width; ``4·hidden_size`` when not set."""
-    seq_length: int = _key(c.integer(1), 128)
+    seq_length: int = _key(c.integer(1, 1 << 24), 128)
     """Tokens per training sample."""
-    max_position_embeddings: int | None = _key(c.optional(c.integer(1)))
+    max_position_embeddings: int | None = _key(c.optional(c.integer(1, 1 << 24)))
     """Longest supported sequence; ``seq_length`` when not set, and never below it."""
     pos_emb: str = _key(c.const("rotary", "zerotopo's NeoX model uses rotary position embeddings"), "rotary")
     """Position embedding; only ``rotary``."""
@@ -214,7 +214,7 @@ class NeoXArgs:
     """Biases on the QKV and attention output projections."""
     use_bias_in_mlp: bool = _key(c.boolean, True)
     """Biases on the MLP projections."""
-    make_vocab_size_divisible_by: int = _key(c.integer(1), 128)
+    make_vocab_size_divisible_by: int = _key(c.integer(1, 1 << 20), 128)
     """The tokenizer's vocabulary is padded up to a multiple of this (fast matmuls)."""
     no_weight_tying: bool = _key(c.boolean, True)
     """Untied input and output embeddings. NeoX's own default is False (tied), but every released
@@ -232,18 +232,18 @@ class NeoXArgs:
     checkpoint_activations: bool = _key(c.boolean, False)
     """Recompute each layer's activations in the backward pass (one layer per checkpoint)."""
     # --- batch -------------------------------------------------------------------------------------------
-    train_micro_batch_size_per_gpu: int | None = _key(c.optional(c.integer(1)))
+    train_micro_batch_size_per_gpu: int | None = _key(c.optional(c.integer(1, 1 << 20)))
     """Samples per rank per micro-batch."""
-    gradient_accumulation_steps: int | None = _key(c.optional(c.integer(1)))
+    gradient_accumulation_steps: int | None = _key(c.optional(c.integer(1, 1 << 20)))
     """Micro-batches per optimizer step."""
-    train_batch_size: int | None = _key(c.optional(c.integer(1)))
+    train_batch_size: int | None = _key(c.optional(c.integer(1, 1 << 30)))
     """Samples per optimizer step over all ranks: micro × accumulation × data-parallel ranks."""
     # --- schedule and optimizer ---------------------------------------------------------------------------
-    train_iters: int | None = _key(c.optional(c.integer(1)))
+    train_iters: int | None = _key(c.optional(c.integer(1, 10**9)))
     """Optimizer steps to train."""
     lr_decay_style: str = _key(c.choice("constant", "linear", "cosine"), "linear")
     """Learning-rate decay after warmup."""
-    lr_decay_iters: int | None = _key(c.optional(c.integer(1)))
+    lr_decay_iters: int | None = _key(c.optional(c.integer(1, 10**9)))
     """Steps over which the learning rate decays to ``min_lr``; ``train_iters`` when not set."""
     warmup: float = _key(c.number(0.0, 1.0), 0.01)
     """Fraction of ``lr_decay_iters`` spent warming up linearly from 0."""
@@ -297,17 +297,17 @@ class NeoXArgs:
     seed: int = _key(c.integer(0, 2**32 - 1), 1234)
     """Seed of the model init and of the data shuffle."""
     # --- evaluation, logging, checkpoints ----------------------------------------------------------------
-    eval_interval: int = _key(c.integer(1), 1000)
+    eval_interval: int = _key(c.integer(1, 10**9), 1000)
     """Steps between evaluations on the validation split."""
-    eval_iters: int = _key(c.integer(0), 100)
+    eval_iters: int = _key(c.integer(0, 10**9), 100)
     """Validation micro-batches per evaluation."""
-    log_interval: int = _key(c.integer(1), 100)
+    log_interval: int = _key(c.integer(1, 10**9), 100)
     """Steps between log lines."""
     save: str | None = _key(c.optional(c.text))
     """Directory to save checkpoints to."""
     load: str | None = _key(c.optional(c.text))
     """Directory to load a checkpoint from."""
-    save_interval: int | None = _key(c.optional(c.integer(1)))
+    save_interval: int | None = _key(c.optional(c.integer(1, 10**9)))
     """Steps between checkpoints (the older name of ``checkpoint_factor``)."""
     checkpoint_factor: float | None = _key(c.optional(c.number(1.0)))
     """NeoX's save interval: a checkpoint every ``checkpoint_factor`` steps (``checkpoint_scale:
@@ -316,7 +316,7 @@ class NeoXArgs:
     """How ``checkpoint_factor`` spaces the checkpoints."""
     extra_save_iters: tuple[int, ...] | None = _key(c.optional(c.int_list))
     """Further steps to save a checkpoint at."""
-    keep_last_n_checkpoints: int | None = _key(c.optional(c.integer(1)))
+    keep_last_n_checkpoints: int | None = _key(c.optional(c.integer(1, 10**6)))
     """Delete older checkpoints of ``save`` after each save, keeping this many."""
     # --- logging backends ---------------------------------------------------------------------------------
     log_dir: str | None = _key(c.optional(c.text))
@@ -534,7 +534,7 @@ def _checked(check: c.Check, value: Any, key: str, sources: Mapping[str, str], t
     try:
         return check(value)
     except ValueError as exc:
-        raise ConfigError(f"{value!r}: {exc}", source=sources.get(top), key=key) from None
+        raise ConfigError(f"{short(value)}: {exc}", source=sources.get(top), key=key) from None
 
 
 def _block(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from zerotopo.data.indexed import IndexedDatasetBuilder, best_dtype
 from zerotopo.data.tokenizers import Tokenizer, build_tokenizer
-from zerotopo.errors import ZerotopoError
+from zerotopo.errors import ZerotopoError, short
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,22 @@ def open_text(path: str) -> io.TextIOBase:
     return open(path, encoding="utf-8")
 
 
+def _numbered_lines(path: str, f: io.TextIOBase) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a text stream; bytes that are not UTF-8 end in one error naming the line."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, start=1):  # noqa: B007 - lineno is read after a decode error
+            yield lineno, line
+    except UnicodeDecodeError as exc:
+        raise ZerotopoError(
+            f"{path}:{lineno + 1}: not UTF-8 text (byte {exc.start} of a read block); save the file as UTF-8"
+        ) from None
+
+
 def read_records(path: str, keys: Sequence[str]) -> Iterator[tuple[str, ...]]:
     """The ``keys`` texts of every line; errors name the file and line number."""
     with open_text(path) as f:
-        for lineno, line in enumerate(f, start=1):
+        for lineno, line in _numbered_lines(path, f):
             if not line.strip():
                 continue
             try:
@@ -75,10 +87,18 @@ def read_records(path: str, keys: Sequence[str]) -> Iterator[tuple[str, ...]]:
                 raise ZerotopoError(
                     f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object"
                 ) from None
+            except RecursionError:
+                raise ZerotopoError(
+                    f"{path}:{lineno}: JSON nested too deeply; each line must be one flat object"
+                ) from None
             texts = []
             for key in keys:
                 if not isinstance(record, dict) or key not in record:
-                    found = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
+                    found = (
+                        short(", ".join(map(str, record)), 120).strip("'")
+                        if isinstance(record, dict)
+                        else type(record).__name__
+                    )
                     raise ZerotopoError(
                         f"{path}:{lineno}: no {key!r} field (found: {found or 'nothing'}); pass --jsonl-keys to "
                         "name the fields that hold the text"
@@ -119,17 +139,21 @@ def preprocess_jsonl(
     os.makedirs(parent, exist_ok=True)
     builder = IndexedDatasetBuilder(output_prefix, dtype)
     documents = tokens = 0
-    for text in texts:
-        ids = tokenizer.encode(text)
-        if not ids:
-            continue
-        if append_eod:
-            ids.append(tokenizer.eod)
-        builder.add_document(ids)
-        documents += 1
-        tokens += len(ids)
-    if documents == 0:
-        raise ZerotopoError(f"{input_path} has no non-empty {json_key!r} texts; nothing to write")
+    try:
+        for text in texts:
+            ids = tokenizer.encode(text)
+            if not ids:
+                continue
+            if append_eod:
+                ids.append(tokenizer.eod)
+            builder.add_document(ids)
+            documents += 1
+            tokens += len(ids)
+        if documents == 0:
+            raise ZerotopoError(f"{input_path} has no non-empty {json_key!r} texts; nothing to write")
+    except BaseException:
+        builder.abort()
+        raise
     builder.finalize()
     return PreprocessStats(prefix=output_prefix, documents=documents, tokens=tokens, dtype=str(builder.dtype))
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
+from dataclasses import replace
 from typing import Any
 
+from zerotopo.errors import ConfigError
 from zerotopo.launch.discovery import detect_launcher
 from zerotopo.trainer.job import TrainJob
 
@@ -52,6 +55,19 @@ def preflight(job: TrainJob):
     return args, topology
 
 
+def check_writable_dir(path: str, source: str) -> None:
+    """Create ``path`` if needed and prove a file can be made in it; ConfigError naming it otherwise."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"directory {path!r} is not writable ({exc.strerror}); pick a directory you can write to",
+            source=source,
+        ) from None
+
+
 def run_training(job: TrainJob) -> dict[str, Any] | None:
     """Train; returns rank 0's summary (None on other ranks of an external launch)."""
     from zerotopo.trainer.loop import train_rank
@@ -68,6 +84,11 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             if dist.is_initialized():
                 dist.destroy_process_group()
     args, topology = preflight(job)
+    # One run directory for every rank, fixed before they start; it must be writable, like save:.
+    job = replace(job, run_dir=str(job.resolve_run_dir(job.load_plan(args).name)))
+    check_writable_dir(job.run_dir, "--run-dir")
+    if args.save:
+        check_writable_dir(args.save, args.sources.get("save", "save"))
     job = dataclasses.replace(job, config_warnings_shown=True)
     if not args.data_path:
         # Build the bundled corpus once here, before the ranks all ask for it.
@@ -84,6 +105,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             ranks_per_node=topology.devices_per_node,
             timeout_s=float(os.environ.get("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600)),
             network=network,
+            log_dir=job.run_dir,
         )
 
     if job.network_mbit:

@@ -1,9 +1,9 @@
 """One rank of a training run: build the mesh, the model and the data, then train, evaluate and log.
 
 [Note: host synchronization] Following DESIGN.md rule 3, per-step losses stay on the device and are
-summed across ranks only at each ``log_interval`` (one all-reduce of a short vector), so the host never
-waits on the device inside a logging window except where the engine itself needs a value on the host
-(gradient norm for clipping, the fp16 overflow check).
+summed across ranks only at each ``log_interval`` (one all-reduce of a short vector), and so are the
+engine's per-step figures (gradient norm, fp16 overflow flag and loss scale: 0-d device tensors) and the
+ledger's event times; the host never waits on the device inside a logging window.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from zerotopo.data.dataset import DistributedBatches, build_train_valid_test
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.engine import parallelize
 from zerotopo.errors import ConfigError, PlanError
+from zerotopo.fsutil import write_text_atomic
 from zerotopo.launch.advice import topology_mismatch_advice
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
 from zerotopo.logs import attach_run_log, close_run_log, console_muted, get_logger, on_terminal, setup_console
@@ -242,7 +243,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         log_copies = (Path(args.log_dir) / f"{run_dir.name}.log",) if args.log_dir else ()
         attach_run_log(run_dir, copies=log_copies)
         saved_config = run_config(args, plan, job, topology)
-        (run_dir / "config.yml").write_text(_yaml_dump(saved_config))
+        write_text_atomic(run_dir / "config.yml", _yaml_dump(saved_config))
         writer = MetricsWriter(
             run_dir,
             topology.tier_names,
@@ -288,7 +289,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device, dtype=torch.float32)
         for _ in range(accum):
-            batch = next(train_batches).to(device)
+            batch = next(train_batches).to(device, non_blocking=True)  # no stream sync on the step path
             inputs, labels = batch[:, :-1], batch[:, 1:]
             logits = model(inputs)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
@@ -303,7 +304,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             "step": step + 1,
             "lr": lr,
             "grad_norm": stats.get("grad_norm"),
-            "skipped": int(bool(stats.get("skipped"))),
+            "skipped": stats.get("skipped", False),  # a device tensor with fp16: read at the log interval
             "loss_scale": stats.get("loss_scale"),
             "step_time_s": dt,
             "tokens_per_s": tokens_per_step / dt,
@@ -322,6 +323,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             for (_, _, r), value in zip(pending, losses):
                 r["loss"] = value
                 r.update({k: float(v) for k, v in r.items() if isinstance(v, torch.Tensor)})
+                r["skipped"] = int(bool(r["skipped"]))
                 r["perplexity"] = math.exp(min(value, 50.0))
                 if writer:
                     writer.write(r)
@@ -344,6 +346,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                 if bar is not None:
                     bar.set_postfix(loss=f"{r['loss']:.3f}")
             pending.clear()
+            ledger.poll()  # resolve the completed collective timings (never waits)
         if args.eval_iters and ((step + 1) % args.eval_interval == 0 or last_step):
             vloss = evaluate(model, valid_ds, micro, ctx, args.eval_iters)
             valid_losses.append(vloss)

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zerotopo.fsutil import write_text_atomic
+
 BASE_COLUMNS = (
     "kind",
     "step",
@@ -165,7 +167,7 @@ def read_metrics(path: Path | str) -> list[dict[str, Any]]:
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> Path:
     path = Path(run_dir) / "summary.json"
-    path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_text_atomic(path, json.dumps(summary, indent=2, default=str) + "\n")
     return path
 
 
