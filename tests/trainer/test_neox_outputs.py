@@ -29,7 +29,7 @@ def args_of(tmp_path, text):
         ("checkpoint_factor: 2\ncheckpoint_scale: log\n", 20, [2, 4, 8, 16]),
         ("checkpoint_factor: 4\nextra_save_iters: [1, 6, 40]\n", 10, [1, 4, 6, 8]),
         ("extra_save_iters: [3]\n", 10, [3]),
-        ("", 10, []),
+        ("seed: 1\n", 10, []),
     ],
 )
 def test_save_iters_as_neox_derives_them(tmp_path, text, iters, want):
