@@ -129,3 +129,18 @@ def test_log_file_and_log_dir_copy_get_buffered_records_and_warnings_once(tmp_pa
         text = target.read_text()
         assert text.count("same thing twice") == 1 and "after the directory exists" in text
     logging.getLogger("zerotopo").handlers.clear()
+
+
+def test_what_counts_as_a_checkpoint_to_load(tmp_path):
+    from zerotopo.trainer.loop import has_checkpoint
+
+    assert not has_checkpoint(tmp_path / "missing")
+    assert not has_checkpoint(tmp_path)  # empty
+    (tmp_path / "step_2.tmp").mkdir()
+    assert not has_checkpoint(tmp_path)  # only an unfinished save
+    (tmp_path / "latest").write_text("step_2\n")
+    assert has_checkpoint(tmp_path)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"")
+    assert has_checkpoint(hf)  # a model directory goes to the loader, which checks it
