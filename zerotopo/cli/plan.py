@@ -35,11 +35,14 @@ def resolve_model_paths(specs: list[str]) -> list[str]:
 
 
 def tokenizer_vocab(path: str | None) -> int | None:
-    """Token count of a Hugging Face tokenizers JSON file, if it exists (vocabulary + added tokens)."""
+    """Token count of a Hugging Face tokenizers JSON file (vocabulary + added tokens) or a GPT-2
+    ``vocab.json``, if it exists."""
     if not path or not Path(path).is_file():
         return None
     try:
         raw = json.loads(Path(path).read_text())
+        if isinstance(raw, dict) and "model" not in raw and all(isinstance(v, int) for v in raw.values()):
+            return len(raw)  # a GPT-2 vocab.json (GPT2BPETokenizer)
         ids = set(raw["model"]["vocab"].values()) | {t["id"] for t in raw.get("added_tokens", [])}
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None

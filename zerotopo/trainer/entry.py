@@ -42,6 +42,7 @@ def preflight(job: TrainJob):
     topology = job.load_topology(args)
     plan = job.load_plan(args)
     plan.degrees(topology)
+    args.batch_sizes(topology.world_size)  # config errors before missing files
     if args.data_path:
         data_prefix(args)
     schedule_for(args, args.train_iters or 100)
