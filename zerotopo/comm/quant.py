@@ -8,8 +8,10 @@ dequantization, with no temporary larger than the output. ``ZEROTOPO_QUANT_KERNE
 (default: compiled on an accelerator, reference on CPU, where a compile costs more than it saves in
 the short tests), ``compiled`` or ``reference``. When compiling fails (no compiler, an unsupported
 platform) the reference runs instead, with one warning. Both give bit-identical results (every number
-the same bits, NaN in the same places; a NaN's payload bits may differ), tested on CPU. A block of ``block`` consecutive elements gets ``scale = absmax / qmax`` (``qmax`` 127 for
-int8, 7 for int4) and codes ``round(x / scale)`` in ``[-qmax, qmax]``; ``x̂ = code · scale``. So:
+the same bits, NaN in the same places; a NaN's payload bits may differ), tested on CPU.
+
+A block of ``block`` consecutive elements gets ``scale = absmax / qmax`` (``qmax`` 127 for int8, 7 for
+int4) and codes ``round(x / scale)`` in ``[-qmax, qmax]``; ``x̂ = code · scale``. So:
 
 - every element is within half a step of its block, ``|x - x̂| ≤ scale / 2`` (plus one fp32 rounding);
 - a zero block has scale 0 and comes back as exact zeros (no 0/0);
