@@ -44,7 +44,7 @@ def _topology(world: int):
     """``world`` ranks: 2 nodes when the world is even and above 1 (so plans cross the network), else one."""
     from zerotopo.topology import topology_from_mapping
 
-    nodes = 2 if world > 1 and world % 2 == 0 else 1
+    nodes = _nodes(world)
     return topology_from_mapping(
         {
             "name": f"gpu-lane-{world}",
@@ -56,8 +56,17 @@ def _topology(world: int):
     )
 
 
+def _nodes(world: int) -> int:
+    return 2 if world > 1 and world % 2 == 0 else 1
+
+
 def _nccl_world(limit: int = 4) -> int:
     return max(1, min(torch.cuda.device_count(), limit))
+
+
+def _spawn(fn: Any, world: int, *, backend: str, args: tuple = ()) -> list[Any]:
+    """``world`` ranks as ``_topology(world)`` lays them out (emulated nodes for the start-up check)."""
+    return spawn(fn, world, args=args, backend=backend, ranks_per_node=world // _nodes(world), timeout_s=560)
 
 
 def _device(rank: int, kind: str) -> torch.device:
@@ -129,8 +138,8 @@ def _parity_worker(rank: int, world: int, kind: str) -> dict[str, list[float]]:
 def test_gpu_engine_parity_every_preset_cuda_vs_cpu() -> None:
     world = 4
     backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
-    cpu = spawn(_parity_worker, world, args=("cpu",), ranks_per_node=2, timeout_s=600)
-    gpu = spawn(_parity_worker, world, args=("cuda",), ranks_per_node=2, backend=backend, timeout_s=600)
+    cpu = _spawn(_parity_worker, world, args=("cpu",), backend="gloo")
+    gpu = _spawn(_parity_worker, world, args=("cuda",), backend=backend)
     for rank in range(world):
         for name in PRESETS:
             a, b = torch.tensor(cpu[rank][name]), torch.tensor(gpu[rank][name])
@@ -172,13 +181,13 @@ def _sync_debug_worker(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_gpu_sync_debug_mode_raises_nothing_in_steady_state_steps() -> None:
-    results = spawn(_sync_debug_worker, _nccl_world(), backend="nccl", timeout_s=600)
+    results = _spawn(_sync_debug_worker, _nccl_world(), backend="nccl")
     for rank, res in enumerate(results):
         assert res["errors"] == {}, f"rank {rank}: {res['errors']}"
 
 
 def test_gpu_ledger_times_resolve_lazily() -> None:
-    results = spawn(_sync_debug_worker, 1, backend="nccl", timeout_s=600)
+    results = _spawn(_sync_debug_worker, 1, backend="nccl")
     for name, (n, seconds, pending) in results[0]["ledger"].items():
         assert pending == 0, name
         if n:
@@ -202,7 +211,7 @@ def _csan_worker(rank: int, world: int) -> str:
 
 def csan_main() -> None:
     """Entry point of the sanitizer subprocess (``TORCH_CUDA_SANITIZER=1`` must be set before torch loads)."""
-    print(spawn(_csan_worker, _nccl_world(2), backend="nccl", timeout_s=500))
+    print(_spawn(_csan_worker, _nccl_world(2), backend="nccl"))
 
 
 def test_gpu_stream_sanitizer_reports_no_unsynchronized_access() -> None:
@@ -248,7 +257,7 @@ def _race_worker(rank: int, world: int, delay_ms: float) -> dict[str, Any]:
 
 
 def test_gpu_race_reproduced_and_ordered_schedules_exact() -> None:
-    results = spawn(_race_worker, _nccl_world(2), args=(50.0,), backend="nccl", timeout_s=600)
+    results = _spawn(_race_worker, _nccl_world(2), args=(50.0,), backend="nccl")
     for rank, res in enumerate(results):
         ref = torch.tensor(res["reference"]["losses"])
         for name in ("event", "host"):
@@ -262,7 +271,7 @@ def test_gpu_race_reproduced_and_ordered_schedules_exact() -> None:
 
 
 def test_gpu_event_ordering_at_least_as_fast_as_host_block() -> None:
-    results = spawn(_race_worker, _nccl_world(2), args=(2.0,), backend="nccl", timeout_s=600)
+    results = _spawn(_race_worker, _nccl_world(2), args=(2.0,), backend="nccl")
     for rank, res in enumerate(results):
         event, host = res["event"]["step_s"], res["host"]["step_s"]
         print(
