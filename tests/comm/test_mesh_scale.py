@@ -141,3 +141,24 @@ def test_mesh_build_scales_linearly(fake, monkeypatch: pytest.MonkeyPatch) -> No
     # 8x the ranks: about 8x the time when linear, 64x when quadratic.
     assert big < 5.0, f"building the mesh of 4096 ranks took {big:.2f} s"
     assert big / max(small, 1e-4) < 24, f"512 ranks: {small * 1e3:.1f} ms, 4096 ranks: {big * 1e3:.1f} ms"
+
+
+def test_mesh_falls_back_to_every_rank_creating_every_group(fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the ranks do not agree on how many groups they already have (torch hashes that count into a
+    locally created group's name), every rank creates every group instead, in the same order."""
+    topology, install = fake
+    f = install(0)
+    gather = f.all_gather_object
+
+    def uneven(out: list, obj: Any) -> None:
+        gather(out, obj)
+        out[1] = RankPlacement(
+            *[getattr(out[1], k) for k in ("rank", "topo_index", "hostname", "node")], 0, 99
+        )
+
+    monkeypatch.setattr(dist, "all_gather_object", uneven)
+    mesh = build_mesh(topology, get_preset("hsdp"), topo_index=f.topo_index(0))
+    assert all(kwargs["use_local_synchronization"] is False for _, kwargs in f.calls)
+    created = {ranks for ranks, _ in f.calls}
+    assert len(created) == len(f.calls)  # each member set once
+    assert mesh.group("params").ranks in created and len(f.calls) > 4096 // 8  # groups of other ranks too
