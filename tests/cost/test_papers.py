@@ -60,16 +60,16 @@ def test_neox_20b_on_48_frontier_nodes_against_papers_003(capsys):
     eff = tf["zerotopo"] / at2["zerotopo"]["tflops_per_device"]
     # the paper's ranking holds: zerotopo > ZeRO++ > ZeRO-3
     assert topo > zpp > 1
-    # ZeRO++ over ZeRO-3: within 15% of the paper's 1.405 (the model gives 1.28, 9% low)
+    # ZeRO++ over ZeRO-3: within 15% of the paper's 1.405 (the model gives 1.26, 10% low)
     assert zpp == pytest.approx(PAPER_ZEROPP_OVER_ZERO3, rel=0.15)
-    assert zpp == pytest.approx(1.28, abs=0.03)
+    assert zpp == pytest.approx(1.26, abs=0.03)
     # zerotopo's 2 -> 48 node scaling efficiency: within 0.05 of the paper's 0.94 (the model gives 0.92)
     assert eff == pytest.approx(PAPER_SCALING_EFFICIENCY, abs=0.05)
     assert eff == pytest.approx(0.916, abs=0.02)
-    # zerotopo over ZeRO-3: the model MISSES the paper's 2.398 by about 45% (it gives 1.31): it predicts
-    # DeepSpeed ZeRO-3 at 22.4 s per step where 2.398x zerotopo's 17.1 s would be 41 s. Asserted as the
+    # zerotopo over ZeRO-3: the model MISSES the paper's 2.398 by about 46% (it gives 1.29): it predicts
+    # DeepSpeed ZeRO-3 at 22.1 s per step where 2.398x zerotopo's 17.1 s would be 41 s. Asserted as the
     # model's figure, and as a miss, so a fix shows up here.
-    assert topo == pytest.approx(1.31, abs=0.04)
+    assert topo == pytest.approx(1.29, abs=0.04)
     assert abs(topo / PAPER_TOPO_OVER_ZERO3 - 1) > 0.15
 
 

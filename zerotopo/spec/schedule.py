@@ -500,12 +500,15 @@ def step_schedule(
         if options.reduce_bucket_elems is None:
             reduces[i] = reduce(sizes[i])
         else:
+            # DeepSpeed reduces the bucket before a gradient that would overflow it joins, and the
+            # remainder after the last one
+            out: tuple[Collective, ...] = ()
+            if bucket and bucket + sizes[i] > options.reduce_bucket_elems:
+                out, bucket = reduce(bucket), 0
             bucket += sizes[i]
-            if bucket >= options.reduce_bucket_elems or i == 0:
-                reduces[i] = reduce(bucket)
-                bucket = 0
-            else:
-                reduces[i] = ()
+            if i == 0:
+                out, bucket = out + reduce(bucket), 0
+            reduces[i] = out
     for i, u in enumerate(units):
         N, G = sizes[i], gathered[i]
         is_last = i == len(units) - 1
