@@ -194,6 +194,10 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
     return "\n".join(lines)
 
 
+def _tflops(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
 def _fmt_s(x: float) -> str:
     return f"{x:.3f}" if x < 100 else f"{x:.1f}"
 
@@ -281,7 +285,7 @@ def scaling(args: argparse.Namespace) -> tuple[list[int], dict[str, list[float]]
     name = shape.name
     rows = [["nodes", *series]]
     for i, n in enumerate(counts):
-        rows.append([str(n), *(f"{v[i]:.1f}" if v[i] == v[i] else "OOM" for v in series.values())])
+        rows.append([str(n), *(_tflops(v[i]) if v[i] == v[i] else "OOM" for v in series.values())])
     eff = ["scaling eff."]
     for v in series.values():
         ok = [i for i, x in enumerate(v) if x == x and x > 0]  # NaN: did not fit
