@@ -102,6 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated node counts: predicted TFLOPS per device of the chosen plans at each",
     )
     parser.add_argument("--plot", metavar="PNG", default=None, help="with --scaling: draw the chart to PNG")
+    parser.add_argument(
+        "--unit-layers",
+        metavar="K",
+        default="1",
+        help="layers per gather unit the planner may choose from, comma-separated (default 1, the "
+        "engine's; larger units send larger messages and hold larger buffers)",
+    )
 
 
 def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
@@ -129,6 +136,14 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
             default_bandwidth=False,
             overlap=cal.get("overlap") or OverlapModel(),
         )
+    try:
+        unit_layers = tuple(sorted({int(x) for x in str(args.unit_layers).split(",") if x.strip()}))
+    except ValueError:
+        unit_layers = ()
+    if not unit_layers or min(unit_layers) < 1:
+        raise ConfigError(
+            f"expected positive layer counts, found {args.unit_layers!r}", source="--unit-layers"
+        )
     shape, neox = load_model(args.model, args.vocab_size)
     precision = neox.resolved_precision
     options = CostOptions(
@@ -139,6 +154,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
+        unit_layers=unit_layers,
         **measured,
     )
     est = plan_candidates(shape, topo, plans=args.plans, aligned=not args.all_degrees, options=options)
@@ -174,7 +190,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
         rows.append(
             [
                 "lins" if e.name == e.plan.label() else e.name,  # enumerated plans are named by label
-                e.plan.label(topo),
+                e.plan.label(topo) + (f" u={e.unit_layers}" if e.unit_layers not in (None, 1) else ""),
                 *(f"{x / GIB:.2f}" for x in (m.params, m.secondary, m.grads, m.optim, m.total)),
                 f"{intra / 1e9:.1f}",
                 f"{inter / 1e9:.1f}",
