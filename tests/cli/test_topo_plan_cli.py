@@ -219,6 +219,8 @@ def test_plan_models_by_name_and_vocabulary(tmp_path):
         (["--model", "neox-20b", "--nodes", "0"], "--nodes: expected a positive number"),
         (["--model", "neox-20b", "--efficiency", "2"], "--efficiency: expected a fraction"),
         (["--model", "neox-20b", "--calibration", "/nonexistent.yaml"], "does not exist"),
+        (["--model", "neox-20b", "--unit-layers", "0"], "--unit-layers: expected positive layer counts"),
+        (["--model", "neox-20b", "--plans", "deepspeed-zero9"], "for the cost model deepspeed-zero3"),
     ],
 )
 def test_plan_errors_exit_2(capsys, argv, words):
