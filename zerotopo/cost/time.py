@@ -150,7 +150,7 @@ def _key(c: Collective) -> tuple[str, str, str, str]:
 
 
 def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_of, overlap: OverlapModel):
-    """One micro-batch (see the module note): (end, compute busy, slowdown, comm intervals, compute intervals)."""
+    """One micro-batch (see the module note): (end, slowdown, comm intervals, compute intervals)."""
     units = schedule.units
     U = len(units)
     free = {"gather": 0.0, "reduce": 0.0}
@@ -163,6 +163,8 @@ def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_o
     tier_of: dict[str, str] = {}
 
     def run(kind: str, at: float, colls) -> float:
+        if not colls:  # nothing to move: ready at once, the stream stays as it is
+            return at
         s = stream(kind)
         start = max(at, free[s])
         for c in colls:
