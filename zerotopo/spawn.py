@@ -76,8 +76,8 @@ def _rank_main(
         if netns:
             from zerotopo.netem import enter_namespace
 
-            # Before any socket exists: this rank's node lives in its own network namespace.
-            enter_namespace(netns[rank // (ranks_per_node or world_size)])
+            # Before any socket exists: this rank (or its node) lives in its own network namespace.
+            enter_namespace(netns[rank])
             os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
         import torch
         import torch.distributed as dist
@@ -178,13 +178,8 @@ def _spawn_once(
 
     ctx = mp.get_context("spawn")
     port = free_port()
-    netns = tuple(network.namespaces) if network is not None else None
+    netns = network.rank_namespaces(world_size, ranks_per_node) if network is not None else None
     master_addr = network.addresses[0] if network is not None else "127.0.0.1"
-    if network is not None and len(network.namespaces) * (ranks_per_node or world_size) != world_size:
-        raise ZerotopoError(
-            f"{world_size} ranks at {ranks_per_node} per node need {world_size // (ranks_per_node or world_size)} "
-            f"namespaces, the emulated network has {len(network.namespaces)}"
-        )
     main_thread = threading.current_thread() is threading.main_thread()
     old_term = None
     if main_thread:
@@ -387,10 +382,11 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), **kwargs: A
     ``fn`` must be importable (a module-level function) and its results picklable. Keyword arguments:
     ``backend`` (gloo), ``ranks_per_node`` (groups consecutive ranks into emulated nodes: sets
     ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``ZEROTOPO_EMULATED_NODE``), ``env``, ``timeout_s``,
-    ``threads_per_rank``, and ``network`` (a :class:`zerotopo.netem.EmulatedNetwork`: each emulated node's
-    ranks in that node's network namespace), and ``log_dir`` (where ``rank-errors.log`` with the ranks'
-    tracebacks goes when a rank hits a bug; default a new file in the temp directory). A start that lost its rendezvous port to another process
-    between choosing and binding it is retried once on a new port.
+    ``threads_per_rank``, ``network`` (a :class:`zerotopo.netem.EmulatedNetwork`: each rank in its own
+    network namespace, or each emulated node's ranks in that node's), and ``log_dir`` (where
+    ``rank-errors.log`` with the ranks' tracebacks goes when a rank hits a bug; default a new file in the
+    temp directory). A start that lost its rendezvous port to another process between choosing and binding
+    it is retried once on a new port.
     """
     try:
         return _spawn_once(fn, world_size, args, **kwargs)

@@ -204,7 +204,7 @@ def test_plan_models_by_name_and_vocabulary(tmp_path):
     assert args.train_micro_batch_size_per_gpu == 4 and args.gradient_accumulation_steps == 1
     tok = tmp_path / "tok.json"
     tok.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1, "c": 2}}, "added_tokens": [{"id": 300}]}))
-    shape, _ = load_model([_model(tmp_path, vocab_file=str(tok), tokenizer_type="HFTokenizer")], None)
+    shape, _ = load_model([_model(tmp_path, tokenizer_type="HFTokenizer", vocab_file=str(tok))], None)
     assert shape.vocab_size == 384  # 301 tokens padded to a multiple of 128
     shape, _ = load_model([_model(tmp_path)], 1000)
     assert shape.vocab_size == 1024

@@ -15,11 +15,12 @@ import sys
 
 import yaml
 
-from zerotopo.cli.bench import _csv, add_collective_arguments
+from zerotopo.cli.bench import _csv, add_collective_arguments, emulation
 from zerotopo.errors import ConfigError
 
 EPILOG = """examples:
   zerotopo calibrate --topology emulated -o calibration.yaml
+  zerotopo calibrate --topology emulated-frontier --emulate   # root: every tier a shaped link
   srun -N2 -n16 zerotopo calibrate --topology frontier --sizes 1M,16M,128M,1G -o frontier-calibration.yaml
 """
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         tiers=tuple(_csv(args.tiers)),
         overlap=not args.no_overlap,
     )
-    table = measure.run(spec, ranks=args.ranks)
+    table = measure.run(spec, ranks=args.ranks, emulate=emulation(args))
     if table is None:  # not rank 0 of a job
         return 0
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo calibrate"

@@ -281,9 +281,11 @@ def _spawned(rank: int, world: int, task: str, spec: BenchSpec) -> Any:
     return (bench_rank if task == "bench" else calibrate_rank)(spec, rank)
 
 
-def run(task: str, spec: BenchSpec, *, ranks: int | None = None) -> Any:
+def run(task: str, spec: BenchSpec, *, ranks: int | None = None, emulate: dict | None = None) -> Any:
     """Run ``task`` (``bench`` or ``calibrate``) in the current job, or on local gloo ranks when this
-    process is not part of one. Returns rank 0's result (``None`` on other ranks of a job)."""
+    process is not part of one. Returns rank 0's result (``None`` on other ranks of a job).
+    ``emulate``: keywords of :func:`zerotopo.netem.emulated_cluster`; the local ranks then run each in
+    its own network namespace with every tier shaped (root)."""
     from zerotopo.launch.discovery import discover, init_distributed, topological_index
 
     info = discover(os.environ)
@@ -304,9 +306,18 @@ def run(task: str, spec: BenchSpec, *, ranks: int | None = None) -> Any:
             key="--ranks",
         )
     spec = replace(spec, nodes=world // topo.devices_per_node)
+
     # One thread per rank: the ranks already share the machine's cores.
-    results = spawn(_spawned, world, args=(task, spec), ranks_per_node=topo.devices_per_node, timeout_s=1800)
-    return results[0]
+    def go(network: Any = None) -> Any:
+        return spawn(_spawned, world, args=(task, spec), ranks_per_node=topo.devices_per_node,
+                     timeout_s=1800, network=network)[0]  # fmt: skip
+
+    if emulate is not None:
+        from zerotopo.netem import emulated_cluster
+
+        with emulated_cluster(topo.with_nodes(spec.nodes), **emulate) as net:
+            return go(net)
+    return go()
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -203,9 +203,11 @@ def _spawned(rank: int, world: int, spec: MeasureSpec) -> Any:
     return measure_rank(spec, rank)
 
 
-def run(spec: MeasureSpec, *, ranks: int | None = None) -> dict[str, Any] | None:
+def run(spec: MeasureSpec, *, ranks: int | None = None, emulate: dict | None = None) -> dict[str, Any] | None:
     """Measure in the current job, or on local gloo ranks when this process is not part of one.
-    Returns rank 0's table (``None`` on other ranks of a job)."""
+    Returns rank 0's table (``None`` on other ranks of a job). ``emulate``: keywords of
+    :func:`zerotopo.netem.emulated_cluster`; the local ranks then run each in its own network namespace
+    with every tier shaped (root)."""
     from zerotopo.launch.discovery import discover, init_distributed, topological_index
 
     info = discover(os.environ)
@@ -225,5 +227,11 @@ def run(spec: MeasureSpec, *, ranks: int | None = None) -> dict[str, Any] | None
             key="--ranks",
         )
     spec = replace(spec, nodes=world // topo.devices_per_node)
-    results = spawn(_spawned, world, args=(spec,), ranks_per_node=topo.devices_per_node, timeout_s=1800)
-    return results[0]
+    if emulate is None:
+        return spawn(_spawned, world, args=(spec,), ranks_per_node=topo.devices_per_node, timeout_s=1800)[0]
+    from zerotopo.netem import emulated_cluster
+
+    with emulated_cluster(topo.with_nodes(spec.nodes), **emulate) as net:
+        return spawn(
+            _spawned, world, args=(spec,), ranks_per_node=topo.devices_per_node, timeout_s=1800, network=net
+        )[0]
