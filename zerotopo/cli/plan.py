@@ -108,6 +108,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated node counts: predicted TFLOPS per device of the chosen plans at each",
     )
     parser.add_argument("--plot", metavar="PNG", default=None, help="with --scaling: draw the chart to PNG")
+    parser.add_argument(
+        "--unit-layers",
+        metavar="K",
+        default="1",
+        help="layers per gather unit the planner may choose from, comma-separated (default 1, the "
+        "engine's; larger units send larger messages and hold larger buffers)",
+    )
 
 
 def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
@@ -136,6 +143,14 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
             default_bandwidth=False,
             overlap=cal.get("overlap") or OverlapModel(),
         )
+    try:
+        unit_layers = tuple(sorted({int(x) for x in str(args.unit_layers).split(",") if x.strip()}))
+    except ValueError:
+        unit_layers = ()
+    if not unit_layers or min(unit_layers) < 1:
+        raise ConfigError(
+            f"expected positive layer counts, found {args.unit_layers!r}", source="--unit-layers"
+        )
     shape, neox = load_model(args.model, args.vocab_size)
     precision = neox.resolved_precision
     options = CostOptions(
@@ -146,6 +161,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
+        unit_layers=unit_layers,
         **measured,
     )
     est = plan_candidates(shape, topo, plans=args.plans, aligned=not args.all_degrees, options=options)
@@ -181,7 +197,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
         rows.append(
             [
                 "lins" if e.name == e.plan.label() else e.name,  # enumerated plans are named by label
-                e.plan.label(topo),
+                e.plan.label(topo) + (f" u={e.unit_layers}" if e.unit_layers not in (None, 1) else ""),
                 *(f"{x / GIB:.2f}" for x in (m.params, m.secondary, m.grads, m.optim, m.total)),
                 f"{intra / 1e9:.1f}",
                 f"{inter / 1e9:.1f}",
@@ -199,6 +215,10 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
             "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
         )
     return "\n".join(lines)
+
+
+def _tflops(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
 
 def _fmt_s(x: float) -> str:
@@ -288,7 +308,7 @@ def scaling(args: argparse.Namespace) -> tuple[list[int], dict[str, list[float]]
     name = shape.name
     rows = [["nodes", *series]]
     for i, n in enumerate(counts):
-        rows.append([str(n), *(f"{v[i]:.1f}" if v[i] == v[i] else "OOM" for v in series.values())])
+        rows.append([str(n), *(_tflops(v[i]) if v[i] == v[i] else "OOM" for v in series.values())])
     eff = ["scaling eff."]
     for v in series.values():
         ok = [i for i, x in enumerate(v) if x == x and x > 0]  # NaN: did not fit
