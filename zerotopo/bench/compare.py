@@ -346,7 +346,7 @@ def assemble(
 def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     """(reference row, why the comparison is void or None). Each row's final loss must lie within the
     tolerance of the reference's: the first full-precision row that ran."""
-    ran = [r for r in rows if r.get("final_loss") is not None and r["kind"] != "floor"]
+    ran = [r for r in rows if r.get("final_loss") is not None and r.get("kind") != "floor"]
     exact = [r for r in ran if not r["quantized"]]
     if not ran:
         return None, "no row ran"
