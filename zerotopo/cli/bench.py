@@ -38,6 +38,17 @@ def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def check_collective_flags(args: argparse.Namespace) -> None:
+    """Counts out of range are bad input before any rank starts."""
+    from zerotopo.topology import MAX_NODES
+
+    bounds = {"nodes": (1, MAX_NODES), "ranks": (1, 4096), "iters": (1, 10**6), "warmup": (0, 10**6)}
+    for name, (lo, hi) in bounds.items():
+        value = getattr(args, name, None)
+        if value is not None and not lo <= value <= hi:
+            raise ConfigError(f"expected {lo} to {hi}, found {value}", source=f"--{name}")
+
+
 def add_collective_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by ``bench collectives`` and ``calibrate``."""
     p.add_argument("--topology", default="emulated", help="topology name or YAML file (default: emulated)")
@@ -123,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         return int(module.run(args) or 0)
     if args.bench_target != "collectives":
         raise ConfigError("choose what to benchmark: zerotopo bench collectives | step | compare")
+    check_collective_flags(args)
+    if not 1 <= args.block <= 1 << 20:
+        raise ConfigError(f"expected 1 to {1 << 20}, found {args.block}", source="--block")
     from zerotopo.comm import bench
 
     ops = tuple(_csv(args.ops)) if args.ops else bench.DEFAULT_OPS
