@@ -166,3 +166,28 @@ def test_sigterm_tears_down_namespaces_and_ranks(tmp_path):
             proc.kill()
     assert our_namespaces(proc.pid) == []
     assert [pid for pid in ranks if os.path.exists(f"/proc/{pid}")] == []
+
+
+def test_command_line_options():
+    import argparse
+
+    from zerotopo.bench.compare import add_arguments, options_from_args
+    from zerotopo.cli.bench import add_collective_arguments, emulation
+    from zerotopo.errors import ConfigError
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    opts = options_from_args(
+        p.parse_args(["--rows", "zero3, fsdp2-hsdp", "--shape", "node=400", "--no-emulate"])
+    )
+    assert opts.rows == ("zero3", "fsdp2-hsdp") and opts.rates == {"node": 400.0} and not opts.emulate
+    assert options_from_args(p.parse_args([])).rows == DEFAULT_ROWS
+    with pytest.raises(ConfigError, match="unknown row 'zero4'"):
+        compare(CompareOptions(topology=MINI, model="tiny", rows=("zero4",), emulate=False))
+    c = argparse.ArgumentParser()
+    add_collective_arguments(c)
+    assert emulation(c.parse_args([])) is None
+    assert emulation(c.parse_args(["--emulate", "--network-mbit", "20", "--shape", "package=500"])) == {
+        "network_mbit": 20.0,
+        "rates": {"package": 500.0},
+    }
