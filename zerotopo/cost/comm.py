@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from zerotopo.comm import volume
+from zerotopo.cost.memory import grad_widths
 from zerotopo.layout import groups, padded_numel
 from zerotopo.plan import Degrees, Plan
 from zerotopo.topology import Topology
@@ -170,8 +171,8 @@ def comm_per_step(
     *,
     micro_batches: int,
     param_bytes: int = 2,
-    reduce_bytes: int = 4,
-    grad_shard_bytes: int = 4,
+    reduce_bytes: int | None = None,
+    grad_shard_bytes: int | None = None,
     padded: bool = True,
     fp16: bool = False,
 ) -> list[CollectiveCost]:
@@ -181,8 +182,12 @@ def comm_per_step(
     gradient reduce-scatter and ``grad_shard_bytes`` that of the accumulated gradient shard reduced once
     per step (fp32 in the engine; the papers' fp16 tables use 2). With ``padded=False`` units are not
     padded, so every count must split evenly over the groups (as the papers' closed forms assume).
-    Identical collectives are merged: ``count`` says how many run per step.
+    Identical collectives are merged: ``count`` says how many run per step. Unset widths follow the
+    plan's ``grad_dtype`` (:func:`zerotopo.cost.memory.grad_widths`: 4 bytes unless it is ``param``).
     """
+    gb, rb = grad_widths(plan, param_bytes)
+    reduce_bytes = rb if reduce_bytes is None else reduce_bytes
+    grad_shard_bytes = gb if grad_shard_bytes is None else grad_shard_bytes
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     return _comm(
@@ -306,8 +311,12 @@ def edge_costs(unit_numels: list[int], topology: Topology, plan: Plan, **kwargs)
     return [c for c in one if c.phase in ("forward", "grad_reduce")]
 
 
-def _edge(unit_numels, topology, plan, d, param_bytes, reduce_bytes, fp16) -> list[CollectiveCost]:
-    one = _comm(unit_numels[:1], topology, plan, d, 1, param_bytes, reduce_bytes, 4, True, fp16)
+def _edge(
+    unit_numels, topology, plan, d, param_bytes, reduce_bytes, fp16, grad_shard_bytes=4
+) -> list[CollectiveCost]:
+    one = _comm(
+        unit_numels[:1], topology, plan, d, 1, param_bytes, reduce_bytes, grad_shard_bytes, True, fp16
+    )
     return [c for c in one if c.phase in ("forward", "grad_reduce")]
 
 

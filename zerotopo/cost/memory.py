@@ -72,13 +72,34 @@ def activation_bytes(shape: ModelShape, micro_batch: int, *, checkpoint_activati
     return per_layer + checkpoints
 
 
+def grad_widths(
+    plan: Plan,
+    param_bytes: int,
+    default: str | None = None,
+    *,
+    grad_bytes: int = 4,
+    reduce_bytes: int = 4,
+) -> tuple[int, int]:
+    """(gradient shard bytes, per-micro-batch reduce-scatter bytes) per element for ``plan``.
+
+    The plan's ``grad_dtype`` (else ``default``, for plans that leave it unset) decides as the engine
+    does: ``param`` keeps both in the parameter width; ``fp32`` keeps a 4-byte shard and reduces in
+    ``reduce_bytes``; neither set: ``grad_bytes`` and ``reduce_bytes`` as given."""
+    mode = plan.grad_dtype or default
+    if mode == "param":
+        return param_bytes, param_bytes
+    if mode == "fp32":
+        return 4, reduce_bytes
+    return grad_bytes, reduce_bytes
+
+
 def memory_per_device(
     unit_numels: list[int],
     topology: Topology,
     plan: Plan,
     *,
     param_bytes: int = 2,
-    grad_bytes: int = 4,
+    grad_bytes: int | None = None,
     optim_bytes_per_param: int = 12,
     padded: bool = True,
     micro_batch: int = 1,
@@ -87,11 +108,14 @@ def memory_per_device(
 ) -> MemoryBreakdown:
     """Memory one device holds for ``plan`` (see the module note); ``shape`` adds activations.
 
-    ``grad_bytes`` is 4 for the engine's fp32 gradient shards; the papers' tables count fp16 gradients
-    (2). ``optim_bytes_per_param`` is 12 (fp32 master + Adam m and v) as in both papers.
+    ``grad_bytes`` (default: from ``plan.grad_dtype``, :func:`grad_widths`) is 4 for fp32 gradient
+    shards and ``param_bytes`` for ``grad_dtype: param``, the 2 bytes the papers' tables count.
+    ``optim_bytes_per_param`` is 12 (fp32 master + Adam m and v) as in both papers.
     """
     if not unit_numels:
         raise ValueError("a model needs at least one unit")
+    if grad_bytes is None:
+        grad_bytes = grad_widths(plan, param_bytes)[0]
     return _memory(
         unit_numels,
         plan,

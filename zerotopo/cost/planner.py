@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from zerotopo.cost.comm import CollectiveCost, _comm, _edge, bytes_by_tier
-from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory
+from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, grad_widths
 from zerotopo.cost.time import StepTime, step_time
 from zerotopo.errors import PlanError
 from zerotopo.models.shape import ModelShape
@@ -42,9 +42,12 @@ class CostOptions:
     param_bytes: int = 2
     """Width of the trainable parameters and of their all-gather (bf16/fp16)."""
     grad_bytes: int = 4
-    """Width of the accumulated gradient shard (the engine keeps fp32)."""
+    """Width of the accumulated gradient shard when neither the plan nor ``grad_dtype`` sets it."""
     reduce_bytes: int = 4
-    """Width of the per-micro-batch gradient reduce-scatter."""
+    """Width of the per-micro-batch gradient reduce-scatter (likewise)."""
+    grad_dtype: str | None = None
+    """``param`` or ``fp32`` for plans that leave ``grad_dtype`` unset (a NeoX config's default,
+    ``NeoXArgs.grad_dtype``); a plan's own ``grad_dtype`` wins (:func:`~zerotopo.cost.memory.grad_widths`)."""
     optim_bytes_per_param: int = 12
     """fp32 master + Adam m, v."""
     fp16: bool = False
@@ -65,6 +68,9 @@ class PlanEstimate:
     """Bytes one rank sends per step, per tier (every tier of the topology listed)."""
     time: StepTime
     fits: bool
+    max_params: float = 0.0
+    """The largest parameter count whose model states (parameters, secondary, gradients, optimizer; no
+    buffers or activations, as papers/003 §II counts) fit the device memory under this plan."""
 
     @property
     def name(self) -> str:
@@ -90,6 +96,7 @@ class PlanEstimate:
             "tflops_per_device": self.time.tflops_per_device,
             "mfu": self.time.mfu,
             "fits": self.fits,
+            "max_params": self.max_params,
         }
 
 
@@ -129,20 +136,15 @@ def estimate(
     units = shape.unit_params()
     d = degrees or plan.degrees(topology)
     o = options
+    gb, rb = grad_widths(
+        plan, o.param_bytes, o.grad_dtype, grad_bytes=o.grad_bytes, reduce_bytes=o.reduce_bytes
+    )
     # the internal forms take the resolved degrees: the planner resolves each plan once
     memory = _memory(
-        units,
-        plan,
-        d,
-        o.param_bytes,
-        o.grad_bytes,
-        o.optim_bytes_per_param,
-        True,
-        o.micro_batch,
-        shape,
+        units, plan, d, o.param_bytes, gb, o.optim_bytes_per_param, True, o.micro_batch, shape,
         o.checkpoint_activations,
-    )
-    comm = _comm(units, topology, plan, d, o.grad_accum, o.param_bytes, o.reduce_bytes, 4, True, o.fp16)
+    )  # fmt: skip
+    comm = _comm(units, topology, plan, d, o.grad_accum, o.param_bytes, rb, gb, True, o.fp16)
     t = step_time(
         comm,
         topology,
@@ -152,12 +154,21 @@ def estimate(
         prefetch=plan.prefetch,
         efficiency=options.efficiency,
         checkpoint_activations=options.checkpoint_activations,
-        edge=_edge(units, topology, plan, d, o.param_bytes, o.reduce_bytes, o.fp16),
+        edge=_edge(units, topology, plan, d, o.param_bytes, rb, o.fp16, gb),
     )
     limit = options.memory_limit_bytes
     if limit is None:
         limit = topology.device.memory_gib * GIB
-    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, memory.total <= limit)
+    # model states are linear in the parameter count: cost one unpadded unit of 10^9 and scale
+    per_param = (
+        _memory(
+            [10**9], plan, d, o.param_bytes, gb, o.optim_bytes_per_param, False, 1, None, False
+        ).model_states
+        / 10**9
+    )
+    return PlanEstimate(
+        plan, d, memory, comm, bytes_by_tier(comm, topology), t, memory.total <= limit, limit / per_param
+    )
 
 
 def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:
@@ -172,6 +183,7 @@ def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) ->
         plan.quant_block,
         plan.prefetch,
         plan.grad_reduce,
+        plan.grad_dtype,
     )
 
 

@@ -144,17 +144,18 @@ class ShardedAdamW:
 
     # -- the step ---------------------------------------------------------------------------------------
     def _replica_reduce(self, u: FlatUnit) -> torch.Tensor:
-        """This rank's optimizer chunk of the gradient summed over the whole world (fp32)."""
+        """This rank's optimizer chunk of the gradient summed over the whole world, as fp32 (the reduction
+        runs in the gradient shard's dtype: fp32, or the parameter dtype under ``grad_dtype: param``)."""
         d, plan, mesh = self.degrees, self.plan, self.mesh
         tag = f"replicas {u.name}"
         if plan.grad_reduce == "allreduce":
             if d.world // d.grads > 1:
                 C.all_reduce(u.grad_shard, mesh.group("grad_replicas"), ledger=self.ledger, tag=tag)
             lo, hi = u.optim_in_grad
-            return u.grad_shard[lo:hi].clone()
+            return u.grad_shard[lo:hi].to(torch.float32, copy=True)
         k = d.optim // d.grads
         if k > 1:
-            chunk = torch.empty(u.grad_shard.numel() // k, dtype=torch.float32, device=u.device)
+            chunk = torch.empty(u.grad_shard.numel() // k, dtype=u.grad_shard.dtype, device=u.device)
             C.reduce_scatter(
                 chunk,
                 u.grad_shard,
@@ -167,7 +168,7 @@ class ShardedAdamW:
             chunk = u.grad_shard.clone()
         if d.world // d.optim > 1:
             C.all_reduce(chunk, mesh.group("optim_replicas"), ledger=self.ledger, tag=tag)
-        return chunk
+        return chunk.to(torch.float32)
 
     @torch.no_grad()
     def step(self) -> dict[str, Any]:

@@ -100,6 +100,7 @@ def check_memory(
             plans="auto",
             param_bytes=param_bytes,
             checkpoint_activations=ckpt,
+            grad_dtype=args.grad_dtype,
         )
         if c.fits
     ]
@@ -166,7 +167,10 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     param_dtype = DTYPES[precision]
     micro, accum, global_batch = args.batch_sizes(ctx.world)
     torch.manual_seed(args.seed)
-    model = GPTNeoX(cfg)
+    with torch.device("meta"):
+        # no storage: parallelize materializes each unit in turn and keeps this rank's shards only,
+        # drawing the init in the order an eager build with this seed would (engine/api.py)
+        model = GPTNeoX(cfg)
     unit_numels = [
         sum(p.numel() for p in m.parameters()) for m in [model.embed_in, *model.layers, model.head]
     ]
@@ -179,7 +183,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     if precision == "fp16":
         loss_scale = fp16.loss_scale if fp16.loss_scale else "dynamic"
     model, optimizer = parallelize(
-        model.to(device),
+        model,
         mesh=mesh,
         param_dtype=param_dtype,
         lr=args.lr,
