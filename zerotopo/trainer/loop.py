@@ -32,6 +32,7 @@ from zerotopo.plan import PRESETS
 from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.metrics import MetricsWriter, plot_run, write_summary
+from zerotopo.trainer.peak import PeakMemory
 from zerotopo.trainer.schedule import LRSchedule
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -160,6 +161,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     degrees = plan.degrees(topology)
     ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
+    probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
     cfg = check_vocab(args, tokenizer)
@@ -356,6 +358,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         )
     wall = time.perf_counter() - t_run
     memory = model.memory_report()
+    peak = peak_report(probe, ctx, args, shape, unit_numels, topology, plan, param_dtype.itemsize, micro)
     if writer is None:
         return None
     writer.close()
@@ -374,11 +377,53 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         "wall_s": wall,
         "tokens_per_s": (iters - start_step) * tokens_per_step / wall,
         "memory_bytes_rank0": memory,
+        "memory_peak": peak,
         "degrees_resolved": vars(degrees),
     }
     write_summary(run_dir, summary)
     summary["plots"] = [str(p) for p in plot_run(run_dir)]
     return summary
+
+
+def peak_report(
+    probe: PeakMemory,
+    ctx: RankContext,
+    args: NeoXArgs,
+    shape,
+    unit_numels,
+    topology,
+    plan,
+    param_bytes,
+    micro,
+) -> dict[str, Any]:
+    """Every rank's measured peak next to the cost model's per-device total (printed on rank 0)."""
+    from zerotopo.cost.memory import memory_per_device
+
+    mine = torch.tensor([probe.peak(), probe.baseline], dtype=torch.int64, device=ctx.device)
+    every = [torch.zeros_like(mine) for _ in range(ctx.world)]
+    dist.all_gather(every, mine)
+    measured = [int(t[0]) for t in every]
+    baseline = [int(t[1]) for t in every]
+    pred = memory_per_device(
+        unit_numels, topology, plan, param_bytes=param_bytes, padded=True, micro_batch=micro,
+        shape=shape, checkpoint_activations=args.checkpoint_activations,
+    )  # fmt: skip
+    if ctx.is_main:
+        g = 2**30
+        print(
+            f"peak memory per rank: measured {max(measured) / g:.3f} GiB (max over ranks; min "
+            f"{min(measured) / g:.3f}) above a baseline of {max(baseline) / g:.3f} GiB; cost model "
+            f"{pred.total / g:.3f} GiB per device (model states {pred.model_states / g:.3f}, buffers "
+            f"{pred.buffers / g:.3f}, activations {pred.activations / g:.3f}); {probe.method}",
+            flush=True,
+        )
+    return {
+        "method": probe.method,
+        "measured_bytes_per_rank": measured,
+        "baseline_bytes_per_rank": baseline,
+        "predicted_bytes": pred.total,
+        "predicted": pred.as_dict(),
+    }
 
 
 def _mean_over_ranks(values: torch.Tensor) -> list[float]:

@@ -1,0 +1,67 @@
+"""A rank's measured peak memory, for comparison with the cost model's per-device prediction.
+
+On a GPU the peak is ``torch.cuda.max_memory_allocated`` since the probe started, less what was allocated
+then. On the CPU it is the process's peak resident set (``VmHWM`` in ``/proc/self/status``, else
+``getrusage``'s ``ru_maxrss``) less the resident set when the probe started (``baseline``: the interpreter,
+torch, the process groups: what the rank holds before any model state exists). Where the kernel allows it
+the probe resets ``VmHWM`` at start (``/proc/self/clear_refs``), so import-time peaks are not counted.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import torch
+
+_STATUS = Path("/proc/self/status")
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # the kernel reports kB
+    except OSError:
+        return None
+    return None
+
+
+def _reset_hwm() -> bool:
+    """Reset the peak resident set to the current one (Linux ``clear_refs`` value 5)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class PeakMemory:
+    """Start measuring now; :meth:`peak` is the most this rank held above :attr:`baseline` since."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            self.baseline = torch.cuda.memory_allocated(device)
+            self.method = "torch.cuda.max_memory_allocated"
+            return
+        self.hwm_reset = _reset_hwm()
+        rss = _status_bytes("VmRSS")
+        if rss is not None:
+            self.baseline = rss
+            self.method = "peak resident set (VmHWM)" + ("" if self.hwm_reset else ", not reset at start")
+        else:  # no /proc: ru_maxrss (kB on Linux) since the process started
+            self.baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            self.method = "getrusage ru_maxrss"
+
+    def peak(self) -> int:
+        """Bytes above :attr:`baseline` at the peak so far."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
+        hwm = _status_bytes("VmHWM")
+        if hwm is None:
+            hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(0, hwm - self.baseline)
