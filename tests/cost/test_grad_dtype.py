@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from zerotopo.cli import plan as plan_cli
-from zerotopo.cost.comm import comm_per_step
-from zerotopo.cost.memory import grad_widths, memory_per_device
+from zerotopo.cost.comm import comm_per_step, grad_width
+from zerotopo.cost.memory import memory_per_device
 from zerotopo.plan import get_preset
 from zerotopo.topology import load_topology
 
@@ -41,10 +41,7 @@ def test_grad_dtype_sets_memory_and_bytes():
     units = [4096 * 1024] * 3
     base = get_preset("zero3")
     half, full = replace(base, grad_dtype="param"), replace(base, grad_dtype="fp32")
-    assert (
-        grad_widths(half, 2) == (2, 2) and grad_widths(full, 2) == (4, 4) and grad_widths(base, 2) == (4, 4)
-    )
-    assert grad_widths(base, 2, "param") == (2, 2)  # the caller's default for an unset plan
+    assert grad_width(half, 2) == 2 and grad_width(full, 2) == 4 and grad_width(base, 2) == 4
     m_half = memory_per_device(units, t, half, param_bytes=2)
     m_full = memory_per_device(units, t, full, param_bytes=2)
     assert m_full.grads == 2 * m_half.grads and m_half.params == m_full.params

@@ -78,27 +78,6 @@ def activation_bytes(shape: ModelShape, micro_batch: int, *, checkpoint_activati
     return per_layer + checkpoints
 
 
-def grad_widths(
-    plan: Plan,
-    param_bytes: int,
-    default: str | None = None,
-    *,
-    grad_bytes: int = 4,
-    reduce_bytes: int = 4,
-) -> tuple[int, int]:
-    """(gradient shard bytes, per-micro-batch reduce-scatter bytes) per element for ``plan``.
-
-    The plan's ``grad_dtype`` (else ``default``, for plans that leave it unset) decides as the engine
-    does: ``param`` keeps both in the parameter width; ``fp32`` keeps a 4-byte shard and reduces in
-    ``reduce_bytes``; neither set: ``grad_bytes`` and ``reduce_bytes`` as given."""
-    mode = plan.grad_dtype or default
-    if mode == "param":
-        return param_bytes, param_bytes
-    if mode == "fp32":
-        return 4, reduce_bytes
-    return grad_bytes, reduce_bytes
-
-
 def memory_per_device(
     unit_numels: list[int],
     topology: Topology,
@@ -114,14 +93,14 @@ def memory_per_device(
 ) -> MemoryBreakdown:
     """Memory one device holds for ``plan`` (see the module note); ``shape`` adds activations.
 
-    ``grad_bytes`` (default: from ``plan.grad_dtype``, :func:`grad_widths`) is 4 for fp32 gradient
-    shards and ``param_bytes`` for ``grad_dtype: param``, the 2 bytes the papers' tables count.
+    ``grad_bytes`` follows ``plan.grad_dtype`` when not given: 4 for fp32 gradient shards (``fp32`` or
+    unset), ``param_bytes`` for ``param`` (the 2 bytes the papers' tables count).
     ``optim_bytes_per_param`` is 12 (fp32 master + Adam m and v) as in both papers.
     """
     if not unit_numels:
         raise ValueError("a model needs at least one unit")
     if grad_bytes is None:
-        grad_bytes = grad_widths(plan, param_bytes)[0]
+        grad_bytes = param_bytes if getattr(plan, "grad_dtype", None) == "param" else 4
     return _memory(
         unit_numels,
         plan,
@@ -201,3 +180,30 @@ def _memory(
         activations=activations,
         step_buffers=out(step_buffers),
     )
+
+
+def max_model_params(
+    topology: Topology,
+    plan: Plan,
+    *,
+    param_bytes: int = 2,
+    grad_bytes: int | None = None,
+    optim_bytes_per_param: int = 12,
+    memory_bytes: float | None = None,
+) -> float:
+    """The largest parameter count whose model states (parameters, secondary, gradients, optimizer; no
+    buffers, no activations, as papers/003 §I counts) fit ``memory_bytes`` (the device's memory by
+    default). Model states grow linearly with the parameter count, so this is the device memory over the
+    model-state bytes per parameter."""
+    probe = 10**9
+    m = memory_per_device(
+        [probe],
+        topology,
+        plan,
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+        optim_bytes_per_param=optim_bytes_per_param,
+        padded=False,
+    )
+    limit = topology.device.memory_gib * GIB if memory_bytes is None else memory_bytes
+    return limit * probe / m.model_states
