@@ -36,7 +36,7 @@ from zerotopo.plan import PRESETS
 from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
-from zerotopo.trainer.peak import PeakMemory
+from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
 from zerotopo.trainer.retention import prune_checkpoints
 from zerotopo.trainer.schedule import schedule_for
 
@@ -181,6 +181,8 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     degrees = plan.degrees(topology)
     ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
+    if device.type == "cpu":
+        unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
     probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
