@@ -91,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory-gib", type=float, default=None, help="device memory budget (default: device's)"
     )
+    parser.add_argument(
+        "--grad-dtype",
+        choices=("param", "fp32"),
+        default=None,
+        help="gradient width for plans that do not set it: param (the parameter dtype, DeepSpeed's "
+        "default) or fp32 (default: the config's data_types.grad_accum_dtype, else param)",
+    )
     parser.add_argument("--top", type=int, default=None, help="print only the first N rows")
     parser.add_argument(
         "--all-degrees", action="store_true", help="search degrees that are not tier-aligned too"
@@ -160,6 +167,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         checkpoint_activations=bool(neox.checkpoint_activations),
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
+        grad_dtype=args.grad_dtype or neox.grad_dtype,
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
         unit_layers=unit_layers,
         **measured,
@@ -185,6 +193,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
         "grads",
         "optim",
         "total",
+        "max B",
         "intra GB",
         "inter GB",
         "step s",
@@ -199,6 +208,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
                 "lins" if e.name == e.plan.label() else e.name,  # enumerated plans are named by label
                 e.plan.label(topo) + (f" u={e.unit_layers}" if e.unit_layers not in (None, 1) else ""),
                 *(f"{x / GIB:.2f}" for x in (m.params, m.secondary, m.grads, m.optim, m.total)),
+                f"{e.max_params / 1e9:.1f}",
                 f"{intra / 1e9:.1f}",
                 f"{inter / 1e9:.1f}",
                 f"{e.time.step_time_s:.3f}",
@@ -209,7 +219,12 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = [head, "memory per device in GiB; bytes each device sends per step in GB", ""]
+    lines = [
+        head,
+        "memory per device in GiB; max B: the largest model (billions of parameters) whose model states "
+        "fit a device (no buffers or activations); bytes each device sends per step in GB",
+        "",
+    ]
     for r in rows:
         lines.append(
             "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
