@@ -208,14 +208,8 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     )
 
     run_dir = job.resolve_run_dir(plan.name)
-    start_step = 0
-    if args.load:
-        start_step = load_checkpoint(
-            Path(args.load), model, optimizer, rank=ctx.rank, cfg=cfg, plan_label=plan.label(topology)
-        )
-    train_batches = iter(
-        DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=start_step * global_batch)
-    )
+    start_step, consumed = resume(args, job, model, optimizer, cfg, ctx)
+    train_batches = iter(DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=consumed))
     writer = MetricsWriter(run_dir, topology.tier_names) if ctx.is_main else None
     if ctx.is_main:
         (run_dir / "config.yml").write_text(
@@ -238,6 +232,20 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     flops_per_step = shape.step_flops(global_batch, checkpoint_activations=args.checkpoint_activations)
     tokens_per_step = global_batch * args.seq_length
     peak = topology.device.peak_tflops
+
+    def save(at_step: int) -> None:
+        save_checkpoint(
+            Path(args.save),
+            model,
+            optimizer,
+            step=at_step,
+            consumed_samples=consumed + (at_step - start_step) * global_batch,
+            cfg=cfg,
+            plan_name=plan.name,
+            plan_label=plan.label(topology),
+            seed=args.seed,
+            tokenizer=tokenizer_info(args, tokenizer),
+        )
 
     bar = None
     if ctx.is_main and job.progress:
@@ -328,28 +336,12 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     f"step {step + 1:>5}/{iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}"
                 )
         if args.save and args.save_interval and (step + 1) % args.save_interval == 0 and not last_step:
-            save_checkpoint(
-                Path(args.save),
-                model,
-                optimizer,
-                step=step + 1,
-                rank=ctx.rank,
-                cfg=cfg,
-                plan_label=plan.label(topology),
-            )
+            save(step + 1)
         ledger.reset()
     if bar is not None:
         bar.close()
-    if args.save:
-        save_checkpoint(
-            Path(args.save),
-            model,
-            optimizer,
-            step=iters,
-            rank=ctx.rank,
-            cfg=cfg,
-            plan_label=plan.label(topology),
-        )
+    if args.save and start_step < iters:
+        save(iters)
     wall = time.perf_counter() - t_run
     memory = model.memory_report()
     if writer is None:
@@ -375,6 +367,38 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     write_summary(run_dir, summary)
     summary["plots"] = [str(p) for p in plot_run(run_dir)]
     return summary
+
+
+def resume(
+    args: NeoXArgs, job: TrainJob, model, optimizer, cfg: NeoXConfig, ctx: RankContext
+) -> tuple[int, int]:
+    """``(step, samples consumed)`` to start from: a zerotopo checkpoint (any plan, any world size), a
+    Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
+    from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory
+
+    hf_dir = getattr(job, "from_hf", None)
+    if args.load and is_hf_directory(Path(args.load)):
+        hf_dir = args.load
+    elif args.load and find_checkpoint(args.load) is not None:
+        state = load_checkpoint(args.load, model, optimizer, cfg=cfg, seed=args.seed)
+        if ctx.is_main:
+            print(f"zerotopo train: resumed from {state.source} at step {state.step}", flush=True)
+        return state.step, state.consumed_samples
+    elif args.load and ctx.is_main:
+        print(f"zerotopo train: no checkpoint in {args.load} yet; starting from step 0", flush=True)
+    if hf_dir:
+        from zerotopo.models.hf_load import load_hf_shards
+
+        load_hf_shards(hf_dir, model, optimizer, cfg)
+        if ctx.is_main:
+            print(f"zerotopo train: weights from the Hugging Face model {hf_dir}", flush=True)
+    return 0, 0
+
+
+def tokenizer_info(args: NeoXArgs, tokenizer) -> dict[str, Any]:
+    """What a checkpoint records of the run's tokenizer (its files are copied beside the shards)."""
+    files = [getattr(args, k, None) for k in ("vocab_file", "merge_file")]
+    return {"type": args.tokenizer_type, "eod": tokenizer.eod, "files": [f for f in files if f]}
 
 
 def _mean_over_ranks(values: torch.Tensor) -> list[float]:
