@@ -515,6 +515,25 @@ def preflight_load(path: str | os.PathLike, cfg: NeoXConfig) -> Checkpoint | Non
     return ckpt
 
 
+def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Whole tensors ``{name: shape}`` from a checkpoint, in this process alone (no process group):
+    each assembled from the pieces every writing rank stored."""
+    import torch.distributed.checkpoint as dcp
+
+    from zerotopo.trainer.dcpio import FlatLoadPlanner, SafeReader
+
+    state = {name: torch.empty(shape, dtype=torch.float32) for name, shape in wanted.items()}
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner(), no_dist=True)
+    except ZerotopoError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one error naming the checkpoint
+        raise ZerotopoError(f"reading {step_dir} failed: {_first_failure(exc)}") from None
+    return state
+
+
 # -- load ---------------------------------------------------------------------------------------------
 
 

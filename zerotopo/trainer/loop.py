@@ -387,7 +387,7 @@ def resume(
     elif args.load and ctx.is_main:
         print(f"zerotopo train: no checkpoint in {args.load} yet; starting from step 0", flush=True)
     if hf_dir:
-        from zerotopo.models.hf_load import load_hf_shards
+        from zerotopo.models.hf_shards import load_hf_shards
 
         load_hf_shards(hf_dir, model, optimizer, cfg)
         if ctx.is_main:
