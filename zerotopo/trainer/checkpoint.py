@@ -226,11 +226,16 @@ def save_checkpoint(
     state.update(_rng_tensors(rank))
     after_write = (lambda: _fault(step, "write")) if rank == world - 1 else None
     try:
-        dcp.save(state, storage_writer=SafeWriter(tmp, after_write=after_write), planner=FlatSavePlanner())
-    except Exception as exc:  # noqa: BLE001 - DCP gathers every rank's failure; report the first
+        _run_dcp(
+            lambda: dcp.save(
+                state, storage_writer=SafeWriter(tmp, after_write=after_write), planner=FlatSavePlanner()
+            ),
+            f"saving checkpoint {final}",
+        )
+    except ZerotopoError:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise ZerotopoError(f"saving checkpoint {final} failed: {_first_failure(exc)}") from None
+        raise
     if rank == 0:
         manifest = {
             "format": FORMAT,
@@ -280,26 +285,29 @@ def save_checkpoint(
     return final
 
 
-def _first_failure(exc: BaseException) -> str:
+def _first_failure(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's ``CheckpointException`` (which gathers them all)."""
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
-        rank, err = sorted(failures.items())[0]
-        inner = err[0] if isinstance(err, tuple) else err
-        return f"rank {rank}: {inner}"
-    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        _, err = sorted(failures.items())[0]
+        return err[0] if isinstance(err, tuple) else err
+    return exc
 
 
-def load_tensor_file(path: Path) -> dict:
-    """Read a ``torch.save`` file without unpickling code: only tensors, numbers, strings and
-    containers load (``weights_only=True``); anything else is refused with the file named."""
+def _run_dcp(fn, what: str) -> None:
+    """Run a DCP save or load; any rank's failure becomes one :class:`ZerotopoError` on every rank."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - every refusal becomes one readable error
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ZerotopoError(
-            f"{path}: not a zerotopo checkpoint shard (refused to load it: {first}); checkpoint files "
-            "hold tensors and plain values only, and zerotopo never runs code from a file"
-        ) from None
+        fn()
+    except ZerotopoError:
+        raise
+    except (CheckpointException, Exception) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
+        inner = _first_failure(exc)
+        if isinstance(inner, ZerotopoError):
+            raise ZerotopoError(str(inner)) from None
+        text = str(inner).strip().splitlines()[0][:300] if str(inner).strip() else type(inner).__name__
+        raise ZerotopoError(f"{what} failed: {type(inner).__name__}: {text}") from None
 
 
 # -- find and check -----------------------------------------------------------------------------------
@@ -520,17 +528,22 @@ def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str
     each assembled from the pieces every writing rank stored."""
     import torch.distributed.checkpoint as dcp
 
-    from zerotopo.trainer.dcpio import FlatLoadPlanner, SafeReader
+    from zerotopo.trainer.dcpio import FlatLoadPlanner, SafeReader, read_metadata_file
 
-    state = {name: torch.empty(shape, dtype=torch.float32) for name, shape in wanted.items()}
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner(), no_dist=True)
-    except ZerotopoError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - one error naming the checkpoint
-        raise ZerotopoError(f"reading {step_dir} failed: {_first_failure(exc)}") from None
+    stored = read_metadata_file(Path(step_dir)).state_dict_metadata
+    state = {}
+    for name, shape in wanted.items():
+        md = stored.get(name)
+        if md is None:
+            raise ZerotopoError(f"{step_dir}: the checkpoint has no tensor {name!r}")
+        state[name] = torch.empty(shape, dtype=md.properties.dtype)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        _run_dcp(
+            lambda: dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner(), no_dist=True),
+            f"reading {step_dir}",
+        )
     return state
 
 
@@ -562,12 +575,12 @@ def load_checkpoint(
         state[f"rng/{rank}/torch"] = torch.empty(tuple(stored[f"rng/{rank}/torch"].size), dtype=torch.uint8)
         if f"rng/{rank}/cuda" in stored and torch.cuda.is_available():
             state[f"rng/{rank}/cuda"] = torch.empty(tuple(stored[f"rng/{rank}/cuda"].size), dtype=torch.uint8)
-    try:
-        dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner())
-    except ZerotopoError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - DCP gathers every rank's failure; report the first
-        raise ZerotopoError(f"loading {step_dir} failed: {_first_failure(exc)}") from None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        _run_dcp(
+            lambda: dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner()),
+            f"loading {step_dir}",
+        )
     group = optimizer.param_groups[0]
     optimizer.load_state_dict(
         {

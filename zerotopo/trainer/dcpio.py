@@ -336,6 +336,8 @@ class SafeReader(FileSystemReader):
                 raise
             except Exception as exc:  # noqa: BLE001 - a damaged file becomes one error naming it
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                if "Weights only load failed" in first or "weights_only" in first:
+                    first = "it holds objects other than tensors, which zerotopo never unpickles"
                 raise ZerotopoError(
                     f"{Path(self.path) / name}: cannot read checkpoint data ({first}); the file is damaged"
                 ) from None

@@ -140,6 +140,48 @@ def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
     return cfg
 
 
+def hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
+    """The Hugging Face directory the run starts from: ``--from-hf``, or ``load:`` naming one."""
+    from zerotopo.trainer.checkpoint import is_hf_directory
+
+    if args.load and is_hf_directory(Path(args.load)):
+        return args.load
+    return getattr(job, "from_hf", None)
+
+
+def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
+    """The run's model: the config's, or a Hugging Face directory's architecture (see ``hf_source``)."""
+    cfg = check_vocab(args, tokenizer)
+    hf = hf_source(args, job)
+    if hf:
+        from zerotopo.models.hf_shards import merge_hf_config
+
+        cfg = merge_hf_config(hf, args, cfg)
+        if tokenizer.vocab_size > cfg.vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens but the model in {hf} only "
+                f"{cfg.vocab_size} embedding rows; use the tokenizer the model was trained with",
+                key="tokenizer_type",
+            )
+    return cfg
+
+
+def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig) -> None:
+    """Pre-flight of what the run loads (no process group): a zerotopo checkpoint in ``load:`` is read
+    and checked against the model (manifest, metadata, every shard file present and long enough), a
+    Hugging Face directory has every tensor with its shape."""
+    from zerotopo.trainer.checkpoint import find_checkpoint, preflight_load
+
+    if args.load and find_checkpoint(args.load) is not None:
+        preflight_load(args.load, cfg)
+        return
+    hf = hf_source(args, job)
+    if hf:
+        from zerotopo.models.hf_shards import check_hf_directory
+
+        check_hf_directory(hf, cfg)
+
+
 def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     """Run the job as one rank; returns the run summary on rank 0 (None elsewhere)."""
     args = job.load_args(quiet=rank != 0)
@@ -161,7 +203,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
-    cfg = check_vocab(args, tokenizer)
+    cfg = model_config(args, job, tokenizer)
     precision = args.resolved_precision
     param_dtype = DTYPES[precision]
     micro, accum, global_batch = args.batch_sizes(ctx.world)
@@ -376,10 +418,8 @@ def resume(
     Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
     from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory
 
-    hf_dir = getattr(job, "from_hf", None)
-    if args.load and is_hf_directory(Path(args.load)):
-        hf_dir = args.load
-    elif args.load and find_checkpoint(args.load) is not None:
+    hf_dir = hf_source(args, job)
+    if args.load and not is_hf_directory(Path(args.load)) and find_checkpoint(args.load) is not None:
         state = load_checkpoint(args.load, model, optimizer, cfg=cfg, seed=args.seed)
         if ctx.is_main:
             print(f"zerotopo train: resumed from {state.source} at step {state.step}", flush=True)
