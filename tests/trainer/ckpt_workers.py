@@ -23,6 +23,7 @@ def checkpoint_worker(
     steps: int,
     load_from: str | None = None,
     fp16: bool = False,
+    tokenizer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
@@ -47,7 +48,7 @@ def checkpoint_worker(
         loss_scale="dynamic",
         loss_scale_options={"init_scale": 2.0**8, "growth_interval": 2},
     )
-    step = steps
+    step = 0
     losses = []
     if load_from:
         step = load_checkpoint(load_from, model, opt, cfg=cfg()).step
@@ -59,8 +60,15 @@ def checkpoint_worker(
         model.scale_loss(loss).backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     save_checkpoint(
-        out, model, opt, step=steps, consumed_samples=steps * 2 * world, cfg=cfg(), plan_name=plan.name
+        out,
+        model,
+        opt,
+        step=steps,
+        consumed_samples=steps * 2 * world,
+        cfg=cfg(),
+        plan_name=plan.name,
+        tokenizer=tokenizer,
     )
     return {"losses": losses, "scale": model.scaler.state_dict() if model.scaler is not None else None}

@@ -94,7 +94,7 @@ def test_checkpoint_layout(reference):
 def test_killed_save_resumes_from_previous_checkpoint_bit_exact(tmp, reference, capsys, monkeypatch):
     _, ref = reference
     save = tmp / "fault-write"
-    monkeypatch.setenv(FAULT_ENV, "4:write")  # the last rank dies once its shards of step 4 are on disk
+    monkeypatch.setenv(FAULT_ENV, "4:write")  # rank 0 dies once its shards of step 4 are on disk
     code, text, _ = train(
         tmp, "fault-write", "--plan", EXACT_ZEROTOPO, "--set", f"save={save}", "--set", "save_interval=2",
         capsys=capsys,

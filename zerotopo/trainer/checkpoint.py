@@ -47,7 +47,7 @@ FORMAT = "zerotopo-checkpoint"
 VERSION = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
 FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
-"""Test hook: ``<step>:write`` kills the last rank once its shards are written (before any rename);
+"""Test hook: ``<step>:write`` kills rank 0 once its shards are written (before any rename);
 ``<step>:rename`` kills rank 0 after the step directory is renamed, before ``latest`` moves."""
 # Model config fields that do not change the parameters or the function the model computes.
 _NOT_ARCHITECTURE = {"init_method", "output_layer_init_method", "init_std", "checkpoint_activations"}
@@ -224,7 +224,7 @@ def save_checkpoint(
     if model.scaler is not None:
         state.update(_scaler_tensors(model.scaler))
     state.update(_rng_tensors(rank))
-    after_write = (lambda: _fault(step, "write")) if rank == world - 1 else None
+    after_write = (lambda: _fault(step, "write")) if rank == 0 else None
     try:
         _run_dcp(
             lambda: dcp.save(
@@ -541,7 +541,9 @@ def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         warnings.filterwarnings("ignore", message="Detected pickle protocol")
         _run_dcp(
-            lambda: dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner(), no_dist=True),
+            lambda: dcp.load(
+                state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner(), no_dist=True
+            ),
             f"reading {step_dir}",
         )
     return state
