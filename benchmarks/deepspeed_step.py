@@ -2,6 +2,9 @@
 
     DS_ACCELERATOR=cpu python benchmarks/deepspeed_step.py [--steps 4]
 
+``zerotopo bench compare`` (benchmarks/compare.py, docs/bench.md) supersedes this script: the same
+DeepSpeed rows beside FSDP2 and every zerotopo preset, on the emulated Frontier with every tier shaped.
+
 DeepSpeed runs with ``stage3_param_persistence_threshold: 0`` and ``stage3_max_reuse_distance: 0`` so
 that it shards every parameter and gathers it again for the backward, as zerotopo's zero3 does (its
 defaults keep parameters under 100k elements whole, most of a model this small, and keep gathered

@@ -83,11 +83,19 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
         plan = get_preset(preset)
         if args.get("grad_reduce"):
             plan = replace(plan, grad_reduce=args["grad_reduce"])
-        if label.startswith("sync="):
+        unordered = label == "sync=none"  # the engine's race hook, not a plan option
+        if label.startswith("sync=") and not unordered:
             plan = replace(plan, sync=label.split("=", 1)[1])
         mesh = build_mesh(topo, plan, topo_index=rank)
         ledger = Ledger()
-        model, opt = parallelize(_model(args), mesh=mesh, lr=1e-4, ledger=ledger, copy_delay_ms=delay)
+        model, opt = parallelize(
+            _model(args),
+            mesh=mesh,
+            lr=1e-4,
+            ledger=ledger,
+            copy_delay_ms=delay,
+            unordered_secondary=unordered,
+        )
         times = []
         for step in range(args["steps"] + 1):
             ledger.reset()

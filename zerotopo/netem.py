@@ -1,12 +1,27 @@
-"""An emulated cluster network on one machine: one network namespace per node, joined by shaped links.
+"""An emulated cluster network on one machine: ranks in their own network namespaces, joined by shaped links.
 
-[Note: emulated network] Each emulated node gets its own network namespace with one interface on a
-private bridge (in a namespace of its own, so nothing outside is touched); the node's egress is shaped
-with ``tc`` (token bucket for the injection bandwidth, netem for the latency). Ranks of one node talk
-over the namespace's loopback at memory speed, ranks of different nodes cross the shaped link, so the
-inter-node tier is really the slow one, as on a bandwidth-starved cluster. Needs root (``ip netns``);
-:func:`available` says whether it can run here. Addresses are taken from ``10.213.0.0/24`` and exist only
-inside the namespaces created here; everything is torn down on exit.
+[Note: emulated network] Every endpoint (a node, or a single rank) gets its own network namespace with
+one interface ``eth0`` on a private bridge that lives in a namespace of its own, so nothing outside is
+touched. Two layouts:
+
+- :func:`emulated_network` — one namespace per *node*, its egress shaped by one token bucket: ranks of
+  a node talk over the namespace's loopback at memory speed, only the inter-node tier is slow.
+- :func:`emulated_cluster` — one namespace per *rank*, so every tier crosses a shaped link. Each rank's
+  ``eth0`` has an ``htb`` qdisc with one class per tier (die, package, node, network ...) and a ``u32``
+  filter per peer address that sends traffic for a peer into the class of the outermost tier the pair
+  crosses. A pair of dies of one package gets the package rate, two ranks of different packages of one
+  node the node rate, two nodes the network rate: the ratios of a real machine (Frontier: 200 : 50 :
+  12.5 GB/s per GCD, 16 : 4 : 1), scaled to what this machine carries. The class counters
+  (``tc -s class show``) count what really crossed each tier.
+
+Needs root (``ip netns``) and ``tc``; :func:`available` says whether it can run here. Addresses are taken
+from ``10.213.0.0/24`` and exist only inside the namespaces created here.
+
+Teardown is robust: leaving the context (normally, on an error, on SIGINT, or on SIGTERM/SIGHUP, which
+are turned into an exit while the network is up) kills every process still inside the namespaces and
+every child process this launcher started, then deletes the namespaces. Names carry the launcher's pid
+(``ztemu<pid>-<tag>-<i>``), so namespaces left by a launcher killed with SIGKILL are removed by the next
+run (:func:`remove_stale`).
 """
 
 from __future__ import annotations
@@ -14,16 +29,31 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
+import signal
 import subprocess
+import threading
+import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from zerotopo.errors import ZerotopoError
 
+if TYPE_CHECKING:
+    from zerotopo.topology import Topology
+
 SUBNET = "10.213.0"
 CLONE_NEWNET = 0x40000000
+PREFIX = "ztemu"
+"""Every namespace created here is named ``ztemu<launcher pid>-<tag>-<role>``."""
+NETNS_DIR = "/var/run/netns"
+HOW_TO_SKIP = (
+    "run as root with iproute2 (ip, tc) installed, or run without the emulated network "
+    "(all ranks on this machine's loopback, tiers unshaped)"
+)
 
 
 def available() -> tuple[bool, str]:
@@ -48,80 +78,355 @@ def _try(*cmd: str) -> bool:
 
 @dataclass(frozen=True)
 class EmulatedNetwork:
-    """The namespaces of an emulated cluster: ``namespaces[i]`` holds node ``i`` at ``addresses[i]``."""
+    """The namespaces of an emulated cluster: ``namespaces[i]`` holds endpoint ``i`` at ``addresses[i]``
+    (a node for :func:`emulated_network`, a rank for :func:`emulated_cluster`)."""
 
     namespaces: tuple[str, ...]
     addresses: tuple[str, ...]
     rate_mbit: float
+    """The inter-node (network tier) rate, Mbit/s per endpoint."""
     delay_ms: float
-    """One-way delay actually applied (0 where the kernel lacks the netem qdisc)."""
+    """One-way delay actually applied on the network tier (0 where the kernel lacks the netem qdisc)."""
+    per_rank: bool = False
+    """One namespace per rank (every tier shaped) rather than per node."""
+    tier_rates_mbit: dict[str, float] = field(default_factory=dict)
+    """Shaped rate of every tier, Mbit/s per rank (per-rank layout only)."""
+    tier_classes: dict[str, str] = field(default_factory=dict)
+    """htb class id of every tier on each rank's ``eth0`` (per-rank layout only)."""
+
+    def rank_namespaces(self, world_size: int, ranks_per_node: int | None) -> tuple[str, ...]:
+        """The namespace of every rank of a job of ``world_size`` ranks, ``ranks_per_node`` per node."""
+        per_node = ranks_per_node or world_size
+        if self.per_rank:
+            if len(self.namespaces) != world_size:
+                raise ZerotopoError(
+                    f"the emulated cluster has {len(self.namespaces)} rank namespaces, the job {world_size} "
+                    "ranks; build it for the same topology and node count"
+                )
+            return self.namespaces
+        if len(self.namespaces) * per_node != world_size:
+            raise ZerotopoError(
+                f"{world_size} ranks at {per_node} per node need {world_size // per_node} namespaces, the "
+                f"emulated network has {len(self.namespaces)}"
+            )
+        return tuple(self.namespaces[r // per_node] for r in range(world_size))
+
+
+# -- shaping of an emulated machine -----------------------------------------------------------------
+
+
+def reference_ratios(topology: Topology) -> dict[str, float]:
+    """Per-device bandwidth of every tier of ``topology`` relative to its network tier.
+
+    Frontier's ratios (``topologies/frontier.yaml``: package 200, node 50, network 100/8 = 12.5 GB/s per
+    GCD, i.e. 16 : 4 : 1) for every tier named as on Frontier, the topology's own ratios for the others.
+    """
+    from zerotopo.topology import load_topology
+
+    frontier = load_topology("frontier")
+    f_net = frontier.bandwidth_gbps(frontier.network.name)
+    own_net = topology.bandwidth_gbps(topology.network.name)
+    out = {}
+    for tier in topology.tier_names:
+        if tier == topology.network.name:
+            out[tier] = 1.0
+        elif tier in frontier.tier_names[:-1]:
+            out[tier] = frontier.bandwidth_gbps(tier) / f_net
+        else:
+            out[tier] = topology.bandwidth_gbps(tier) / own_net
+    return out
+
+
+def tier_rates(
+    topology: Topology, network_mbit: float, overrides: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Mbit/s per rank of every tier: the network tier at ``network_mbit``, the others at
+    :func:`reference_ratios` times that, ``overrides`` (tier -> Mbit/s) winning."""
+    if network_mbit <= 0:
+        raise ZerotopoError(f"the network rate must be > 0 Mbit/s, got {network_mbit}")
+    rates = {t: r * network_mbit for t, r in reference_ratios(topology).items()}
+    for tier, rate in (overrides or {}).items():
+        if tier not in rates:
+            raise ZerotopoError(
+                f"cannot shape tier {tier!r}: topology {topology.name!r} has {', '.join(rates)}"
+            )
+        if rate <= 0:
+            raise ZerotopoError(f"tier {tier!r}: the rate must be > 0 Mbit/s, got {rate}")
+        rates[tier] = float(rate)
+    return rates
+
+
+def parse_rates(text: str) -> dict[str, float]:
+    """``package=800,node=200`` -> {"package": 800.0, "node": 200.0} (Mbit/s per rank)."""
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ZerotopoError(
+                f"--shape {text!r}: expected tier=Mbit/s pairs such as package=800,node=200,network=50"
+            ) from None
+    return out
+
+
+def _burst(rate_mbit: float) -> int:
+    # ~4 ms of traffic, never below one 64 KiB GSO segment (a smaller bucket throttles far below the rate)
+    return max(int(rate_mbit * 1e6 / 8 / 250), 96 * 1024)
+
+
+# -- namespaces and teardown ------------------------------------------------------------------------
+
+
+def _netns_names() -> list[str]:
+    try:
+        return sorted(os.listdir(NETNS_DIR))
+    except OSError:
+        return []
+
+
+def our_namespaces(pid: int | None = None) -> list[str]:
+    """Namespaces created by this module (by launcher ``pid`` when given)."""
+    head = f"{PREFIX}{pid}-" if pid is not None else PREFIX
+    return [n for n in _netns_names() if n.startswith(head)]
+
+
+def _namespace_pids(ns: str) -> list[int]:
+    res = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    return [int(x) for x in res.stdout.split() if x.isdigit()]
+
+
+def _kill(pids: list[int]) -> None:
+    me = os.getpid()
+    for pid in pids:
+        if pid != me:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _delete(namespaces: list[str]) -> None:
+    """Kill everything inside ``namespaces`` and delete them (a namespace with a live process in it
+    stays alive after ``ip netns del``, so the processes go first)."""
+    for ns in namespaces:
+        _kill(_namespace_pids(ns))
+    for ns in namespaces:
+        for _ in range(50):
+            if not _namespace_pids(ns):
+                break
+            time.sleep(0.02)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def remove_stale() -> list[str]:
+    """Delete namespaces of launchers that no longer run (killed with SIGKILL); returns their names."""
+    stale = []
+    for ns in our_namespaces():
+        m = re.match(rf"{PREFIX}(\d+)-", ns)
+        if m and not _pid_alive(int(m.group(1))):
+            stale.append(ns)
+    _delete(stale)
+    return stale
+
+
+def _kill_children() -> None:
+    """Kill the rank processes this launcher started (some may not have entered a namespace yet)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(Exception):
+            child.kill()
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(Exception):
+            child.join(timeout=5)
+
+
+@contextlib.contextmanager
+def _teardown_on_signals() -> Iterator[None]:
+    """While the network is up, SIGTERM and SIGHUP exit through Python (status 128 + signal) so the
+    ``finally`` that tears it down runs; SIGINT already raises KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """Ignore SIGINT/SIGTERM/SIGHUP during teardown so a second signal cannot cut it short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _namespaces(count: int, role: str) -> Iterator[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """A switch namespace with a bridge and ``count`` endpoint namespaces, each with ``eth0`` on the
+    bridge at ``addresses[i]``; yields (switch, namespaces, addresses); tears everything down on exit."""
+    ok, why = available()
+    if not ok:
+        raise ZerotopoError(f"cannot emulate a network here: {why}; {HOW_TO_SKIP}")
+    if not 1 <= count <= 250:
+        raise ZerotopoError(f"emulated network: 1 to 250 endpoints, got {count}")
+    remove_stale()
+    tag = uuid.uuid4().hex[:6]
+    base = f"{PREFIX}{os.getpid()}-{tag}-"
+    switch = base + "sw"
+    namespaces = tuple(f"{base}{role}{i}" for i in range(count))
+    addresses = tuple(f"{SUBNET}.{i + 1}" for i in range(count))
+    created: list[str] = []
+    try:
+        with _teardown_on_signals():
+            _run("ip", "netns", "add", switch)
+            created.append(switch)
+            _run("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", switch, "link", "set", "br0", "up")
+            for i, (ns, addr) in enumerate(zip(namespaces, addresses)):
+                _run("ip", "netns", "add", ns)
+                created.append(ns)
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+                # One veth pair per endpoint: eth0 inside it, p<i> on the switch's bridge.
+                _run("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}",
+                     "netns", switch)  # fmt: skip
+                _run("ip", "-n", switch, "link", "set", f"p{i}", "master", "br0")
+                _run("ip", "-n", switch, "link", "set", f"p{i}", "up")
+                _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+                _run("ip", "-n", ns, "link", "set", "eth0", "up")
+            yield switch, namespaces, addresses
+    finally:
+        with _shielded():
+            _kill_children()
+            _delete(created[::-1])
 
 
 @contextlib.contextmanager
 def emulated_network(nodes: int, *, rate_mbit: float, delay_ms: float = 0.0) -> Iterator[EmulatedNetwork]:
     """Create ``nodes`` namespaces joined by a bridge, each node's egress shaped to ``rate_mbit`` Mbit/s
-    and ``delay_ms`` one-way delay; remove them all on exit (also on error)."""
-    ok, why = available()
-    if not ok:
-        raise ZerotopoError(f"cannot emulate a network here: {why}")
+    and ``delay_ms`` one-way delay; remove them all on exit (also on error or signal)."""
     if not 1 <= nodes <= 200:
         raise ZerotopoError(f"emulated network: 1 to 200 nodes, got {nodes}")
-    tag = uuid.uuid4().hex[:6]
-    switch = f"zt{tag}sw"
-    namespaces = tuple(f"zt{tag}n{i}" for i in range(nodes))
-    addresses = tuple(f"{SUBNET}.{i + 1}" for i in range(nodes))
-    created: list[str] = []
-    try:
-        _run("ip", "netns", "add", switch)
-        created.append(switch)
-        _run("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", switch, "link", "set", "br0", "up")
-        for i, (ns, addr) in enumerate(zip(namespaces, addresses)):
-            _run("ip", "netns", "add", ns)
-            created.append(ns)
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
-            # One veth pair per node: eth0 inside the node, p<i> on the switch's bridge.
-            _run(
-                "ip",
-                "-n",
-                ns,
-                "link",
-                "add",
-                "eth0",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                f"p{i}",
-                "netns",
-                switch,
-            )
-            _run("ip", "-n", switch, "link", "set", f"p{i}", "master", "br0")
-            _run("ip", "-n", switch, "link", "set", f"p{i}", "up")
-            _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            _run("ip", "-n", ns, "link", "set", "eth0", "up")
+    with _namespaces(nodes, "n") as (_, namespaces, addresses):
+        for ns in namespaces:
             qdisc = f"tc -n {ns} qdisc add dev eth0".split()
             parent = ["root"]
             if delay_ms > 0 and _try(*qdisc, "root", "handle", "1:", "netem", "delay", f"{delay_ms}ms"):
                 parent = ["parent", "1:1"]
             elif delay_ms > 0:
                 delay_ms = 0.0  # the kernel has no netem here: bandwidth is shaped, latency is not
-            burst = max(int(rate_mbit * 1e6 / 8 / 250), 32 * 1024)  # ~4 ms of traffic
-            tbf = f"handle 10: tbf rate {rate_mbit}mbit burst {burst} latency 400ms".split()
+            tbf = f"handle 10: tbf rate {rate_mbit}mbit burst {_burst(rate_mbit)} latency 400ms".split()
             _run(*qdisc, *parent, *tbf)
         yield EmulatedNetwork(namespaces, addresses, rate_mbit, delay_ms)
-    finally:
-        for ns in reversed(created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@contextlib.contextmanager
+def emulated_cluster(
+    topology: Topology,
+    *,
+    network_mbit: float = 50.0,
+    rates: Mapping[str, float] | None = None,
+    delays_ms: Mapping[str, float] | None = None,
+) -> Iterator[EmulatedNetwork]:
+    """One namespace per rank of ``topology`` (rank = topological index), every tier shaped.
+
+    ``network_mbit``: the network tier's rate per rank; the inner tiers run at Frontier's ratios above
+    it (:func:`tier_rates`), ``rates`` (tier -> Mbit/s) overriding any of them. ``delays_ms`` (tier ->
+    ms) adds a netem delay to a tier's class where the kernel has netem. Traffic to a peer goes into the
+    class of the outermost tier the pair crosses (``Topology.tier_of_group``).
+    """
+    shaped = tier_rates(topology, network_mbit, rates)
+    world = topology.world_size
+    classes = {tier: f"1:{10 * (i + 1)}" for i, tier in enumerate(topology.tier_names)}
+    net_tier = topology.network.name
+    delays = dict(delays_ms or {})
+    with _namespaces(world, "r") as (_, namespaces, addresses):
+        applied: dict[str, float] = {}
+        for rank, ns in enumerate(namespaces):
+            tc = ("tc", "-n", ns)
+            default = classes[net_tier].split(":")[1]
+            _run(*tc, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", default)
+            for tier, cls in classes.items():
+                rate = shaped[tier]
+                burst = _burst(rate)
+                _run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", cls, "htb",
+                     "rate", f"{rate:g}mbit", "ceil", f"{rate:g}mbit", "burst", str(burst),
+                     "cburst", str(burst), "quantum", "60000")  # fmt: skip
+                delay = delays.get(tier, 0.0)
+                leaf = ("qdisc", "add", "dev", "eth0", "parent", cls, "handle", f"{cls.split(':')[1]}:")
+                if delay > 0 and _try(*tc, *leaf, "netem", "delay", f"{delay}ms", "limit", "100000"):
+                    applied[tier] = delay
+            for peer, addr in enumerate(addresses):
+                if peer == rank:
+                    continue
+                tier = topology.tier_of_group((rank, peer)) or net_tier
+                _run(*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1",
+                     "u32", "match", "ip", "dst", f"{addr}/32", "flowid", classes[tier])  # fmt: skip
+        yield EmulatedNetwork(
+            namespaces,
+            addresses,
+            shaped[net_tier],
+            applied.get(net_tier, 0.0),
+            per_rank=True,
+            tier_rates_mbit=shaped,
+            tier_classes=classes,
+        )
+
+
+# -- inside a rank ----------------------------------------------------------------------------------
 
 
 def enter_namespace(name: str) -> None:
     """Move the calling process (before it opens any socket) into network namespace ``name``."""
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    fd = os.open(f"{NETNS_DIR}/{name}", os.O_RDONLY)
     try:
         if libc.setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
             raise ZerotopoError(f"setns into {name} failed: {os.strerror(err)}")
     finally:
         os.close(fd)
+
+
+def class_bytes(device: str = "eth0", namespace: str | None = None) -> dict[str, int]:
+    """Bytes sent so far through every htb class of ``device`` (class id -> bytes), in the caller's
+    network namespace or in ``namespace``; {} when the device has no htb classes."""
+    cmd = ["tc"] + (["-n", namespace] if namespace else []) + ["-s", "class", "show", "dev", device]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    out: dict[str, int] = {}
+    current = None
+    for line in res.stdout.splitlines():
+        m = re.match(r"class htb (\S+)", line)
+        if m:
+            current = m.group(1)
+            continue
+        m = re.match(r"\s*Sent (\d+) bytes", line)
+        if m and current is not None:
+            out[current] = int(m.group(1))
+            current = None
+    return out

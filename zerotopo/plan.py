@@ -19,17 +19,23 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from zerotopo.errors import ConfigError, PlanError
+from zerotopo.config.yamlio import load_yaml_file, load_yaml_text
+from zerotopo.errors import ConfigError, PlanError, short
 from zerotopo.topology import Topology
 
-SYNC_MODES = ("event", "host", "none")
+SYNC_MODES = ("event", "host")
+#: The stock (racy) ordering of ZeRO++ hpZ: never a plan option, only the engine's test and benchmark hook
+#: ``parallelize(..., unordered_secondary=True)``, so no user can select a racy schedule.
+RACY_SYNC = "none"
 SECONDARY_DTYPES = ("bf16", "int8")
 GRAD_REDUCE_MODES = ("reduce_scatter", "allreduce")
 GRAD_DTYPES = ("fp32", "param")
 
 Degree = int | str
+
+#: Bounds of the integer plan fields (checked before anything is sized by them).
+MAX_QUANT_BLOCK = 1 << 20
+MAX_PREFETCH = 64
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,8 @@ class Plan:
     prefetch: int = 1
     """Units whose all-gather is issued ahead of the one being computed."""
     sync: str = "event"
-    """Stream ordering: ``event`` (zerotopo), ``host`` (DeepSpeed's host block), ``none`` (stock hpZ race)."""
+    """Stream ordering of the secondary partition: ``event`` (zerotopo) or ``host`` (DeepSpeed's host
+    block). The stock hpZ race is not a plan option (see :data:`RACY_SYNC`)."""
     grad_reduce: str = "reduce_scatter"
     """Cross-replica gradient reduction: ``reduce_scatter`` inside the optimizer group then all-reduce
     across optimizer replicas, or ``allreduce`` of the whole gradient shard then select (the papers)."""
@@ -97,7 +104,16 @@ class Plan:
 
     def _validate_options(self) -> None:
         checks = [
-            (self.sync in SYNC_MODES, f"sync must be one of {', '.join(SYNC_MODES)}, got {self.sync!r}"),
+            (
+                self.sync in SYNC_MODES,
+                f"sync must be one of {', '.join(SYNC_MODES)}, got {self.sync!r}"
+                + (
+                    " (the unordered stock hpZ schedule races and is not a plan option; it exists only as "
+                    "the engine's test hook parallelize(..., unordered_secondary=True))"
+                    if self.sync == RACY_SYNC
+                    else ""
+                ),
+            ),
             (
                 self.secondary_dtype in SECONDARY_DTYPES,
                 f"secondary dtype must be one of {', '.join(SECONDARY_DTYPES)}, got {self.secondary_dtype!r}",
@@ -175,7 +191,16 @@ def validate_degrees(d: Degrees, *, plan_name: str = "plan", topology: Topology 
 
 
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of ``n`` in increasing order (trial division up to its square root)."""
+    small, large = [], []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
 
 
 # -- presets ----------------------------------------------------------------------------------------
@@ -244,7 +269,13 @@ PRESETS: dict[str, Plan] = {
 }
 
 
-def get_preset(name: str) -> Plan:
+def get_preset(name: str, source: str = "plan") -> Plan:
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"a preset is a name ({', '.join(PRESETS)}), found {short(name)} ({type(name).__name__})",
+            source=source,
+            key="preset",
+        )
     key = name.strip().lower().replace("_", "-")
     aliases = {
         "zero++": "zeropp",
@@ -255,7 +286,10 @@ def get_preset(name: str) -> Plan:
     }
     key = aliases.get(key, key)
     if key not in PRESETS:
-        raise ConfigError(f"unknown plan preset {name!r}; presets are {', '.join(PRESETS)}", key="plan")
+        raise ConfigError(
+            f"unknown plan preset {short(name)}; presets are {', '.join(PRESETS)}, or give a plan YAML file",
+            key="plan",
+        )
     return PRESETS[key]
 
 
@@ -268,15 +302,28 @@ def plan_from_mapping(raw: Mapping[str, Any], source: str = "plan") -> Plan:
     ``secondary`` may be a degree or ``{degree: node, dtype: int8}``.
     """
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"a plan must be a preset name or a mapping, found {raw!r}", source=source)
+        raise ConfigError(f"a plan must be a preset name or a mapping, found {short(raw)}", source=source)
     raw = {str(k).replace("-", "_"): v for k, v in raw.items()}
-    base = get_preset(raw.pop("preset")) if "preset" in raw else Plan(name=str(raw.get("name", "custom")))
+    for k in ("name", "sync", "secondary_dtype", "grad_reduce", "grad_dtype"):
+        if k in raw and not isinstance(raw[k], str):
+            raise ConfigError(
+                f"expected a string, found {short(raw[k])} ({type(raw[k]).__name__})", source=source, key=k
+            )
+    if "name" in raw and not raw["name"].strip():
+        raise ConfigError("expected a non-empty name", source=source, key="name")
+    base = (
+        get_preset(raw.pop("preset"), source)
+        if "preset" in raw
+        else Plan(name=str(raw.get("name", "custom")))
+    )
     sec = raw.get("secondary")
     if isinstance(sec, Mapping):
         unknown = set(sec) - {"degree", "dtype"}
         if unknown:
             raise ConfigError(
-                f"unknown key {sorted(unknown)[0]!r}; expected degree, dtype", source=source, key="secondary"
+                f"unknown key {short(sorted(map(str, unknown))[0])}; expected degree, dtype",
+                source=source,
+                key="secondary",
             )
         raw["secondary"] = sec.get("degree")
         if "dtype" in sec:
@@ -284,20 +331,30 @@ def plan_from_mapping(raw: Mapping[str, Any], source: str = "plan") -> Plan:
     unknown = sorted(set(raw) - _PLAN_FIELDS)
     if unknown:
         raise ConfigError(
-            f"unknown key {unknown[0]!r}; plan keys are preset, {', '.join(sorted(_PLAN_FIELDS))}",
+            f"unknown key {short(unknown[0])}; plan keys are preset, {', '.join(sorted(_PLAN_FIELDS))}",
             source=source,
             key=unknown[0],
         )
     for k in ("quantize_weights", "quantize_grads"):
         if k in raw and not isinstance(raw[k], bool):
-            raise ConfigError(f"expected true or false, found {raw[k]!r}", source=source, key=k)
+            raise ConfigError(f"expected true or false, found {short(raw[k])}", source=source, key=k)
     for k in ("params", "grads", "optim", "secondary"):
         v = raw.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
-            raise ConfigError(f"expected a number or a tier name, found {v!r}", source=source, key=k)
+            raise ConfigError(f"expected a number or a tier name, found {short(v)}", source=source, key=k)
+        if isinstance(v, int) and v < 1:
+            raise ConfigError(f"expected a positive degree, found {v}", source=source, key=k)
     for k in ("quant_block", "prefetch"):
         if k in raw and (isinstance(raw[k], bool) or not isinstance(raw[k], int)):
-            raise ConfigError(f"expected an integer, found {raw[k]!r}", source=source, key=k)
+            raise ConfigError(f"expected an integer, found {short(raw[k])}", source=source, key=k)
+    if "quant_block" in raw and not 2 <= raw["quant_block"] <= MAX_QUANT_BLOCK:
+        raise ConfigError(
+            f"expected 2 to {MAX_QUANT_BLOCK}, found {raw['quant_block']}", source=source, key="quant_block"
+        )
+    if "prefetch" in raw and not 0 <= raw["prefetch"] <= MAX_PREFETCH:
+        raise ConfigError(
+            f"expected 0 to {MAX_PREFETCH}, found {raw['prefetch']}", source=source, key="prefetch"
+        )
     plan = replace(base, **raw)
     if "name" not in raw and base.name != "custom" and set(raw) - {"sync", "prefetch", "grad_reduce"}:
         plan = replace(plan, name=f"{base.name}*")
@@ -316,17 +373,22 @@ def plan_from_deepspeed(zero: Mapping[str, Any], source: str = "zero_optimizatio
     int8/int4 collectives; ``mics_shard_size`` > 0 shards every state over that many ranks.
     """
     if not isinstance(zero, Mapping):
-        raise ConfigError(f"expected a mapping, found {zero!r}", source=source)
+        raise ConfigError(f"expected a mapping, found {short(zero)}", source=source)
     z = {str(k).replace("-", "_"): v for k, v in zero.items()}
     stage = z.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise ConfigError(f"stage must be 0, 1, 2 or 3, found {stage!r}", source=source, key="stage")
+    # bool is an int and 3.0 == 3 in Python: only a real integer names a stage.
+    if type(stage) is not int or stage not in (0, 1, 2, 3):
+        raise ConfigError(
+            f"stage must be 0, 1, 2 or 3, found {short(stage)} ({type(stage).__name__}; an integer)",
+            source=source,
+            key="stage",
+        )
     plan = get_preset(["ddp", "zero1", "zero2", "zero3"][stage])
     hpz = z.get("zero_hpz_partition_size", 1) or 1
     mics = z.get("mics_shard_size", -1) or -1
     for k, v in (("zero_hpz_partition_size", hpz), ("mics_shard_size", mics)):
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"expected an integer, found {v!r}", source=source, key=k)
+            raise ConfigError(f"expected an integer, found {short(v)}", source=source, key=k)
     changes: dict[str, Any] = {}
     if mics > 0:
         if stage != 3:
@@ -340,6 +402,9 @@ def plan_from_deepspeed(zero: Mapping[str, Any], source: str = "zero_optimizatio
                 f"zero_hpz_partition_size needs stage 3, found stage {stage}", source=source, key="stage"
             )
         changes.update(secondary=hpz, secondary_dtype="bf16")
+    for k in ("zero_quantized_weights", "zero_quantized_gradients"):
+        if k in z and not isinstance(z[k], bool):
+            raise ConfigError(f"expected true or false, found {short(z[k])}", source=source, key=k)
     if z.get("zero_quantized_weights"):
         changes["quantize_weights"] = True
     if z.get("zero_quantized_gradients"):
@@ -354,6 +419,16 @@ def plan_from_deepspeed(zero: Mapping[str, Any], source: str = "zero_optimizatio
     return plan
 
 
+def _scalar(text: str, source: str) -> Any:
+    """One ``key=value`` value read as a YAML scalar (``4`` -> 4, ``true`` -> True), else the text."""
+    if not text.strip():
+        raise ConfigError("a KEY= with no value; give a value after '='", source=source)
+    try:
+        return load_yaml_text(text, source)
+    except ConfigError:
+        return text
+
+
 def parse_plan_flags(text: str, source: str = "--plan") -> dict[str, Any]:
     """``"zerotopo,sync=host"`` or ``"params=package,grads=node,optim=world,secondary=node/int8"``: an
     optional preset first, then ``key=value`` pairs (values read as YAML scalars; ``secondary`` may carry
@@ -364,18 +439,18 @@ def parse_plan_flags(text: str, source: str = "--plan") -> dict[str, Any]:
             continue
         if "=" not in item:
             if i or "preset" in out:
-                raise ConfigError(f"expected KEY=VALUE after the preset, found {item!r}", source=source)
+                raise ConfigError(f"expected KEY=VALUE after the preset, found {short(item)}", source=source)
             out["preset"] = item
             continue
         key, value = (x.strip() for x in item.split("=", 1))
         key = key.replace("-", "_")
         if key in out:
-            raise ConfigError(f"key {key!r} given twice in {text!r}", source=source)
+            raise ConfigError(f"key {short(key)} given twice in {short(text)}", source=source)
         if key == "secondary" and "/" in value:
             degree, dtype = value.split("/", 1)
-            out["secondary"] = {"degree": yaml.safe_load(degree), "dtype": dtype}
+            out["secondary"] = {"degree": _scalar(degree, source), "dtype": dtype}
         else:
-            out[key] = yaml.safe_load(value)
+            out[key] = _scalar(value, source)
     return out
 
 
@@ -391,19 +466,20 @@ def load_plan(spec: str | Mapping[str, Any] | Plan, source: str = "plan") -> Pla
             return plan_from_deepspeed(spec["zero_optimization"], source=f"{source}: zero_optimization")
         return plan_from_mapping(spec, source=source)
     if isinstance(spec, str) and (spec.endswith((".yaml", ".yml", ".json")) or Path(spec).is_file()):
-        path = Path(spec)
-        if not path.exists():
-            raise ConfigError(f"plan file {spec!r} does not exist")
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"not valid YAML: {exc}", source=spec) from None
+        raw = load_yaml_file(
+            spec,
+            what="plan file",
+            hint=f"give a preset ({', '.join(PRESETS)}) or a plan YAML file (docs/plans.md)",
+        )
         if isinstance(raw, Mapping) and "plan" in raw and len(raw) == 1:
             raw = raw["plan"]
-        return load_plan(raw, source=spec) if not isinstance(raw, str) else get_preset(raw)
+        return load_plan(raw, source=spec) if not isinstance(raw, str) else get_preset(raw, spec)
     if isinstance(spec, str):
         return get_preset(spec)
-    raise ConfigError(f"a plan must be a preset name, a file or a mapping, found {spec!r}", source=source)
+    raise ConfigError(
+        f"a plan must be a preset name, a file or a mapping, found {short(spec)} ({type(spec).__name__})",
+        source=source,
+    )
 
 
 def enumerate_plans(topology: Topology, *, quantized: bool = True, secondary: bool = True) -> list[Plan]:

@@ -1,9 +1,13 @@
 """Spawn gloo ranks on this machine: the emulated local cluster and the multi-process tests.
 
 :func:`spawn` starts ``world_size`` processes, initialises ``torch.distributed`` in each (gloo on CPU),
-runs ``fn(rank, world_size, *args)`` and returns every rank's return value in rank order. An exception in
-any rank is re-raised in the parent with that rank's traceback; a rank that hangs past ``timeout_s`` is
-killed and reported. Ranks of an emulated node share ``ZEROTOPO_EMULATED_NODE`` so the mesh's start-up
+runs ``fn(rank, world_size, *args)`` and returns every rank's return value in rank order. A failure is
+one :class:`SpawnError` naming the rank that failed first and how: its message for a bad-input error
+(:class:`~zerotopo.errors.ZerotopoError`), its exception and the path of a log file holding every rank's
+traceback for a bug, or the signal or exit code of a rank that died. The other ranks (which would block in
+a collective) are then stopped; a rank that hangs past ``timeout_s`` is killed and reported. SIGINT and
+SIGTERM to the parent stop every rank, and a rank dies with its parent (``PR_SET_PDEATHSIG``), so no rank
+outlives the launcher. Ranks of an emulated node share ``ZEROTOPO_EMULATED_NODE`` so the mesh's start-up
 check sees them as one host.
 """
 
@@ -29,6 +33,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: Seconds the other ranks get to report their own errors after the first rank failed.
+GRACE_S = 1.0
+#: Seconds between SIGTERM and SIGKILL when ranks are stopped.
+STOP_S = 3.0
+#: First lines of a rank's error that mark it as a consequence of another rank's failure.
+COLLATERAL = ("Connection closed", "Connection reset", "Broken pipe", "Timed out", "gloo", "timed out")
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies, so no rank outlives its launcher."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
 def _rank_main(
     rank: int,
     world_size: int,
@@ -43,44 +65,96 @@ def _rank_main(
     netns: tuple[str, ...] | None,
     master_addr: str,
 ) -> None:
+    import signal
+
+    # The launcher alone handles Ctrl-C and stops every rank: a rank never prints a traceback for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     os.environ.update(env)
-    if netns:
-        from zerotopo.netem import enter_namespace
+    result: Any
+    try:
+        if netns:
+            from zerotopo.netem import enter_namespace
 
-        # Before any socket exists: this rank's node lives in its own network namespace.
-        enter_namespace(netns[rank // (ranks_per_node or world_size)])
-        os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-    import torch
-    import torch.distributed as dist
+            # Before any socket exists: this rank (or its node) lives in its own network namespace.
+            enter_namespace(netns[rank])
+            os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+        import torch
+        import torch.distributed as dist
 
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank % ranks_per_node if ranks_per_node else rank),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(port),
-        }
-    )
-    if ranks_per_node:
-        os.environ["ZEROTOPO_EMULATED_NODE"] = str(rank // ranks_per_node)
-        os.environ["LOCAL_WORLD_SIZE"] = str(ranks_per_node)
-    torch.set_num_threads(threads)
-    out = os.path.join(result_dir, f"rank{rank}.pkl")
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank % ranks_per_node if ranks_per_node else rank),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(port),
+            }
+        )
+        if ranks_per_node:
+            os.environ["ZEROTOPO_EMULATED_NODE"] = str(rank // ranks_per_node)
+            os.environ["LOCAL_WORLD_SIZE"] = str(ranks_per_node)
+        torch.set_num_threads(threads)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        _write_result(result_dir, rank, ("error", _describe(exc)))
+        return
     # torch's TCP store does not come up across namespaces here; a file store on the shared disk does.
     init = f"file://{result_dir}/store" if netns else f"tcp://{master_addr}:{port}"
     try:
         dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=init)
-        result: Any = ("ok", fn(rank, world_size, *args))
+        result = ("ok", fn(rank, world_size, *args))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
-        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        result = ("error", _describe(exc))
     finally:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-    with open(out + ".tmp", "wb") as f:
-        pickle.dump(result, f)
-    os.replace(out + ".tmp", out)
+    _write_result(result_dir, rank, result)
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    """What the parent needs to report a rank's exception: a user error's message, or a bug's traceback."""
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "user": isinstance(exc, ZerotopoError) and not isinstance(exc, SpawnError),
+        "exit_code": getattr(exc, "exit_code", 1),
+        "traceback": traceback.format_exc(),
+    }
+
+
+def _write_result(result_dir: str, rank: int, result: Any) -> None:
+    out = os.path.join(result_dir, f"rank{rank}.pkl")
+    try:
+        payload = pickle.dumps(result)
+    except Exception as exc:  # noqa: BLE001 - an unpicklable result is a bug to report, not a hang
+        payload = pickle.dumps(("error", _describe(exc)))
+    fd, tmp = tempfile.mkstemp(dir=result_dir, prefix=f".rank{rank}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(payload)
+    os.replace(tmp, out)
+
+
+def _read_result(result_dir: str, rank: int) -> Any:
+    path = os.path.join(result_dir, f"rank{rank}.pkl")
+    if not os.path.exists(path):
+        return None
+    # Written by our own ranks in a private (0700) directory this process created.
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def _signal_name(code: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+class _Stop(BaseException):
+    """SIGTERM reached the launcher: stop the ranks and exit."""
 
 
 def _spawn_once(
@@ -94,99 +168,212 @@ def _spawn_once(
     timeout_s: float = 600.0,
     threads_per_rank: int = 1,
     network: Any = None,
+    log_dir: str | os.PathLike | None = None,
 ) -> list[Any]:
     """One start of :func:`spawn` (see there)."""
+    import signal
+    import threading
+
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     port = free_port()
-    netns = tuple(network.namespaces) if network is not None else None
+    netns = network.rank_namespaces(world_size, ranks_per_node) if network is not None else None
     master_addr = network.addresses[0] if network is not None else "127.0.0.1"
-    if network is not None and len(network.namespaces) * (ranks_per_node or world_size) != world_size:
-        raise ZerotopoError(
-            f"{world_size} ranks at {ranks_per_node} per node need {world_size // (ranks_per_node or world_size)} "
-            f"namespaces, the emulated network has {len(network.namespaces)}"
-        )
+    main_thread = threading.current_thread() is threading.main_thread()
+    old_term = None
+    if main_thread:
+
+        def on_term(signum: int, frame: Any) -> None:
+            raise _Stop()
+
+        old_term = signal.signal(signal.SIGTERM, on_term)
+    procs: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="zerotopo-spawn-") as result_dir:
-        procs = []
-        for rank in range(world_size):
-            p = ctx.Process(
-                target=_rank_main,
-                args=(
-                    rank,
-                    world_size,
-                    fn,
-                    args,
-                    port,
-                    result_dir,
-                    backend,
-                    ranks_per_node,
-                    dict(env or {}),
-                    threads_per_rank,
-                    netns,
-                    master_addr,
-                ),
-                daemon=False,
-            )
-            p.start()
-            procs.append(p)
-        deadline = time.monotonic() + timeout_s
-        failed_early = False
-        for p in procs:
-            while p.is_alive() and time.monotonic() < deadline:
-                p.join(timeout=0.2)
-                # One dead rank with an error leaves the others blocked in a collective: stop them.
-                if any(q.exitcode not in (None, 0) for q in procs) or _any_error(result_dir, world_size):
-                    failed_early = True
+        try:
+            for rank in range(world_size):
+                p = ctx.Process(
+                    target=_rank_main,
+                    args=(
+                        rank,
+                        world_size,
+                        fn,
+                        args,
+                        port,
+                        result_dir,
+                        backend,
+                        ranks_per_node,
+                        dict(env or {}),
+                        threads_per_rank,
+                        netns,
+                        master_addr,
+                    ),
+                    daemon=False,
+                )
+                p.start()
+                procs.append(p)
+            first, timed_out = _wait(procs, result_dir, world_size, timeout_s)
+        except KeyboardInterrupt:
+            _stop(procs)
+            raise
+        except _Stop:
+            _stop(procs)
+            raise SpawnError("stopped by SIGTERM; every rank was stopped", exit_code=143) from None
+        finally:
+            _stop(procs)
+            if main_thread and old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
+        return _collect(procs, result_dir, world_size, first, timed_out, timeout_s, log_dir)
+
+
+def _wait(procs: list[Any], result_dir: str, world_size: int, timeout_s: float) -> tuple[int | None, bool]:
+    """Wait for every rank; returns (first rank seen failing or None, whether the time ran out). After a
+    failure the others get :data:`GRACE_S` to report, then are stopped (they would block in a collective)."""
+    deadline = time.monotonic() + timeout_s
+    first: int | None = None
+    failed_at = 0.0
+    while True:
+        alive = [p for p in procs if p.is_alive()]
+        if first is None:
+            for rank, p in enumerate(procs):
+                if (p.exitcode not in (None, 0)) or _is_error(result_dir, rank):
+                    first, failed_at = rank, time.monotonic()
                     break
-            if failed_early:
-                break
-        if failed_early:
-            time.sleep(1.0)
-        for p in procs:
-            if p.is_alive():
+        if not alive:
+            return first, False
+        if first is not None and time.monotonic() - failed_at > GRACE_S:
+            return first, False
+        if time.monotonic() >= deadline:
+            return first, True
+        alive[0].join(timeout=0.1)
+
+
+def _stop(procs: list[Any]) -> None:
+    """SIGTERM every rank still running, then SIGKILL what is left after :data:`STOP_S`."""
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(Exception):
+                p.terminate()
+    deadline = time.monotonic() + STOP_S
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(Exception):
                 p.kill()
                 p.join()
-        results: list[Any] = []
-        errors: list[str] = []
-        for rank, p in enumerate(procs):
-            path = os.path.join(result_dir, f"rank{rank}.pkl")
-            if os.path.exists(path):
-                with open(path, "rb") as f:
-                    status, value = pickle.load(f)
-                if status == "ok":
-                    results.append(value)
-                    continue
-                errors.append(f"rank {rank} failed: {value}")
-            elif not failed_early and time.monotonic() >= deadline:
-                errors.append(f"rank {rank} did not finish within {timeout_s:.0f}s and was killed")
-            else:
-                errors.append(f"rank {rank} exited with code {p.exitcode} without a result")
-            results.append(None)
-        if errors:
-            # The first error is usually the cause; the rest are ranks stuck in a collective with it.
-            real = [e for e in errors if "failed:" in e] or errors
-            collateral = ("Connection closed", "Connection reset", "Broken pipe", "Timed out", "gloo")
-            real.sort(key=lambda e: any(c in e.split("\n", 1)[0] for c in collateral))
-            raise SpawnError(f"{len(errors)} of {world_size} ranks failed.\n" + "\n".join(real[:2]))
+
+
+def _is_error(result_dir: str, rank: int) -> bool:
+    try:
+        result = _read_result(result_dir, rank)
+    except (EOFError, pickle.UnpicklingError, OSError):
+        return False
+    return result is not None and result[0] == "error"
+
+
+def _collect(
+    procs: list[Any],
+    result_dir: str,
+    world_size: int,
+    first: int | None,
+    timed_out: bool,
+    timeout_s: float,
+    log_dir: str | os.PathLike | None,
+) -> list[Any]:
+    results: list[Any] = []
+    failures: dict[int, dict[str, Any]] = {}
+    for rank, p in enumerate(procs):
+        try:
+            result = _read_result(result_dir, rank)
+        except (EOFError, pickle.UnpicklingError, OSError):
+            result = None
+        if result is not None and result[0] == "ok":
+            results.append(result[1])
+            continue
+        results.append(None)
+        if result is not None:
+            failures[rank] = result[1]
+        elif timed_out and first is None:
+            failures[rank] = {"died": f"did not finish within {timeout_s:.0f}s and was killed"}
+        elif p.exitcode is not None and p.exitcode < 0 and (rank == first or first is None):
+            failures[rank] = {"died": f"exited with signal {-p.exitcode} ({_signal_name(-p.exitcode)})"}
+        elif p.exitcode not in (None, 0) and (rank == first or first is None):
+            failures[rank] = {"died": f"exited with code {p.exitcode} without a result"}
+        else:
+            failures[rank] = {"died": "was stopped", "stopped": True}
+    if not failures:
         return results
+    raise _failure_error(failures, first, world_size, log_dir)
 
 
-def _any_error(result_dir: str, world_size: int) -> bool:
-    for rank in range(world_size):
-        path = os.path.join(result_dir, f"rank{rank}.pkl")
-        if os.path.exists(path):
-            try:
-                with open(path, "rb") as f:
-                    if pickle.load(f)[0] == "error":
-                        return True
-            except (EOFError, pickle.UnpicklingError):
-                continue
-    return False
+def _failure_error(
+    failures: dict[int, dict[str, Any]], first: int | None, world_size: int, log_dir: str | os.PathLike | None
+) -> SpawnError:
+    """One message for the user: the rank whose failure caused the others', and what it was."""
+
+    def collateral(info: dict[str, Any]) -> bool:
+        if info.get("stopped"):
+            return True
+        head = info.get("message", info.get("died", "")).split("\n", 1)[0]
+        return not info.get("user") and any(c in head for c in COLLATERAL)
+
+    order = sorted(failures, key=lambda r: (collateral(failures[r]), r != first, r))
+    rank = order[0]
+    info = failures[rank]
+    failed = [r for r in failures if not failures[r].get("stopped")]
+    others = len(failures) - 1
+    tail = f" ({others} other rank{'s' if others != 1 else ''} stopped or failed with it)" if others else ""
+    if "died" in info:
+        return SpawnError(f"rank {rank} of {world_size} {info['died']}{tail}", exit_code=1)
+    if info["user"]:
+        same = [r for r in failed if r != rank and failures[r].get("message") == info["message"]]
+        also = f" (ranks {_ranks(same)} reported the same)" if same else tail
+        return SpawnError(f"rank {rank}: {info['message']}{also}", exit_code=int(info["exit_code"]) or 2)
+    log = _write_log(failures, log_dir)
+    where = f"; tracebacks of every rank in {log}" if log else ""
+    first_line = info["message"].split("\n", 1)[0]
+    first_line = first_line if len(first_line) <= 300 else first_line[:297] + "..."
+    return SpawnError(f"rank {rank} failed: {info['type']}: {first_line}{where}{tail}", exit_code=1)
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:8]))
+    return shown + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def _write_log(failures: dict[int, dict[str, Any]], log_dir: str | os.PathLike | None) -> str | None:
+    """Every rank's traceback in ``log_dir/rank-errors.log`` (else a new file in the temp directory)."""
+    text = "".join(
+        f"=== rank {rank} ===\n{info.get('traceback') or info.get('died', '')}\n"
+        for rank, info in sorted(failures.items())
+    )
+    try:
+        if log_dir is not None:
+            os.makedirs(log_dir, exist_ok=True)
+            path = os.path.join(os.fspath(log_dir), "rank-errors.log")
+            from zerotopo.fsutil import write_text_atomic
+
+            write_text_atomic(path, text)
+            return path
+        fd, path = tempfile.mkstemp(prefix="zerotopo-rank-errors-", suffix=".log")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+    except OSError:
+        return None
 
 
 class SpawnError(ZerotopoError):
-    """One or more spawned ranks failed; the message carries the first real error."""
+    """One or more spawned ranks failed; the message names the rank that failed first and how.
+
+    ``exit_code`` is 2 when that rank raised a bad-input error, 1 when it crashed, was killed or hit a
+    bug (its traceback is in the log file the message names), 143 when the launcher got SIGTERM."""
+
+    def __init__(self, message: str, *, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), **kwargs: Any) -> list[Any]:
@@ -195,9 +382,11 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), **kwargs: A
     ``fn`` must be importable (a module-level function) and its results picklable. Keyword arguments:
     ``backend`` (gloo), ``ranks_per_node`` (groups consecutive ranks into emulated nodes: sets
     ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``ZEROTOPO_EMULATED_NODE``), ``env``, ``timeout_s``,
-    ``threads_per_rank``, and ``network`` (a :class:`zerotopo.netem.EmulatedNetwork`: each emulated node's
-    ranks in that node's network namespace). A start that lost its rendezvous port to another process
-    between choosing and binding it is retried once on a new port.
+    ``threads_per_rank``, ``network`` (a :class:`zerotopo.netem.EmulatedNetwork`: each rank in its own
+    network namespace, or each emulated node's ranks in that node's), and ``log_dir`` (where
+    ``rank-errors.log`` with the ranks' tracebacks goes when a rank hits a bug; default a new file in the
+    temp directory). A start that lost its rendezvous port to another process between choosing and binding
+    it is retried once on a new port.
     """
     try:
         return _spawn_once(fn, world_size, args, **kwargs)

@@ -20,15 +20,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from zerotopo.errors import ConfigError
+from zerotopo import resources
+from zerotopo.config.yamlio import load_yaml_file
+from zerotopo.errors import ConfigError, short
 
 #: Names a degree may use besides tier names.
 DEVICE_NAMES = ("device", "die", "gcd", "gpu")
 WORLD_NAMES = ("world", "job")
 #: The innermost tier of the node, whatever it is called (Frontier: package; DGX: node).
 INNER_NAMES = ("inner",)
+
+#: Bounds checked before anything is sized by them (the largest machines are far inside them).
+MAX_NODES = 1_000_000
+MAX_FANOUT = 4096
+MAX_DEVICES_PER_NODE = 4096
+MAX_TIERS = 16
+MAX_NAME_CHARS = 128
+#: Upper bounds of per-field figures: GB/s, microseconds, GiB, TFLOPS.
+_MAX_VALUE = {
+    "bandwidth_gbps": 1e7,
+    "injection_gbps": 1e7,
+    "latency_us": 1e9,
+    "memory_gib": 1e7,
+    "peak_tflops": 1e7,
+}
 
 
 @dataclass(frozen=True)
@@ -99,7 +114,12 @@ class Topology:
 
     def with_nodes(self, nodes: int) -> Topology:
         if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-            raise ConfigError(f"node count must be a positive integer, got {nodes!r}", key="nodes")
+            raise ConfigError(
+                f"node count must be a positive integer, got {short(nodes)}; give --nodes 1 or more",
+                key="--nodes",
+            )
+        if nodes > MAX_NODES:
+            raise ConfigError(f"node count {nodes} is above the limit of {MAX_NODES}", key="--nodes")
         return replace(self, nodes=nodes)
 
     def tier_size(self, tier: str) -> int:
@@ -196,39 +216,56 @@ _NETWORK_KEYS = {"name": str, "injection_gbps": float, "latency_us": float}
 
 
 def builtin_dir() -> Path:
-    """Directory of the built-in topology files."""
-    return Path(__file__).resolve().parent.parent / "topologies"
+    """Directory of the built-in topology files (inside the package when installed from a wheel)."""
+    return resources.builtin_dir("topologies")
 
 
 def builtin_topologies() -> list[str]:
-    return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
+    return resources.builtin_names("topologies")
 
 
-def _typed(value: Any, kind: type, source: str, key: str, *, positive: bool = True) -> Any:
+def _typed(
+    value: Any, kind: type, source: str, key: str, *, positive: bool = True, maximum: float | None = None
+) -> Any:
     if kind is str:
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"expected a non-empty string, found {value!r}", source=source, key=key)
+            raise ConfigError(
+                f"expected a non-empty string, found {short(value)} ({type(value).__name__})",
+                source=source,
+                key=key,
+            )
+        if len(value.strip()) > MAX_NAME_CHARS:
+            raise ConfigError(
+                f"is {len(value)} characters long, more than {MAX_NAME_CHARS}; use a short name",
+                source=source,
+                key=key,
+            )
         return value.strip()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(
-            f"expected a number, found {value!r} ({type(value).__name__})", source=source, key=key
+            f"expected a number, found {short(value)} ({type(value).__name__})", source=source, key=key
         )
+    if not math.isfinite(value):
+        raise ConfigError(f"expected a finite number, found {value!r}", source=source, key=key)
     if kind is int and (not isinstance(value, int) and not float(value).is_integer()):
         raise ConfigError(f"expected a whole number, found {value!r}", source=source, key=key)
-    value = kind(value)
     if positive and value <= 0:
-        raise ConfigError(f"expected a value > 0, found {value!r}", source=source, key=key)
+        raise ConfigError(f"expected a value > 0, found {short(value)}", source=source, key=key)
     if not positive and value < 0:
-        raise ConfigError(f"expected a value >= 0, found {value!r}", source=source, key=key)
-    return value
+        raise ConfigError(f"expected a value >= 0, found {short(value)}", source=source, key=key)
+    if maximum is not None and value > maximum:
+        raise ConfigError(
+            f"{short(value)} is above the limit of {maximum:g}; is it a typo?", source=source, key=key
+        )
+    return kind(value)
 
 
 def _section(raw: Any, spec: dict[str, type], source: str, path: str, optional: tuple[str, ...] = ()) -> dict:
     if not isinstance(raw, Mapping):
         raise ConfigError(
-            f"expected a mapping with keys {', '.join(spec)}, found {raw!r}", source=source, key=path
+            f"expected a mapping with keys {', '.join(spec)}, found {short(raw)}", source=source, key=path
         )
-    unknown = sorted(set(raw) - set(spec))
+    unknown = sorted(map(str, set(raw) - set(spec)))
     if unknown:
         raise ConfigError(
             f"unknown key {unknown[0]!r}; expected one of {', '.join(spec)}",
@@ -244,15 +281,20 @@ def _section(raw: Any, spec: dict[str, type], source: str, path: str, optional: 
                 f"missing required key {k!r} ({kind.__name__})", source=source, key=f"{path}.{k}"
             )
         # Latency may be zero; every other number must be positive.
-        out[k] = _typed(raw[k], kind, source, f"{path}.{k}", positive=(k != "latency_us"))
+        maximum = MAX_FANOUT if k == "fanout" else _MAX_VALUE.get(k)
+        out[k] = _typed(raw[k], kind, source, f"{path}.{k}", positive=(k != "latency_us"), maximum=maximum)
     return out
 
 
 def topology_from_mapping(raw: Any, source: str = "<mapping>") -> Topology:
     """Build and validate a :class:`Topology` from parsed YAML; errors name ``source`` and the key path."""
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"a topology file must be a mapping, found {type(raw).__name__}", source=source)
-    unknown = sorted(set(raw) - _TOP_KEYS)
+        raise ConfigError(
+            f"a topology file must be a mapping, found {type(raw).__name__} (keys name, device, tiers, "
+            "network; see topologies/*.yaml)",
+            source=source,
+        )
+    unknown = sorted(map(str, set(raw) - _TOP_KEYS))
     if unknown:
         raise ConfigError(
             f"unknown key; expected one of {', '.join(sorted(_TOP_KEYS))}", source=source, key=unknown[0]
@@ -265,9 +307,13 @@ def topology_from_mapping(raw: Any, source: str = "<mapping>") -> Topology:
     tiers_raw = raw["tiers"]
     if not isinstance(tiers_raw, list) or not tiers_raw:
         raise ConfigError(
-            f"expected a non-empty list of tiers (innermost first), found {tiers_raw!r}",
+            f"expected a non-empty list of tiers (innermost first), found {short(tiers_raw)}",
             source=source,
             key="tiers",
+        )
+    if len(tiers_raw) > MAX_TIERS:
+        raise ConfigError(
+            f"{len(tiers_raw)} tiers; at most {MAX_TIERS} are supported", source=source, key="tiers"
         )
     tiers = tuple(Tier(**_section(t, _TIER_KEYS, source, f"tiers[{i}]")) for i, t in enumerate(tiers_raw))
     network = Network(**_section(raw["network"], _NETWORK_KEYS, source, "network"))
@@ -284,25 +330,32 @@ def topology_from_mapping(raw: Any, source: str = "<mapping>") -> Topology:
             raise ConfigError(
                 f"tier name {n!r} is used twice; tier names must be unique", source=source, key="tiers"
             )
-    nodes = _typed(raw.get("nodes", 1), int, source, "nodes")
+    nodes = _typed(raw.get("nodes", 1), int, source, "nodes", maximum=MAX_NODES)
     dpn = math.prod(t.fanout for t in tiers)
+    if dpn > MAX_DEVICES_PER_NODE:
+        fanouts = " x ".join(str(t.fanout) for t in tiers)
+        raise ConfigError(
+            f"the fan-outs {fanouts} make {dpn} devices per node, more than {MAX_DEVICES_PER_NODE}; check the fan-outs",
+            source=source,
+            key="tiers",
+        )
     order = raw.get("device_order")
     if order is not None:
         if not isinstance(order, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in order):
             raise ConfigError(
-                f"expected a list of device ids, found {order!r}", source=source, key="device_order"
+                f"expected a list of device ids, found {short(order)}", source=source, key="device_order"
             )
         if sorted(order) != list(range(dpn)):
             fanouts = " x ".join(str(t.fanout) for t in tiers)
             raise ConfigError(
-                f"must list each of the {dpn} devices per node (fan-outs {fanouts}) exactly once, found {order}",
+                f"must list each of the {dpn} devices per node (fan-outs {fanouts}) exactly once, found {short(order)}",
                 source=source,
                 key="device_order",
             )
         order = tuple(order)
     description = raw.get("description", "")
     if not isinstance(description, str):
-        raise ConfigError(f"expected a string, found {description!r}", source=source, key="description")
+        raise ConfigError(f"expected a string, found {short(description)}", source=source, key="description")
     return Topology(
         name=name,
         device=device,
@@ -320,18 +373,17 @@ def load_topology(name_or_path: str | Path, nodes: int | None = None) -> Topolog
     file's node count."""
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
-        candidate = builtin_dir() / f"{name_or_path}.yaml"
-        if not candidate.exists():
+        candidate = resources.builtin_file("topologies", str(name_or_path))
+        if candidate is None:
             raise ConfigError(
-                f"unknown topology {str(name_or_path)!r}: built-ins are {', '.join(builtin_topologies())}; "
+                f"unknown topology {short(str(name_or_path))}: built-ins are {', '.join(builtin_topologies())}; "
                 "or give the path of a YAML file (see docs/topology.md)"
             )
         path = candidate
-    if not path.exists():
-        raise ConfigError(f"topology file {str(path)!r} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", source=str(path)) from None
+    raw = load_yaml_file(
+        path,
+        what="topology file",
+        hint=f"give a built-in topology ({', '.join(builtin_topologies())}) or a YAML file (docs/topology.md)",
+    )
     topo = topology_from_mapping(raw, source=str(path))
     return topo.with_nodes(nodes) if nodes is not None else topo

@@ -65,3 +65,38 @@ def test_retains_recent_steps_but_keeps_totals() -> None:
     assert [r.tag for r in led.records()] == ["3"] * 4 + ["4"] * 5 + ["5"]
     assert led.step_summary()["bytes"] == 10
     assert led.bytes_by_tier() == {"package": 10 * (1 + 2 + 3 + 4 + 5 + 1)}
+
+
+class _FakeEvent:
+    """A device event stand-in: counts waits and queries; ``done`` says whether the work finished."""
+
+    def __init__(self, t: float, log: list[str], done: bool = True) -> None:
+        self.t, self.log, self.done = t, log, done
+
+    def query(self) -> bool:
+        self.log.append("query")
+        return self.done
+
+    def synchronize(self) -> None:
+        self.log.append("synchronize")
+        self.done = True
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.t - self.t) * 1e3  # milliseconds, as torch.cuda.Event
+
+
+def test_ledger_resolves_events_lazily_and_never_waits_in_mark_step() -> None:
+    log: list[str] = []
+    led = Ledger()
+    a = led.record("all_gather", PKG, dtype="float32", numel=64, bytes_sent=10, seconds=0.0)
+    b = led.record("all_gather", PKG, dtype="float32", numel=64, bytes_sent=10, seconds=0.0)
+    a.timing = (_FakeEvent(0.0, log), _FakeEvent(0.25, log, done=True))
+    b.timing = (_FakeEvent(0.0, log), _FakeEvent(0.5, log, done=False))
+    summary = led.mark_step()
+    assert log == []  # no event touched: no wait, no query
+    assert summary["bytes"] == 20 and summary["pending"] == 2 and summary["seconds"] == 0
+    assert led.poll() == 1  # the logging interval: a completed, b still running
+    assert log == ["query", "query"] and a.seconds == 0.25 and b.pending
+    assert "synchronize" not in log
+    assert [r.seconds for r in led.records()] == [0.25, 0.5]  # reading every time waits
+    assert log.count("synchronize") == 1

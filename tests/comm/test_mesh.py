@@ -34,7 +34,12 @@ def _data(rank: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor
     return torch.randn(n, generator=g).to(dtype)
 
 
-def _mesh_rank(rank: int, world: int, permuted: bool) -> dict:
+def _mesh_rank(rank: int, world: int, permuted: bool, sorted_groups: bool = False) -> dict:
+    if sorted_groups:
+        # A torch without new_group(sort_ranks=False): groups numbered by sorted rank, permuting path.
+        from zerotopo.comm import mesh as mesh_mod
+
+        mesh_mod._sort_ranks_supported = lambda: False
     topo = load_topology("emulated")
     out: dict = {"groups": {}, "bytes": {}}
     for preset in ("zerotopo", "zero3", "zerotopo-pkg"):
@@ -45,6 +50,7 @@ def _mesh_rank(rank: int, world: int, permuted: bool) -> dict:
         out["rank_of_index"] = mesh.rank_of_index
     out["describe"] = mesh.describe()
     mesh = build_mesh(topo, get_preset("zerotopo"), topo_index=_topo_index(rank, permuted))
+    out["in_order"] = {k: mesh.group(k).in_order for k in mesh.kinds}
     ledger = Ledger()
     d = mesh.degrees
     checks = {}
@@ -115,10 +121,14 @@ def _mesh_rank(rank: int, world: int, permuted: bool) -> dict:
     return out
 
 
-@pytest.mark.parametrize("permuted", [False, True], ids=["identity", "closest-binding"])
-def test_mesh_groups_and_collectives(permuted: bool) -> None:
+@pytest.mark.parametrize(
+    ("permuted", "sorted_groups"),
+    [(False, False), (True, False), (True, True)],
+    ids=["identity", "closest-binding", "closest-binding-sorted-groups"],
+)
+def test_mesh_groups_and_collectives(permuted: bool, sorted_groups: bool) -> None:
     topo = load_topology("emulated")
-    results = spawn(_mesh_rank, 8, args=(permuted,), ranks_per_node=4, timeout_s=180)
+    results = spawn(_mesh_rank, 8, args=(permuted, sorted_groups), ranks_per_node=4, timeout_s=180)
     rank_of_index = tuple(r for r in results[0]["rank_of_index"])
     assert all(_topo_index(rank_of_index[t], permuted) == t for t in range(8))
     for rank, res in enumerate(results):
@@ -135,6 +145,12 @@ def test_mesh_groups_and_collectives(permuted: bool) -> None:
                 assert position == members.index(t)
                 assert tier == topo.tier_of_group(members)
             assert groups["world"][0] == tuple(rank_of_index)
+        # Groups numbered by position: no collective permutes (unless torch sorted them).
+        in_order = res["in_order"]
+        if sorted_groups:
+            assert not in_order["world"] and not in_order["grads"]
+        else:
+            assert all(in_order.values()), in_order
         failed = [k for k, ok in res["checks"].items() if not ok]
         assert not failed, f"rank {rank}: {failed}"
         # zerotopo on emulated: grads = node (4 ranks, tier node), params = package, world crosses the network.

@@ -80,15 +80,34 @@ def test_unknown_keys_one_warning(tmp_path):
     assert "data_impl" not in message  # a NeoX key with no effect here is accepted quietly
 
 
-def test_pipeline_parallel_reported(tmp_path):
-    with pytest.warns(UserWarning, match="pipe_parallel_size=4"):
-        load_neox_config([write(tmp_path, "a.yml", "pipe-parallel-size: 4\nmodel-parallel-size: 1\n")])
+def test_pipeline_parallel_refused_unless_the_global_batch_is_fixed(tmp_path):
+    # NeoX's 20B.yml: 4 pipeline stages x 2 tensor-parallel; micro x accumulation is per NeoX replica.
+    path = write(
+        tmp_path,
+        "a.yml",
+        "pipe-parallel-size: 4\nmodel-parallel-size: 2\ntrain_micro_batch_size_per_gpu: 4\n"
+        "gradient_accumulation_steps: 32\n",
+    )
+    args = load_neox_config([path])
+    with pytest.raises(ConfigError, match=r"4 x 32 x 2 samples per step.*set both to 1"):
+        args.batch_sizes(16)
+    fixed = load_neox_config(
+        [
+            write(
+                tmp_path,
+                "b.yml",
+                "pipe_parallel_size: 4\ntrain_micro_batch_size_per_gpu: 4\ntrain_batch_size: 1024\n",
+            )
+        ]
+    )
+    with pytest.warns(UserWarning, match="global batch is train_batch_size = 1024"):
+        assert fixed.batch_sizes(16) == (4, 16, 1024)
 
 
 @pytest.mark.parametrize(
     "text, key, fragment",
     [
-        ("num_layers: 0\n", "num_layers", "[1, inf]"),
+        ("num_layers: 0\n", "num_layers", "[1, 10000]"),
         ("num_layers: two\n", "num_layers", "integer"),
         ("rotary_pct: 1.5\n", "rotary_pct", "[0.0, 1.0]"),
         ("lr_decay_style: exponential\n", "lr_decay_style", "constant, linear, cosine"),

@@ -70,3 +70,44 @@ def test_tables_for_another_machine_or_tier_are_refused(tmp_path):
         load_calibration(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_calibration(tmp_path / "none.yaml")
+
+
+def _measure(rank: int, world: int, spec) -> dict:
+    from zerotopo.cost.measure import measure_rank
+
+    return measure_rank(spec, rank)
+
+
+def test_measured_table_has_curves_per_span_tiers_and_overlap():
+    from zerotopo.cost.measure import MeasureSpec
+    from zerotopo.spawn import spawn
+
+    spec = MeasureSpec(
+        topology="emulated",
+        nodes=1,
+        ops=("all_gather", "reduce_scatter"),
+        sizes=(4096, 65536),
+        iters=1,
+        warmup=0,
+    )
+    tables = spawn(_measure, 4, args=(spec,), ranks_per_node=4, timeout_s=600)
+    table = tables[0]
+    # one node of 2 packages x 2 dies: shard groups of a package (2 ranks) and of the node (4, also the
+    # whole job: measured once), and the group crossing exactly the node tier (one die per package)
+    spans = {(c["op"], c["tier"], c["nodes"], c["ranks_per_node"]) for c in table["bandwidth"]}
+    assert spans == {
+        (op, tier, 1, rpn)
+        for op in ("all_gather", "reduce_scatter")
+        for tier, rpn in (("package", 2), ("node", 4), ("node", 2))
+    }
+    for c in table["bandwidth"]:
+        assert c["sizes"] == [4096, 65536] and all(b > 0 for b in c["busbw_gbps"])
+    assert set(table["tiers"]) == {"package", "node"}
+    assert table["overlap"]["concurrent"] in (1, 2) and table["overlap"]["compute_slowdown"] >= 0
+    # the file zerotopo calibrate writes is a calibration table the cost model reads
+    cal = calibration_from_mapping(table)
+    assert (
+        cal["bandwidth"].busbw("all_gather", 65536, "package", 1, 2) == table["bandwidth"][0]["busbw_gbps"][1]
+    )
+    topo = apply_calibration(load_topology("emulated", nodes=1), cal)
+    assert topo.latency_us("package") == table["tiers"]["package"]["latency_us"]

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from zerotopo.cost.comm import comm_per_step, edge_costs
+from zerotopo.cost.comm import comm_per_step, schedule_of
 from zerotopo.cost.memory import memory_per_device
 from zerotopo.cost.planner import (
     AUTO_TOP,
@@ -19,6 +19,7 @@ from zerotopo.cost.planner import (
 from zerotopo.cost.time import step_time
 from zerotopo.models.shape import ModelShape
 from zerotopo.plan import PRESETS, Plan
+from zerotopo.spec.schedule import engine_units
 from zerotopo.topology import load_topology, topology_from_mapping
 
 SHAPE = ModelShape(num_layers=3, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=256)
@@ -69,17 +70,10 @@ def _space(topo):
 def _cost(plan, topo, opts):
     units = SHAPE.unit_params()
     mem = memory_per_device(units, topo, plan, micro_batch=opts.micro_batch, shape=SHAPE)
-    kw = dict(param_bytes=2, reduce_bytes=4)
-    comm = comm_per_step(units, topo, plan, micro_batches=opts.grad_accum, **kw)
-    t = step_time(
-        comm,
-        topo,
-        SHAPE,
-        micro_batch=opts.micro_batch,
-        micro_batches=opts.grad_accum,
-        prefetch=plan.prefetch,
-        edge=edge_costs(units, topo, plan, **kw),
-    )
+    sched = schedule_of(units, topo, plan, micro_batches=opts.grad_accum, units=engine_units(SHAPE))
+    # the schedule's merged view is the ledger's: what comm_per_step returns
+    assert sched.collectives() == comm_per_step(units, topo, plan, micro_batches=opts.grad_accum)
+    t = step_time(sched, topo, SHAPE, micro_batch=opts.micro_batch)
     return mem.total, t.step_time_s
 
 

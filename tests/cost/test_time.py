@@ -1,13 +1,15 @@
-"""The alpha-beta step-time model and its overlap rules, on numbers small enough to check by hand."""
+"""The step-time model: collective times, the two-stream overlap simulation and its parameters, on
+schedules small enough to check by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from zerotopo.cost.comm import CollectiveCost, comm_per_step, edge_costs
-from zerotopo.cost.time import collective_time, step_time
+from zerotopo.cost.comm import CollectiveCost, comm_per_step, edge_costs, schedule_of
+from zerotopo.cost.time import OverlapModel, collective_time, step_time
 from zerotopo.models.shape import ModelShape
 from zerotopo.plan import get_preset
+from zerotopo.spec.schedule import Collective, StepSchedule, Unit, UnitSteps, engine_units
 from zerotopo.topology import topology_from_mapping
 
 TOPO = topology_from_mapping(
@@ -20,6 +22,17 @@ TOPO = topology_from_mapping(
     }
 )
 SHAPE = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
+#: no latency, 1 GB/s: a collective of b bytes takes b / 1e9 seconds
+FLAT = topology_from_mapping(
+    {
+        "name": "flat",
+        "device": {"name": "toy", "memory_gib": 1, "peak_tflops": 1e-6},
+        "tiers": [{"name": "node", "fanout": 4, "bandwidth_gbps": 1.0, "latency_us": 0}],
+        "network": {"name": "network", "injection_gbps": 4.0, "latency_us": 0},
+        "nodes": 2,
+    }
+)
+NO_SLOWDOWN = OverlapModel(compute_slowdown=0.0)
 
 
 def _c(phase, op="all_gather", size=4, tier="node", nbytes=10**9, count=1):
@@ -35,51 +48,148 @@ def test_collective_time_is_alpha_beta_on_the_tier_crossed():
     assert collective_time(ar, TOPO) == pytest.approx(2 * 1 * 100e-6 + 1e8 / 0.5e9)
 
 
-def test_compute_overlap_and_exposed_communication():
+def _sched(units, fwd_bytes, bwd_bytes, red_bytes, *, prefetch=1, end=(), M=1, red_tier="node"):
+    """Units of equal FLOPs; per unit one forward gather, one backward gather, one reduction (bytes or 0)."""
+    steps = []
+    for i in range(units):
+        f = (
+            (Collective("forward", "all_gather", "params", 4, "node", fwd_bytes[i], 1, "bf16"),)
+            if fwd_bytes[i]
+            else ()
+        )
+        b = (
+            (Collective("backward", "all_gather", "params", 4, "node", bwd_bytes[i], 1, "bf16"),)
+            if bwd_bytes[i]
+            else ()
+        )
+        r = (
+            (Collective("grad_reduce", "reduce_scatter", "grads", 4, red_tier, red_bytes[i], 1, "fp32"),)
+            if red_bytes[i]
+            else ()
+        )
+        steps.append(UnitSteps(Unit(f"u{i}", 1, flops=1.0), f, b, r, prefetch, prefetch))
+    return StepSchedule(tuple(steps), tuple(end), M)
+
+
+def _compute(m, M, ckpt=False):
+    return SHAPE.step_flops(m * M, checkpoint_activations=ckpt) / (1e6 * 0.5)  # a 1 MFLOPS device
+
+
+def test_no_communication_is_the_compute():
     m, M = 2, 3
-    flops = SHAPE.step_flops(m * M, checkpoint_activations=False)
-    compute = flops / (1e6 * 0.5)  # a 1 MFLOPS device: seconds of compute
-    # no communication: the step is the compute at peak x efficiency
-    t = step_time([], TOPO, SHAPE, micro_batch=m, micro_batches=M, checkpoint_activations=False)
+    compute = _compute(m, M)
+    t = step_time(
+        _sched(2, [0, 0], [0, 0], [0, 0], M=M), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False
+    )
     assert t.step_time_s == pytest.approx(compute) and t.exposed_comm_s == pytest.approx(0)
     assert t.mfu == pytest.approx(0.5) and t.tflops_per_device == pytest.approx(0.5e-6)
     assert t.tokens_per_s == pytest.approx(m * M * 16 * 8 / compute)
-    # forward gathers that take less than the forward compute hide behind it (prefetch >= 1) ...
-    per_mb_fwd = compute / 3 / M
-    small = _c("forward", nbytes=int(per_mb_fwd * 0.5e9), count=M)
-    g = collective_time(small, TOPO)
-    t = step_time([small], TOPO, SHAPE, micro_batch=m, micro_batches=M, checkpoint_activations=False)
-    assert t.step_time_s == pytest.approx(compute)
-    # ... except the first unit's gather, which opens each forward
-    head = _c("forward", nbytes=10**6)
-    t = step_time(
-        [small], TOPO, SHAPE, micro_batch=m, micro_batches=M, checkpoint_activations=False, edge=[head]
+
+
+def test_prefetch_hides_gathers_but_the_first_and_none_without_prefetch():
+    m = 2
+    k = _compute(m, 1) / 3 / 2  # forward compute of one of two equal units
+    g = int(k * 0.5 * 1e9)  # a gather taking half of it
+    s = _sched(2, [g, g], [0, 0], [0, 0])
+    t = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=NO_SLOWDOWN)
+    # the first gather opens the step, the second hides under the first unit's compute
+    assert t.step_time_s == pytest.approx(_compute(m, 1) + g / 1e9)
+    fwd = {(x.phase, x.op): x for x in t.breakdown}[("forward", "all_gather")]
+    assert fwd.calls == 2 and fwd.seconds == pytest.approx(2 * g / 1e9)
+    assert fwd.exposed_s == pytest.approx(g / 1e9) and fwd.hidden_s == pytest.approx(g / 1e9)
+    # without prefetch each gather waits for the previous compute: both exposed
+    s0 = _sched(2, [g, g], [0, 0], [0, 0], prefetch=0)
+    t0 = step_time(s0, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=NO_SLOWDOWN)
+    assert t0.step_time_s == pytest.approx(_compute(m, 1) + 2 * g / 1e9)
+    # the compute slowdown applies to compute that runs while a gather is in flight
+    slow = OverlapModel(compute_slowdown=0.5)
+    ts = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=slow)
+    assert ts.slowdown_s == pytest.approx(0.5 * g / 1e9)
+    assert ts.step_time_s == pytest.approx(_compute(m, 1) + g / 1e9 + 0.5 * g / 1e9)
+
+
+def test_long_gathers_bound_the_phase_and_reductions_close_the_backward():
+    m = 2
+    kb = _compute(m, 1) * 2 / 3 / 2  # backward compute of one unit
+    big = int(kb * 3 * 1e9)  # a backward gather three times the unit's backward compute
+    s = _sched(2, [0, 0], [big, 0], [0, 0])  # unit 0 (computed last in the backward) gathers
+    t = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=NO_SLOWDOWN)
+    # backward: unit 1 computes while unit 0's gather runs (prefetched), then unit 0 computes
+    assert t.step_time_s == pytest.approx(_compute(m, 1) / 3 + big / 1e9 + kb)
+    # a reduction after the last backward unit is exposed; one after the first hides under unit 0
+    r = int(kb * 0.5 * 1e9)
+    tail = step_time(_sched(2, [0, 0], [0, 0], [r, 0]), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False,
+                     overlap=NO_SLOWDOWN)  # fmt: skip
+    hid = step_time(_sched(2, [0, 0], [0, 0], [0, r]), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False,
+                    overlap=NO_SLOWDOWN)  # fmt: skip
+    assert tail.step_time_s == pytest.approx(_compute(m, 1) + r / 1e9)
+    assert hid.step_time_s == pytest.approx(_compute(m, 1))
+
+
+def test_one_communication_stream_serialises_gathers_and_reductions():
+    m = 2
+    kb = _compute(m, 1) * 2 / 3 / 3  # three units
+    x = int(kb * 0.8 * 1e9)
+    # backward order u2, u1, u0: u2's reduction and u0's gather (prefetched while u1 computes) run side by
+    # side on two streams, one after the other on one
+    s = _sched(3, [0, 0, 0], [x, 0, 0], [0, x, x], red_tier="network")
+    two = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=NO_SLOWDOWN)
+    one = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False,
+                    overlap=OverlapModel(compute_slowdown=0.0, concurrent=1))  # fmt: skip
+    # two streams: everything hides; one stream: u0's gather queues behind u2's reduction and starts
+    # 0.8 kb into u1's compute, so u0 waits 0.6 kb
+    assert two.step_time_s == pytest.approx(_compute(m, 1))
+    assert one.step_time_s == pytest.approx(_compute(m, 1) + 0.6 * kb)
+    # on the same tier the two streams share its links: u0's gather, started while u2's reduction has
+    # 0.8 kb to go, takes 0.8 kb longer and u0 waits 0.6 kb
+    same = step_time(_sched(3, [0, 0, 0], [x, 0, 0], [0, x, x]), FLAT, SHAPE, micro_batch=m,
+                     checkpoint_activations=False, overlap=NO_SLOWDOWN)  # fmt: skip
+    assert same.step_time_s == pytest.approx(_compute(m, 1) + 0.6 * kb)
+
+
+def test_step_end_collectives_never_overlap_unless_told():
+    m, M = 2, 3
+    end = Collective(
+        "param_gather", "all_gather", "param_gather", 4, "node", 10**8, 1, "bf16", overlappable=False
     )
-    h = collective_time(head, TOPO)
-    assert g - h < per_mb_fwd and t.step_time_s == pytest.approx(compute + M * h)
-    # without prefetch everything adds up
-    t = step_time(
-        [small], TOPO, SHAPE, micro_batch=m, micro_batches=M, prefetch=0, checkpoint_activations=False
-    )
-    assert t.step_time_s == pytest.approx(compute + M * g)
-    # communication longer than the compute shows: backward phase bounded by its collectives
-    big = _c("grad_reduce", op="reduce_scatter", nbytes=10**11, count=M)
-    t = step_time([big], TOPO, SHAPE, micro_batch=m, micro_batches=M, checkpoint_activations=False)
-    assert t.step_time_s == pytest.approx(compute / 3 + M * collective_time(big, TOPO))
-    # step-end collectives never overlap
-    end = _c("param_gather", nbytes=10**8)
-    t = step_time([end], TOPO, SHAPE, micro_batch=m, micro_batches=M, checkpoint_activations=False)
-    assert t.step_time_s == pytest.approx(compute + collective_time(end, TOPO))
+    s = _sched(2, [0, 0], [0, 0], [0, 0], end=[end], M=M)
+    t = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False)
+    assert t.step_time_s == pytest.approx(_compute(m, M) + 0.1)
+    assert t.exposed_comm_s == pytest.approx(0.1)
+    half = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False,
+                     overlap=OverlapModel(step_end_overlap=0.5))  # fmt: skip
+    assert half.step_time_s == pytest.approx(_compute(m, M) + 0.05)
 
 
 def test_recompute_costs_a_fourth_pass_and_counts_in_tflops_not_mfu():
-    a = step_time([], TOPO, SHAPE, micro_batch=2, micro_batches=1, checkpoint_activations=False)
-    b = step_time([], TOPO, SHAPE, micro_batch=2, micro_batches=1, checkpoint_activations=True)
+    s = _sched(2, [0, 0], [0, 0], [0, 0])
+    a = step_time(s, TOPO, SHAPE, micro_batch=2, checkpoint_activations=False)
+    b = step_time(s, TOPO, SHAPE, micro_batch=2, checkpoint_activations=True)
     assert b.step_time_s == pytest.approx(a.step_time_s * 4 / 3)
     assert b.tflops_per_device == pytest.approx(a.tflops_per_device)  # hardware FLOPs, as NeoX logs
     assert b.mfu == pytest.approx(a.mfu * 3 / 4)
     with pytest.raises(ValueError, match="efficiency"):
-        step_time([], TOPO, SHAPE, micro_batch=1, micro_batches=1, efficiency=0)
+        step_time(s, TOPO, SHAPE, micro_batch=1, efficiency=0)
+    for bad in (dict(compute_slowdown=-1), dict(concurrent=0), dict(step_end_overlap=2)):
+        with pytest.raises(ValueError):
+            OverlapModel(**bad)
+
+
+def test_engine_schedule_breakdown_adds_up():
+    units = SHAPE.unit_params()
+    plan = get_preset("zero3")
+    sched = schedule_of(units, TOPO, plan, micro_batches=2, units=engine_units(SHAPE))
+    assert sched.collectives() == comm_per_step(units, TOPO, plan, micro_batches=2)
+    t = step_time(sched, TOPO, SHAPE, micro_batch=2)
+    # every call of the merged list is timed once per count
+    assert sum(x.calls for x in t.breakdown) == sum(c.count for c in sched.collectives())
+    alone = sum(collective_time(c, TOPO) * c.count for c in sched.collectives())
+    assert t.comm_s == pytest.approx(alone) and sum(x.seconds for x in t.breakdown) >= alone * (1 - 1e-9)
+    # the step is compute + slowdown + the time the compute waited, all of it attributed
+    assert t.step_time_s == pytest.approx(t.compute_s + t.slowdown_s + t.exposed_comm_s)
+    assert sum(x.exposed_s for x in t.breakdown) == pytest.approx(t.exposed_comm_s)
+    # the compute is split over units by their FLOPs: the embedding has none
+    assert sched.units[0].unit.flops == 0 and sched.units[1].unit.flops > 0
 
 
 def test_edge_costs_are_the_first_units_gather_and_reduce_scatter():

@@ -140,3 +140,29 @@ def test_blended_datasets_by_token_count(tmp_path):
     pairs = set(zip(train.dataset_index.tolist(), train.dataset_sample_index.tolist()))
     assert len(pairs) == 100
     assert len(list(DistributedBatches(train, 5, 1, 4))) == 5
+
+
+@pytest.mark.parametrize(
+    "part, bad",
+    [
+        ("shuffle_idx", lambda a: a + 10_000),  # samples that do not exist
+        ("sample_idx", lambda a: a[:-1]),  # one row short
+        ("doc_idx", lambda a: a + 1_000),  # documents of another split
+        ("shuffle_idx", lambda a: a.astype(object)),  # an object array needs pickle
+        ("doc_idx", None),  # not an .npy file at all
+    ],
+)
+def test_bad_index_cache_is_rebuilt_not_used(tmp_path, part, bad):
+    prefix = make_dataset(tmp_path)
+    first, _, _ = build_train_valid_test(prefix, "1,0,0", 8, (20, 0, 0), seed=3)
+    expected = [first[i].tolist() for i in range(len(first))]
+    path = next(tmp_path.glob(f"*_{part}.npy"))
+    if bad is None:
+        path.write_bytes(b"garbage, not numpy")
+    else:
+        np.save(path, bad(np.load(path)), allow_pickle=True)
+    again, _, _ = build_train_valid_test(prefix, "1,0,0", 8, (20, 0, 0), seed=3)
+    assert not again.cache_hit
+    assert [again[i].tolist() for i in range(len(again))] == expected
+    third, _, _ = build_train_valid_test(prefix, "1,0,0", 8, (20, 0, 0), seed=3)
+    assert third.cache_hit  # the rebuilt cache was written back

@@ -47,5 +47,5 @@ def test_hf_tokenizer_errors(tmp_path):
         HFTokenizer(hf_file(tmp_path, eod="<sep>"))
     with pytest.raises(ZerotopoError, match="vocab_file"):
         build_tokenizer("HFTokenizer", None)
-    with pytest.raises(ZerotopoError, match="ByteTokenizer, HFTokenizer"):
-        build_tokenizer("GPT2BPETokenizer")
+    with pytest.raises(ZerotopoError, match="GPT2BPETokenizer, HFTokenizer, CharLevelTokenizer"):
+        build_tokenizer("SentencePiece")

@@ -175,6 +175,7 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
             ledger=ledger,
             sanitize=opts.get("sanitize", True),
             copy_delay_ms=opts.get("copy_delay_ms", 0.0),
+            unordered_secondary=opts.get("unordered", False),
         )
         out: dict[str, Any] = {"name": case.get("name", plan.name), "losses": [], "stats": [], "error": None}
         out["ranges"] = [(u.p_range, u.g_range, u.o_range) for u in model.units]

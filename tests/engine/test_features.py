@@ -23,7 +23,7 @@ RACE_DELAY_MS = 300.0
 
 CASES = [
     # 0-2: the race. Stock ordering reads the poisoned (NaN) partition before the late copy lands.
-    {"name": "race-none", "plan": {**HPZ, "sync": "none"}, "opts": {"copy_delay_ms": RACE_DELAY_MS, "sanitize": False}},
+    {"name": "race-none", "plan": HPZ, "opts": {"copy_delay_ms": RACE_DELAY_MS, "sanitize": False, "unordered": True}},
     {"name": "race-event", "plan": {**HPZ, "sync": "event"}, "opts": {"copy_delay_ms": DELAY_MS}},
     {"name": "race-host", "plan": {**HPZ, "sync": "host"}, "opts": {"copy_delay_ms": DELAY_MS}},
     {"name": "no-delay", "plan": {**HPZ, "sync": "event"}, "opts": {"copy_delay_ms": 0.0}},
@@ -39,7 +39,7 @@ CASES = [
     {"name": "fp16", "plan": "zero3",
      "opts": {"param_dtype": "float16", "overflow_at_step": 2, "loss_scale_options": {"hysteresis": 1}}},
     # last: the sanitizer stops the unordered read (all ranks raise before the collective)
-    {"name": "sanitizer", "plan": {"preset": "zeropp", "sync": "none"}, "opts": {"copy_delay_ms": DELAY_MS},
+    {"name": "sanitizer", "plan": {"preset": "zeropp"}, "opts": {"copy_delay_ms": DELAY_MS, "unordered": True},
      "expect_error": True},
 ]  # fmt: skip
 INDEX = {c["name"]: i for i, c in enumerate(CASES)}

@@ -162,3 +162,62 @@ def test_fp16_block_reaches_the_scaler():
     )
     s = make_scaler("dynamic", torch.float16, **block.scaler_options())
     assert (s.scale, s.growth_interval, s.hysteresis, s.min_scale) == (4096.0, 500, 3, 4.0)
+
+
+def _bare_adamw(n: int, seed: int, frozen: bool = False):
+    """A ShardedAdamW holding one unit's optimizer state, without a mesh (the update rules only)."""
+    from zerotopo.engine.optim import ShardedAdamW
+
+    g = torch.Generator().manual_seed(seed)
+    opt = object.__new__(ShardedAdamW)
+    opt.master = [torch.randn(n, generator=g)]
+    opt.exp_avg = [torch.randn(n, generator=g) * 0.1]
+    opt.exp_avg_sq = [torch.rand(n, generator=g) * 0.01]
+    opt.decay_mask = [(torch.arange(n) % 3 != 0).float()]
+    train = torch.ones(n, dtype=torch.bool)
+    if frozen:
+        train[: n // 4] = False
+    opt.trainable = [train]
+    opt.all_trainable = [bool(train.all())]
+    opt._host_steps = 0
+    opt._device_steps = torch.zeros((), dtype=torch.float64)
+    return opt
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_device_masked_adamw_matches_host_and_skips_exactly(frozen):
+    """The fp16 step's update (step count on the device, every change times ``keep``) equals the host
+    update bit for bit when applied, and leaves every state tensor bit for bit unchanged when skipped."""
+    group = {"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+    host, dev = _bare_adamw(257, 0, frozen), _bare_adamw(257, 0, frozen)
+    for step in range(1, 4):
+        grad = torch.randn(257, generator=torch.Generator().manual_seed(step))
+        host._host_steps += 1
+        host._adamw(0, grad.clone(), group)
+        dev._device_steps += 1
+        dev._adamw_masked(0, grad.clone(), group, torch.ones(()))
+        for a, b in zip(
+            (host.master, host.exp_avg, host.exp_avg_sq), (dev.master, dev.exp_avg, dev.exp_avg_sq)
+        ):
+            assert torch.equal(a[0], b[0]), step
+    before = [t[0].clone() for t in (dev.master, dev.exp_avg, dev.exp_avg_sq)]
+    dev._adamw_masked(0, torch.zeros(257), group, torch.zeros(()))  # an overflow: grads zeroed, keep 0
+    after = [t[0] for t in (dev.master, dev.exp_avg, dev.exp_avg_sq)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_loss_scaler_update_takes_a_device_flag():
+    """The update reads the flag only as a tensor: the same sequence through tensors and bools."""
+    from zerotopo.engine.optim import LossScaler
+
+    a = LossScaler(2.0**8, growth_interval=2, hysteresis=2, min_scale=64.0)
+    b = LossScaler(2.0**8, growth_interval=2, hysteresis=2, min_scale=64.0)
+    for flag in (True, False, True, True, True, True, False, False, False, False):
+        a.update(flag)
+        b.update(torch.tensor([1.0 if flag else 0.0]))
+        assert a.state_dict() == b.state_dict()
+    assert isinstance(b.scale, torch.Tensor) and b.scale.dim() == 0
+    sd = b.state_dict()
+    c = LossScaler(2.0**8, growth_interval=2, hysteresis=2, min_scale=64.0)
+    c.load_state_dict(sd)
+    assert c.state_dict() == sd == {"scale": 256.0, "good_steps": 4, "hysteresis_left": 2}

@@ -56,3 +56,17 @@ def test_tasks_per_node(text, counts):
 def test_tasks_per_node_rejects(bad):
     with pytest.raises(LaunchError, match="is not a per-node task count list"):
         parse_tasks_per_node(bad)
+
+
+def test_huge_host_lists_are_read_lazily():
+    import time
+
+    from zerotopo.launch.hostlist import count_hosts
+
+    start = time.monotonic()
+    assert first_host("nid[0-99999999]") == "nid0"
+    assert first_host("r[7-99999999]n[0042-99999999]") == "r7n0042"
+    assert count_hosts("nid[0-99999999],x[1-3]") == 100_000_003
+    assert time.monotonic() - start < 1.0
+    with pytest.raises(LaunchError, match="more than"):
+        expand_hostlist("nid[0-99999999]")

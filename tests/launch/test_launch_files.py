@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -39,12 +40,38 @@ def test_frontier_sbatch():
         {"SLURM_NNODES": "2", "SLURM_JOB_ID": "1843217"},
     )
     srun = ["srun", "-N", "2", "-n", "16", "-c", "7", "--gpus-per-task=1", "--gpu-bind=closest"]
-    assert commands == [
-        ["srun", "-N", "2", "--ntasks-per-node=1", "mkdir", "-p", "/tmp/u-miopen-1843217"],
+    cache = env["MIOPEN_USER_DB_PATH"]
+    assert re.fullmatch(r"/tmp/u-miopen-1843217-[A-Za-z0-9]{10}", cache)
+    assert env["MIOPEN_CUSTOM_CACHE_DIR"] == cache
+    mkdir = ["srun", "-N", "2", "--ntasks-per-node=1", "bash", "-c"]
+    assert commands[0][: len(mkdir)] == mkdir and commands[0][-2:] == ["miopen-dir", cache]
+    assert commands[1:] == [
         [*srun, "zerotopo", "env", "--check", "--topology", "frontier", "--nodes", "2"],
         [*srun, "zerotopo", "train", "configs/big.yml", "--set", "train_iters=5"],
     ]
-    assert env["MIOPEN_USER_DB_PATH"] == env["MIOPEN_CUSTOM_CACHE_DIR"] == "/tmp/u-miopen-1843217"
+
+
+def test_frontier_cache_dir_is_private(tmp_path):
+    """The per-node command creates a fresh 700 directory and refuses a path someone created first."""
+    commands, env = dry_run("frontier.sbatch", ["c.yml"], {"SLURM_NNODES": "1", "SLURM_JOB_ID": "7"})
+    script = commands[0][commands[0].index("-c") + 1]
+    fresh = tmp_path / "fresh"
+    assert subprocess.run(["bash", "-c", script, "miopen-dir", str(fresh)]).returncode == 0
+    assert fresh.is_dir() and (fresh.stat().st_mode & 0o777) == 0o700
+    planted = tmp_path / "planted"
+    planted.symlink_to(tmp_path)
+    assert (
+        subprocess.run(
+            ["bash", "-c", script, "miopen-dir", str(planted)], stderr=subprocess.DEVNULL
+        ).returncode
+        != 0
+    )
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    assert (
+        subprocess.run(["bash", "-c", script, "miopen-dir", str(taken)], stderr=subprocess.DEVNULL).returncode
+        != 0
+    )
     # What srun adds per rank, on top of what the script exports: no warning applies.
     rank_env = {
         **env,

@@ -1,10 +1,12 @@
-"""``zerotopo bench``: measure collectives (``bench collectives``) or training steps (``bench step``).
+"""``zerotopo bench``: measure collectives (``bench collectives``), training steps (``bench step``), or
+compare zerotopo with DeepSpeed and FSDP2 on an emulated cluster (``bench compare``).
 
 ``bench collectives`` runs every op on the shard groups of every tier of the topology at once, as in
 training, and prints op, degree, tier crossed, message size, time and algorithm bandwidth (bytes this
 rank sent / time). Outside a distributed job it spawns the ranks locally (gloo, emulated topology);
 under ``srun``/``torchrun``/``mpiexec`` it runs as one rank of the job and rank 0 prints.
-``bench step`` is provided by :mod:`zerotopo.bench_step` when that module is installed.
+``bench step`` is provided by :mod:`zerotopo.bench_step` when that module is installed;
+``bench compare`` by :mod:`zerotopo.bench.compare` (see docs/bench.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ EPILOG = """examples:
   zerotopo bench collectives                              # 8 local gloo ranks, emulated topology
   zerotopo bench collectives --sizes 64K,1M --ops all_gather,reduce_scatter_int4 --json
   srun -N2 -n16 zerotopo bench collectives --topology frontier --sizes 16M,256M
+  zerotopo bench compare --plot compare.png    # root: zerotopo vs DeepSpeed vs FSDP2, emulated Frontier
+  zerotopo bench compare --model tiny --steps 2 --rows zerotopo,zero3,fsdp2-hsdp --json
 """
 
 
@@ -34,6 +38,17 @@ def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def check_collective_flags(args: argparse.Namespace) -> None:
+    """Counts out of range are bad input before any rank starts."""
+    from zerotopo.topology import MAX_NODES
+
+    bounds = {"nodes": (1, MAX_NODES), "ranks": (1, 4096), "iters": (1, 10**6), "warmup": (0, 10**6)}
+    for name, (lo, hi) in bounds.items():
+        value = getattr(args, name, None)
+        if value is not None and not lo <= value <= hi:
+            raise ConfigError(f"expected {lo} to {hi}, found {value}", source=f"--{name}")
+
+
 def add_collective_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by ``bench collectives`` and ``calibrate``."""
     p.add_argument("--topology", default="emulated", help="topology name or YAML file (default: emulated)")
@@ -42,6 +57,38 @@ def add_collective_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=5, help="timed calls per measurement (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument("--tiers", default="", help="comma-separated tiers to measure (default: all)")
+    add_emulation_arguments(p)
+
+
+def add_emulation_arguments(p: argparse.ArgumentParser) -> None:
+    """``--emulate``, ``--network-mbit``, ``--shape``: local ranks on an emulated, shaped cluster."""
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="root: each local rank in its own network namespace, every tier a shaped link "
+        "(zerotopo.netem.emulated_cluster)",
+    )
+    p.add_argument(
+        "--network-mbit",
+        type=float,
+        default=50.0,
+        help="with --emulate: network tier rate per rank, Mbit/s; inner tiers at Frontier's ratios "
+        "above it (default 50: package 800, node 200)",
+    )
+    p.add_argument(
+        "--shape",
+        default="",
+        help="with --emulate: per-tier rates overriding those, e.g. package=1000,node=250",
+    )
+
+
+def emulation(args: argparse.Namespace) -> dict | None:
+    """Keywords of :func:`zerotopo.netem.emulated_cluster` from the emulation flags (None: no emulation)."""
+    if not getattr(args, "emulate", False):
+        return None
+    from zerotopo.netem import parse_rates
+
+    return {"network_mbit": args.network_mbit, "rates": parse_rates(args.shape)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--block", type=int, default=256, help="quantization block (default 256)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    compare = sub.add_parser(
+        "compare",
+        help="zerotopo plans vs DeepSpeed ZeRO-3/hpZ vs FSDP2 on one emulated cluster",
+        description="Train one model under every row on the same (emulated) cluster; see docs/bench.md.",
+    )
+    from zerotopo.bench import compare as compare_module
+
+    compare_module.add_arguments(compare)
     step = sub.add_parser("step", help="time training steps per plan")
     module = _step_module()
     if module is not None:
@@ -66,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bench_target == "compare":
+        from zerotopo.bench import compare
+
+        return compare.run(args)
     if args.bench_target == "step":
         module = _step_module()
         if module is None:
@@ -74,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
             )
         return int(module.run(args) or 0)
     if args.bench_target != "collectives":
-        raise ConfigError("choose what to benchmark: zerotopo bench collectives | zerotopo bench step")
+        raise ConfigError("choose what to benchmark: zerotopo bench collectives | step | compare")
+    check_collective_flags(args)
+    if not 1 <= args.block <= 1 << 20:
+        raise ConfigError(f"expected 1 to {1 << 20}, found {args.block}", source="--block")
     from zerotopo.comm import bench
 
     ops = tuple(_csv(args.ops)) if args.ops else bench.DEFAULT_OPS
@@ -92,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         tiers=tuple(_csv(args.tiers)),
     )
-    rows = bench.run("bench", spec, ranks=args.ranks)
+    rows = bench.run("bench", spec, ranks=args.ranks, emulate=emulation(args))
     if rows is None:  # not rank 0 of a job
         return 0
     if args.json:

@@ -1,7 +1,12 @@
 """``zerotopo data``: turn jsonl text into NeoX mmap indexed datasets, or describe one.
 
-zerotopo data preprocess --input corpus.jsonl --output-prefix data/corpus --tokenizer-type ByteTokenizer
-zerotopo data info data/corpus_text_document
+``preprocess`` takes GPT-NeoX's ``tools/preprocess_data.py`` arguments and names its outputs as NeoX does,
+so NeoX recipes work with the command renamed:
+
+zerotopo data preprocess --input pile_00.jsonl.gz,pile_01.jsonl.gz --output-prefix data/pile \\
+    --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt \\
+    --append-eod --workers 8          # writes data/pile_text_document.bin/.idx
+zerotopo data info data/pile_text_document
 zerotopo data corpus            # build (or find) the bundled Python-docstring corpus
 """
 
@@ -14,19 +19,40 @@ from zerotopo.data.tokenizers import TOKENIZER_TYPES
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
-    pre = sub.add_parser("preprocess", help="tokenize a jsonl file into PREFIX.bin / PREFIX.idx")
-    pre.add_argument("--input", required=True, help="jsonl file, one JSON object per line")
-    pre.add_argument("--json-key", default="text", help="field holding the text (default: text)")
-    pre.add_argument("--output-prefix", required=True, help="output path without .bin/.idx")
+    pre = sub.add_parser(
+        "preprocess",
+        help="tokenize jsonl files into <prefix>_<key>_document.bin/.idx (NeoX's preprocess_data.py)",
+    )
+    pre.add_argument(
+        "--input",
+        required=True,
+        help="comma-separated jsonl files (.jsonl, .jsonl.gz, .jsonl.xz, .jsonl.zst), read in order",
+    )
+    pre.add_argument(
+        "--jsonl-keys",
+        nargs="+",
+        default=None,
+        help="fields to tokenize, one dataset each (default: text)",
+    )
+    pre.add_argument("--json-key", help=argparse.SUPPRESS)  # older spelling of one --jsonl-keys key
+    pre.add_argument("--num-docs", type=int, help="accepted for NeoX compatibility (a progress hint)")
+    pre.add_argument("--output-prefix", required=True, help="outputs are <prefix>_<key>_document.bin/.idx")
     pre.add_argument("--tokenizer-type", default="ByteTokenizer", choices=TOKENIZER_TYPES)
-    pre.add_argument("--vocab-file", help="tokenizers JSON file (HFTokenizer)")
+    pre.add_argument(
+        "--vocab-file", help="tokenizers JSON (HFTokenizer) or GPT-2 vocab.json (GPT2BPETokenizer)"
+    )
+    pre.add_argument("--merge-file", help="GPT-2 merges.txt (GPT2BPETokenizer)")
     pre.add_argument(
         "--append-eod",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="end every document with the end-of-document token (default: on)",
+        default=False,
+        help="end every document with the end-of-document token (default off, as in NeoX)",
     )
-    pre.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pre.add_argument("--ftfy", action="store_true", help="fix text with ftfy first (needs ftfy)")
+    pre.add_argument("--dataset-impl", default="mmap", choices=["mmap"], help="only mmap (NeoX's default)")
+    pre.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
+    pre.add_argument("--log-interval", type=int, default=10_000, help="documents between progress lines")
+    pre.add_argument("--no-progress", action="store_true", help="no progress output")
     info = sub.add_parser("info", help="print the size and dtype of an indexed dataset")
     info.add_argument("prefix", help="dataset path without .bin/.idx")
     corpus = sub.add_parser(
@@ -37,21 +63,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.data_command == "preprocess":
-        from zerotopo.data.preprocess import preprocess_jsonl
-        from zerotopo.data.tokenizers import build_tokenizer
+        from zerotopo.data.preprocess import preprocess_neox
+        from zerotopo.errors import ZerotopoError
 
-        tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
-        stats = preprocess_jsonl(
-            args.input,
+        if args.workers < 1 or args.log_interval < 1:
+            raise ZerotopoError("--workers and --log-interval must be at least 1")
+        keys = list(args.jsonl_keys or []) + ([args.json_key] if args.json_key else [])
+        stats = preprocess_neox(
+            [p.strip() for p in args.input.split(",") if p.strip()],
             args.output_prefix,
-            tokenizer,
-            json_key=args.json_key,
+            tokenizer_type=args.tokenizer_type,
+            vocab_file=args.vocab_file,
+            merge_file=args.merge_file,
+            jsonl_keys=keys or ["text"],
             append_eod=args.append_eod,
+            workers=args.workers,
+            ftfy=args.ftfy,
+            log_interval=args.log_interval,
             progress=not args.no_progress,
         )
-        print(
-            f"wrote {stats.prefix}.bin/.idx: {stats.documents} documents, {stats.tokens} tokens, {stats.dtype}"
-        )
+        for s in stats:
+            print(f"wrote {s.prefix}.bin/.idx: {s.documents} documents, {s.tokens} tokens, {s.dtype}")
     elif args.data_command == "info":
         from zerotopo.data.indexed import MMapIndexedDataset
 

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import threading
 
 from zerotopo import __version__
-from zerotopo.errors import ZerotopoError
+from zerotopo.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    ZerotopoError,
+)
+from zerotopo.logs import setup_console
 
 # name -> (module, one-line help, longer description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -57,15 +67,69 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    prefix = f"zerotopo {args.command}"
+    setup_console()
+    old_term = _on_sigterm()
     try:
+        module = importlib.import_module(SUBCOMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except ZerotopoError as exc:
-        print(f"zerotopo {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"{prefix}: error: {_bounded(str(exc))}", file=sys.stderr)
+        return int(getattr(exc, "exit_code", EXIT_BAD_INPUT))
     except KeyboardInterrupt:
-        print(f"zerotopo {args.command}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{prefix}: interrupted; every rank was stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except _Terminated:
+        print(f"{prefix}: stopped by SIGTERM; every rank was stopped", file=sys.stderr)
+        return EXIT_TERMINATED
+    except RecursionError:
+        print(f"{prefix}: error: an input is nested too deeply to read; flatten it", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - a bug: its traceback goes to a file, the user gets one line
+        log = _log_traceback(args.command)
+        print(
+            f"{prefix}: internal error: {type(exc).__name__}: {_bounded(str(exc), 300)}; "
+            f"this is a bug in zerotopo, the traceback is in {log}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the command."""
+
+
+def _on_sigterm():
+    """Turn SIGTERM into an exception, so cleanups (ranks, network namespaces) run before exiting."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise _Terminated()
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+#: Longest error message printed (a message quoting a hostile value is cut, never unbounded).
+MAX_MESSAGE_CHARS = 4000
+
+
+def _bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _log_traceback(command: str) -> str:
+    """Write the current exception's traceback to a new file; returns its path."""
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix=f"zerotopo-{command}-traceback-", suffix=".log")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(traceback.format_exc())
+    return path
 
 
 if __name__ == "__main__":

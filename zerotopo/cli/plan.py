@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -16,38 +17,21 @@ from zerotopo.config.neox import NeoXArgs, load_neox_config
 from zerotopo.cost.calibration import apply_calibration, load_calibration
 from zerotopo.cost.comm import intra_inter_bytes
 from zerotopo.cost.memory import GIB
-from zerotopo.cost.planner import CostOptions, PlanEstimate, plan_candidates
+from zerotopo.cost.planner import CostOptions, PlanEstimate, plan_candidates, recommendation
+from zerotopo.cost.presets import resolve
+from zerotopo.cost.time import OverlapModel
 from zerotopo.errors import ConfigError
 from zerotopo.models.shape import ModelShape
+from zerotopo.resources import resolve_config_paths
 from zerotopo.topology import Topology, load_topology
 
 #: Embedding rows when the tokenizer is not at hand: GPT-NeoX-20B's padded vocabulary (50277 tokens).
 DEFAULT_VOCAB = 50432
 
 
-def configs_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "configs"
-
-
 def resolve_model_paths(specs: list[str]) -> list[str]:
-    """``neox-20b`` -> ``configs/neox-20b.yml``; paths pass through."""
-    out = []
-    for spec in specs:
-        p = Path(spec)
-        if p.exists():
-            out.append(str(p))
-            continue
-        for ext in (".yml", ".yaml"):
-            cand = configs_dir() / f"{spec}{ext}"
-            if cand.exists():
-                out.append(str(cand))
-                break
-        else:
-            names = ", ".join(sorted(x.stem for x in configs_dir().glob("*.yml")))
-            raise ConfigError(
-                f"model {spec!r} is neither a file nor a config in configs/ ({names})", source="--model"
-            )
-    return out
+    """``neox-20b`` -> the built-in ``neox-20b.yml``; paths pass through."""
+    return resolve_config_paths(specs, source="--model")
 
 
 def tokenizer_vocab(path: str | None) -> int | None:
@@ -105,22 +89,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all-degrees", action="store_true", help="search degrees that are not tier-aligned too"
     )
+    parser.add_argument(
+        "--explain",
+        metavar="PLAN",
+        default=None,
+        help="print where each second of PLAN's step goes and why it beats (or loses to) the others",
+    )
+    parser.add_argument(
+        "--scaling",
+        metavar="NODES",
+        default=None,
+        help="comma-separated node counts: predicted TFLOPS per device of the chosen plans at each",
+    )
+    parser.add_argument("--plot", metavar="PNG", default=None, help="with --scaling: draw the chart to PNG")
 
 
-def _positive(name: str, value: int | float | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"expected a positive number, found {value}", source=name)
+def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
+    if value is not None and not (math.isfinite(value) and 0 < value <= maximum):
+        raise ConfigError(f"expected a positive number up to {maximum:g}, found {value}", source=name)
 
 
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:
     """Run the planner for parsed arguments."""
+    from zerotopo.topology import MAX_NODES
+
+    limits = {"nodes": MAX_NODES, "micro_batch": 1 << 20, "grad_accum": 1 << 20, "vocab_size": 1 << 24}
     for flag in ("nodes", "micro_batch", "grad_accum", "vocab_size", "memory_gib", "top"):
-        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag), limits.get(flag, 2**40))
     if not 0 < args.efficiency <= 1:
         raise ConfigError(f"expected a fraction in (0, 1], found {args.efficiency}", source="--efficiency")
     topo = load_topology(args.topology, nodes=args.nodes)
+    measured: dict = {}
     if args.calibration:
-        topo = apply_calibration(topo, load_calibration(args.calibration))
+        # a measured table replaces the topology's shipped curves and figures
+        cal = load_calibration(args.calibration)
+        topo = apply_calibration(topo, cal)
+        measured = dict(
+            bandwidth=cal.get("bandwidth"),
+            default_bandwidth=False,
+            overlap=cal.get("overlap") or OverlapModel(),
+        )
     shape, neox = load_model(args.model, args.vocab_size)
     precision = neox.resolved_precision
     options = CostOptions(
@@ -131,6 +139,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
+        **measured,
     )
     est = plan_candidates(shape, topo, plans=args.plans, aligned=not args.all_degrees, options=options)
     if args.top:
@@ -185,10 +194,159 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
     return "\n".join(lines)
 
 
+def _fmt_s(x: float) -> str:
+    return f"{x:.3f}" if x < 100 else f"{x:.1f}"
+
+
+def explain(e: PlanEstimate, others: list[PlanEstimate], topo: Topology) -> str:
+    """Where each second of ``e``'s step goes, and how it compares with the other plans."""
+    t = e.time
+    other = t.step_time_s - t.compute_s - t.slowdown_s - t.exposed_comm_s
+    lines = [
+        f"{e.name} ({e.plan.label(topo)}) on {topo.name} x {topo.nodes} nodes: step {t.step_time_s:.3f} s "
+        f"= compute {t.compute_s:.3f} s + compute slowdown {t.slowdown_s:.3f} s + exposed communication "
+        f"{t.exposed_comm_s:.3f} s" + (f" + {other:.3f} s" if abs(other) > 1e-6 else ""),
+        f"  {t.tflops_per_device:.1f} TFLOPS per device, MFU {100 * t.mfu:.1f}%; communication "
+        f"{t.comm_s:.3f} s in all, {t.comm_s - t.exposed_comm_s:.3f} s of it hidden under compute",
+        "",
+    ]
+    rows = [["phase", "collective", "group", "tier", "calls", "total s", "hidden s", "exposed s"]]
+    for sh in sorted(e.time.breakdown, key=lambda x: -x.seconds):
+        rows.append(
+            [sh.phase, sh.op, sh.group, sh.tier, str(sh.calls), _fmt_s(sh.seconds), _fmt_s(sh.hidden_s),
+             _fmt_s(sh.exposed_s)]
+        )  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        lines.append(
+            "  " + "  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        )
+    for o in others:
+        if o is e:
+            continue
+        lines.append("")
+        lines.append(compare(e, o))
+    return "\n".join(lines)
+
+
+def _exposed_by_phase(e: PlanEstimate) -> dict[str, tuple[float, str]]:
+    out: dict[str, tuple[float, str]] = {}
+    for sh in e.time.breakdown:
+        x, where = out.get(sh.phase, (0.0, ""))
+        label = f"{sh.op} over {sh.tier}"
+        out[sh.phase] = (x + sh.exposed_s, where if where and x >= sh.exposed_s else label)
+    return out
+
+
+def compare(a: PlanEstimate, b: PlanEstimate) -> str:
+    """One paragraph: why ``a`` is faster or slower than ``b``."""
+    ta, tb = a.time.step_time_s, b.time.step_time_s
+    verb = "faster" if ta < tb else "slower"
+    head = f"vs {b.name} ({tb:.3f} s): {a.name} is {abs(tb - ta):.3f} s {verb} ({tb / ta:.2f}x throughput)"
+    ea, eb = _exposed_by_phase(a), _exposed_by_phase(b)
+    diffs = []
+    for phase in sorted(set(ea) | set(eb), key=lambda p: -abs(ea.get(p, (0, ""))[0] - eb.get(p, (0, ""))[0])):
+        xa, wa = ea.get(phase, (0.0, "-"))
+        xb, wb = eb.get(phase, (0.0, "-"))
+        if abs(xa - xb) < 1e-3:
+            continue
+        diffs.append(f"{phase} exposed {xa:.3f} s ({wa}) vs {xb:.3f} s ({wb})")
+    ds = a.time.slowdown_s - b.time.slowdown_s
+    if abs(ds) >= 1e-3:
+        diffs.append(f"compute slowdown {a.time.slowdown_s:.3f} s vs {b.time.slowdown_s:.3f} s")
+    return head + ("; " + "; ".join(diffs[:4]) if diffs else "")
+
+
+def scaling(args: argparse.Namespace) -> tuple[list[int], dict[str, list[float]], str]:
+    """TFLOPS per device of the chosen plans at each node count of ``--scaling``."""
+    try:
+        counts = [int(x) for x in args.scaling.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"expected comma-separated node counts, found {args.scaling!r}", source="--scaling"
+        ) from None
+    if not counts or any(n < 1 for n in counts):
+        raise ConfigError(f"expected positive node counts, found {args.scaling!r}", source="--scaling")
+    series: dict[str, list[float]] = {}
+    if args.plans not in ("all", "auto", "presets"):  # keep the order the plans were named in
+        for p in (x.strip() for x in args.plans.split(",") if x.strip()):
+            series[resolve(p)[0].name] = [float("nan")] * len(counts)
+    for n in counts:
+        args.nodes = n
+        est, topo, shape, options = estimates(args)
+        for e in est:
+            series.setdefault(e.name, [float("nan")] * len(counts))[counts.index(n)] = (
+                e.time.tflops_per_device if e.fits else float("nan")
+            )
+    name = shape.name
+    rows = [["nodes", *series]]
+    for i, n in enumerate(counts):
+        rows.append([str(n), *(f"{v[i]:.1f}" if v[i] == v[i] else "OOM" for v in series.values())])
+    eff = ["scaling eff."]
+    for v in series.values():
+        ok = [i for i, x in enumerate(v) if x == x and x > 0]  # NaN: did not fit
+        eff.append(
+            f"{v[-1] / v[ok[0]]:.3f} ({counts[ok[0]]}->{counts[-1]})"
+            if len(ok) > 1 and ok[-1] == len(v) - 1
+            else "-"
+        )
+    rows.append(eff)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    text = [
+        f"{name} on {args.topology}: predicted TFLOPS per device (scaling efficiency: the last node count "
+        "over the first that fits)"
+    ]
+    text += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return counts, series, "\n".join(text)
+
+
+def plot(path: str, counts: list[int], series: dict[str, list[float]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, values in series.items():
+        ax.plot(counts, values, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("predicted TFLOPS per device")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.plot and not args.scaling:
+        raise ConfigError("--plot draws the --scaling chart; give --scaling NODES too", source="--plot")
+    if args.scaling:
+        counts, series, text = scaling(args)
+        print(text)
+        if args.plot:
+            plot(args.plot, counts, series, text.splitlines()[0].split(":")[0])
+            print(f"# chart written to {args.plot}")
+        return 0
     est, topo, shape, options = estimates(args)
+    if args.explain:
+        key = args.explain.strip().lower()
+        match = [e for e in est if e.name.lower() == key]
+        if not match:
+            extra = plan_candidates(shape, topo, plans=[args.explain], options=options)
+            match, est = extra, est + extra
+        print(explain(match[0], est[: max(3, len(est))] if len(est) <= 6 else est[:3], topo))
+        return 0
     if args.json:
         print(json.dumps([e.to_json(topo) for e in est], indent=2))
     else:
         print(table(est, topo, shape, options))
+        advice = recommendation(est, shape, topo, options)
+        if advice:
+            print()
+            print(advice)
     return 0

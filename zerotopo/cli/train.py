@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-
-import yaml
+import os
 
 from zerotopo.errors import ConfigError
 
@@ -19,16 +18,16 @@ EPILOG = """examples:
   zerotopo train configs/tiny.yml --set train_iters=50 --plan zero3
   zerotopo train configs/neox-20b.yml --topology frontier --nodes 48 --plan zerotopo   # one rank under srun
   srun -N2 -n16 zerotopo train configs/tiny.yml --topology frontier --nodes 2
+  srun -N1 -n8 zerotopo train --emulated-nodes 2   # 8 ranks on one host as the 2-node emulated topology
 
 Config keys follow GPT-NeoX (see docs/configs.md); --set overrides any of them.
 """
 
 
 def _parse_value(text: str):
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+    from zerotopo.config.yamlio import parse_override_value
+
+    return parse_override_value(text)
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -53,17 +52,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "configs",
         nargs="*",
         metavar="CONFIG.yml",
-        help="NeoX-style YAML files merged in order (default: configs/tiny.yml)",
+        help="NeoX-style YAML files merged in order, or built-in config names (neox-125m); default: tiny",
     )
     p.add_argument("--topology", help="topology name (frontier, dgx-a100, dgx-h100, emulated) or YAML file")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the launcher's, else the topology's)")
     p.add_argument(
+        "--emulated-nodes",
+        type=int,
+        metavar="N",
+        help="under srun/mpiexec/torchrun: group the job's ranks into N nodes of consecutive ranks (all "
+        "ranks on one host then act as N nodes of the topology); sets ZEROTOPO_EMULATED_NODES",
+    )
+    p.add_argument(
         "--plan",
         help="plan preset (zerotopo, zero3, zeropp, mics, ...), plan YAML file, or inline fields: 'zerotopo,sync=host' or 'params=package,grads=node,optim=world,secondary=node/int8'",
     )
-    p.add_argument(
-        "--sync", choices=("event", "host", "none"), help="stream ordering of the secondary partition"
-    )
+    p.add_argument("--sync", choices=("event", "host"), help="stream ordering of the secondary partition")
     p.add_argument(
         "--grad-reduce", choices=("reduce_scatter", "allreduce"), help="cross-replica gradient reduction"
     )
@@ -101,9 +105,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
 
+#: Fastest emulated link, Mbit/s (10 Tbit/s: anything faster is not emulation).
+MAX_NETWORK_MBIT = 1e7
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Flag values out of range are bad input before anything starts."""
+    import math
+
+    from zerotopo.topology import MAX_NODES
+
+    if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
+        raise ConfigError(
+            f"expected a node count from 1 to {MAX_NODES}, found {args.nodes}", source="--nodes"
+        )
+    if args.prefetch is not None and not 0 <= args.prefetch <= 64:
+        raise ConfigError(f"expected 0 to 64 units, found {args.prefetch}", source="--prefetch")
+    if args.network_mbit is not None and not (
+        math.isfinite(args.network_mbit) and 0 < args.network_mbit <= MAX_NETWORK_MBIT
+    ):
+        raise ConfigError(
+            f"expected a link rate in Mbit/s above 0 and at most {MAX_NETWORK_MBIT:g}, found {args.network_mbit}",
+            source="--network-mbit",
+        )
+    if args.run_dir is not None and (not args.run_dir.strip() or "\x00" in args.run_dir):
+        raise ConfigError("expected a directory path", source="--run-dir")
+
+
 def run(args: argparse.Namespace) -> int:
-    from zerotopo.trainer.entry import run_training
+    from zerotopo.trainer.entry import launched_externally, run_training
     from zerotopo.trainer.job import TrainJob
+
+    check_flags(args)
 
     plan_overrides = {
         k: v
@@ -123,6 +156,18 @@ def run(args: argparse.Namespace) -> int:
         network_mbit=args.network_mbit,
         from_hf=args.from_hf,
     )
+    if args.emulated_nodes is not None:
+        if args.emulated_nodes < 1:
+            raise ConfigError(
+                f"{args.emulated_nodes}: expected a positive node count", source="--emulated-nodes"
+            )
+        if not launched_externally(job):
+            raise ConfigError(
+                "local runs already emulate the topology's nodes; use --nodes N (--emulated-nodes regroups "
+                "the ranks of srun, mpiexec or torchrun)",
+                source="--emulated-nodes",
+            )
+        os.environ["ZEROTOPO_EMULATED_NODES"] = str(args.emulated_nodes)
     if args.network_mbit is not None and args.launcher not in ("auto", "local"):
         raise ConfigError(
             "--network-mbit emulates nodes on this machine; it needs --launcher local",

@@ -32,7 +32,7 @@ from zerotopo import layout
 from zerotopo.comm import collectives as C
 from zerotopo.comm import qcollectives as Q
 from zerotopo.comm.ledger import Ledger
-from zerotopo.comm.mesh import GroupHandle, build_mesh
+from zerotopo.comm.mesh import GroupHandle, build_mesh, new_group_in_order
 from zerotopo.errors import ConfigError
 from zerotopo.plan import get_preset
 from zerotopo.topology import Topology, load_topology
@@ -59,6 +59,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+#: Largest message measured (one buffer per rank of this size is allocated).
+MAX_MESSAGE_BYTES = 16 << 30
+
+
 def parse_size(text: str) -> int:
     """``4M`` -> 4194304 bytes (K, M, G are powers of two; a trailing B or iB is allowed)."""
     s = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -68,10 +72,15 @@ def parse_size(text: str) -> int:
         value = float(number) * _UNITS[unit]
     except ValueError:
         raise ConfigError(
-            f"message size {text!r} is not a size; use e.g. 64K, 1M, 4M", key="--sizes"
+            f"message size {text[:40]!r} is not a size; use e.g. 64K, 1M, 4M", key="--sizes"
         ) from None
-    if value < 1:
-        raise ConfigError(f"message size {text!r} must be at least one byte", key="--sizes")
+    if not value >= 1:  # NaN too
+        raise ConfigError(f"message size {text[:40]!r} must be at least one byte", key="--sizes")
+    if value > MAX_MESSAGE_BYTES:
+        raise ConfigError(
+            f"message size {text[:40]!r} is above the limit of {format_size(MAX_MESSAGE_BYTES)}",
+            key="--sizes",
+        )
     return int(value)
 
 
@@ -117,10 +126,10 @@ def tier_groups(
         groups = layout.strided(world, size, inner) if exact else layout.blocks(world, size)
         for members in groups:
             ranks = tuple(rank_of_index[t] for t in members)
-            pg = dist.new_group(sorted(ranks)) if len(ranks) > 1 else None
+            pg, order = new_group_in_order(ranks, local=False) if len(ranks) > 1 else (None, ranks)
             if topo_index in members:
                 tier_crossed = topology.tier_of_group(members)
-                out[tier] = GroupHandle(tier, ranks, members.index(topo_index), tier_crossed, pg)
+                out[tier] = GroupHandle(tier, ranks, members.index(topo_index), tier_crossed, pg, order)
         inner = size
     return out
 
@@ -272,9 +281,11 @@ def _spawned(rank: int, world: int, task: str, spec: BenchSpec) -> Any:
     return (bench_rank if task == "bench" else calibrate_rank)(spec, rank)
 
 
-def run(task: str, spec: BenchSpec, *, ranks: int | None = None) -> Any:
+def run(task: str, spec: BenchSpec, *, ranks: int | None = None, emulate: dict | None = None) -> Any:
     """Run ``task`` (``bench`` or ``calibrate``) in the current job, or on local gloo ranks when this
-    process is not part of one. Returns rank 0's result (``None`` on other ranks of a job)."""
+    process is not part of one. Returns rank 0's result (``None`` on other ranks of a job).
+    ``emulate``: keywords of :func:`zerotopo.netem.emulated_cluster`; the local ranks then run each in
+    its own network namespace with every tier shaped (root)."""
     from zerotopo.launch.discovery import discover, init_distributed, topological_index
 
     info = discover(os.environ)
@@ -295,9 +306,18 @@ def run(task: str, spec: BenchSpec, *, ranks: int | None = None) -> Any:
             key="--ranks",
         )
     spec = replace(spec, nodes=world // topo.devices_per_node)
+
     # One thread per rank: the ranks already share the machine's cores.
-    results = spawn(_spawned, world, args=(task, spec), ranks_per_node=topo.devices_per_node, timeout_s=1800)
-    return results[0]
+    def go(network: Any = None) -> Any:
+        return spawn(_spawned, world, args=(task, spec), ranks_per_node=topo.devices_per_node,
+                     timeout_s=1800, network=network)[0]  # fmt: skip
+
+    if emulate is not None:
+        from zerotopo.netem import emulated_cluster
+
+        with emulated_cluster(topo.with_nodes(spec.nodes), **emulate) as net:
+            return go(net)
+    return go()
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -1,7 +1,9 @@
 """Instrumented collectives on mesh groups: all-gather, reduce-scatter, all-reduce, all-to-all, broadcast.
 
 Each function takes a :class:`~zerotopo.comm.mesh.GroupHandle` and works in group *positions*
-(topological order; see the mesh's [Note: group order]), records one
+(topological order; see the mesh's [Note: group order]). The mesh numbers every process group by
+position, so the collectives pass buffers straight through; only a group that torch numbered otherwise
+(``not group.in_order``) takes the permuting path, with index tensors made once per group, records one
 :class:`~zerotopo.comm.ledger.Record` into ``ledger`` when given, and runs synchronously (returns None)
 or asynchronously (returns a :class:`Pending`). One code path serves NCCL, RCCL and gloo.
 
@@ -191,10 +193,6 @@ def _check_split(big: torch.Tensor, small: torch.Tensor, d: int, op: str) -> Non
         raise ValueError(f"{op}: dtypes differ ({big.dtype} and {small.dtype})")
 
 
-def _index(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.long, device=device)
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The bytes of a flat tensor (every backend moves uint8)."""
     return t.view(torch.uint8)
@@ -206,11 +204,8 @@ def _unpermute(out_f: torch.Tensor, recv: torch.Tensor, idx: torch.Tensor, d: in
     out_f.view(d, -1).copy_(recv.view(d, -1).index_select(0, idx))
 
 
-def _position_of_pg_rank(group: Any) -> list[int]:
-    inv = [0] * group.size
-    for pos, j in enumerate(group.pg_ranks):
-        inv[j] = pos
-    return inv
+def _in_order(group: Any) -> bool:
+    return bool(getattr(group, "in_order", group.pg_ranks == tuple(range(group.size))))
 
 
 # -- the collectives --------------------------------------------------------------------------------
@@ -222,12 +217,12 @@ def issue_all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[
     if group.size == 1:
         out_f.copy_(inp_f)
         return None, []
-    d, perm = group.size, group.pg_ranks
-    in_order = perm == tuple(range(d))
+    d = group.size
+    in_order = _in_order(group)
     recv = out_f if in_order else torch.empty_like(out_f)
     finish: list[Finish] = []
     if not in_order:
-        idx = _index(perm, out.device)
+        idx = group.index(group.pg_ranks, out.device)
         finish.append(lambda: _unpermute(out_f, recv, idx, d))
 
     def native() -> Any:
@@ -276,7 +271,7 @@ def reduce_scatter(
     chunk ``order[i]`` (default ``i``) of the reduction in ``out``."""
     d = group.size
     _check_split(inp, out, d, "reduce_scatter")
-    order = list(order) if order is not None else list(range(d))
+    order = tuple(order) if order is not None else tuple(range(d))
     if sorted(order) != list(range(d)):
         raise ValueError(f"reduce_scatter: order {order} is not a permutation of the {d} positions")
     red = _REDUCE_OPS[op]
@@ -288,9 +283,11 @@ def reduce_scatter(
             out_f.copy_(inp2[order[0]])
             return None, []
         # Block j of the staged input goes to pg rank j: the chunk its position must receive.
-        src = [order[p] for p in _position_of_pg_rank(group)]
+        src = tuple(order[p] for p in group.position_of_pg_rank)
         send = (
-            inp2.view(-1) if src == list(range(d)) else inp2.index_select(0, _index(src, inp.device)).view(-1)
+            inp2.view(-1)
+            if src == tuple(range(d))
+            else inp2.index_select(0, group.index(src, inp.device)).view(-1)
         )
         me = group.pg_ranks[group.position]
 
@@ -330,7 +327,8 @@ def _ring_reduce_scatter(out_f: torch.Tensor, send: torch.Tensor, group: Any, *,
     """
     d = group.size
     me = group.pg_ranks[group.position]
-    members = sorted(group.ranks)  # torch numbers a group's ranks by ascending global rank
+    # Global ranks in the order torch numbers the group (the positions, for the mesh's groups).
+    members = [group.ranks[p] for p in group.position_of_pg_rank]
     nxt, prv = members[(me + 1) % d], members[(me - 1) % d]
     # Partial sums accumulate in place: in the staged copy when there is one, else in a copy of the input.
     acc = send.view(d, -1) if owned else send.view(d, -1).clone()
@@ -388,13 +386,16 @@ def issue_all_to_all(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[
     if d == 1:
         out_f.copy_(inp_f)
         return None, []
-    pos_of = _position_of_pg_rank(group)
-    in_order = pos_of == list(range(d))
-    send = inp_f if in_order else inp_f.view(d, -1).index_select(0, _index(pos_of, inp.device)).view(-1)
+    in_order = _in_order(group)
+    send = (
+        inp_f
+        if in_order
+        else inp_f.view(d, -1).index_select(0, group.index(group.position_of_pg_rank, inp.device)).view(-1)
+    )
     recv = out_f if in_order else torch.empty_like(out_f)
     finish: list[Finish] = []
     if not in_order:
-        idx = _index(group.pg_ranks, out.device)
+        idx = group.index(group.pg_ranks, out.device)
         finish.append(lambda: _unpermute(out_f, recv, idx, d))
 
     def native() -> Any:

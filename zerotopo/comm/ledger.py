@@ -3,8 +3,14 @@
 Bytes are this rank's sent bytes as :mod:`zerotopo.comm.volume` counts them (ring/direct algorithms), the
 same figures the cost model predicts, so a step's ledger can be compared with the model byte for byte.
 Times are wall-clock seconds from issue to completion: measured on the host on CPU, with CUDA events on
-an accelerator (resolved when a summary is read, which synchronizes those events: read summaries at
-logging intervals only).
+an accelerator.
+
+[Note: lazy timing] A ledger never makes the host wait. :meth:`Ledger.mark_step` closes a step from the
+bytes alone (known on the host when the collective is issued) and touches no event. Event times are
+resolved only when asked: :meth:`Ledger.poll` (the logging interval) turns the events that have
+completed into seconds with the non-blocking ``Event.query()`` and leaves the others pending;
+:meth:`Ledger.records` and :meth:`Ledger.step_summary` (default ``block=True``) wait for them, for tests
+and benchmarks that read every time.
 """
 
 from __future__ import annotations
@@ -53,13 +59,24 @@ class Record:
     def is_scalar(self) -> bool:
         return self.numel <= SCALAR_NUMEL
 
-    def resolve(self) -> None:
-        """Turn pending CUDA events into seconds (blocks until the collective finished)."""
-        if self.timing is not None and self.timing[1] is not None:
-            start, end = self.timing
+    @property
+    def pending(self) -> bool:
+        """Whether the time is still a pair of device events."""
+        return self.timing is not None and self.timing[1] is not None
+
+    def resolve(self, block: bool = True) -> bool:
+        """Turn pending CUDA events into seconds; ``block=False`` only when the end event has completed
+        (``Event.query()``, no wait). Returns whether ``seconds`` holds the time."""
+        if not self.pending:
+            return True
+        start, end = self.timing
+        if block:
             end.synchronize()
-            self.seconds = start.elapsed_time(end) / 1e3
-            self.timing = None
+        elif not end.query():
+            return False
+        self.seconds = start.elapsed_time(end) / 1e3
+        self.timing = None
+        return True
 
 
 def _tier_key(tier: str | None) -> str:
@@ -131,16 +148,28 @@ class Ledger:
         """Bytes sent per ``(op, tier)`` since the last reset."""
         return dict(self._op_tier)
 
+    def poll(self) -> int:
+        """Resolve the retained records whose events completed (never waits); returns how many are
+        still pending. Call it at the logging interval."""
+        return sum(not r.resolve(block=False) for r in self._records)
+
     @staticmethod
-    def summarize(records: list[Record]) -> dict:
-        """Totals of ``records``: bytes by tier, bytes and seconds by op, calls."""
+    def summarize(records: list[Record], *, block: bool = True, resolve: bool = True) -> dict:
+        """Totals of ``records``: bytes by tier, bytes and seconds by op, calls.
+
+        ``block=False`` resolves only completed events; ``resolve=False`` touches no event at all (the
+        seconds then cover the records already resolved). ``pending`` counts records whose time is
+        left out."""
         seconds: dict[str, float] = defaultdict(float)
         by_op: dict[str, int] = defaultdict(int)
         by_tier: dict[str, int] = defaultdict(int)
         calls: dict[str, int] = defaultdict(int)
+        pending = 0
         for r in records:
-            r.resolve()
-            seconds[r.op] += r.seconds
+            if not (r.resolve(block) if resolve else not r.pending):
+                pending += 1
+            elif not r.pending:
+                seconds[r.op] += r.seconds
             by_op[r.op] += r.bytes_sent
             by_tier[_tier_key(r.tier)] += r.bytes_sent
             calls[r.op] += 1
@@ -152,15 +181,19 @@ class Ledger:
             "bytes": sum(by_op.values()),
             "seconds": sum(seconds.values()),
             "calls": len(records),
+            "pending": pending,
         }
 
-    def step_summary(self) -> dict:
+    def step_summary(self, *, block: bool = True) -> dict:
         """Totals of the records since the last :meth:`mark_step` (the step in progress)."""
-        return self.summarize(self._records[self._step_start :])
+        return self.summarize(self._records[self._step_start :], block=block)
 
     def mark_step(self) -> dict:
-        """Close the current step: return its summary and start counting the next one."""
-        summary = self.step_summary()
+        """Close the current step: return its summary and start counting the next one.
+
+        Never waits and touches no event (see the note): the seconds cover the records whose times were
+        already resolved (all of them on CPU), ``pending`` counts the others."""
+        summary = self.summarize(self._records[self._step_start :], resolve=False)
         self._step_starts.append(self._step_start)
         self._step_start = len(self._records)
         self.steps_marked += 1

@@ -8,13 +8,25 @@ creates one process group per distinct member set over every group kind of the p
 
 [Note: group order] A :class:`GroupHandle` lists its ranks by topological index, and ``position`` is the
 place in that order; the layout's chunk arithmetic is written in positions. ``torch.distributed`` numbers
-a group's members by sorted global rank instead, which differs when the launcher's rank order is not
-topological (Frontier's ``--gpu-bind=closest``). :mod:`zerotopo.comm.collectives` maps between the two,
-so callers only ever see positions.
+a group's members by sorted global rank unless the group is created with ``sort_ranks=False``, and the
+launcher's rank order is often not topological (Frontier's ``--gpu-bind=closest``). So every group is
+created with its members in topological order (``new_group(ranks, sort_ranks=False)``): the rank inside
+the process group *is* the position, and no collective permutes, stages or builds an index tensor. On a
+torch without ``sort_ranks`` the groups are sorted and :attr:`GroupHandle.pg_order` says so; the
+collectives then permute with index tensors made once per group and device (:meth:`GroupHandle.index`).
+The whole job gets such a group too (``world``) when the launcher's order is not topological.
+
+[Note: group creation at scale] Each rank creates only the groups it belongs to, one
+``new_group(..., use_local_synchronization=True)`` per distinct member set (at most one per kind), so
+start-up costs O(kinds) group creations per rank and O(world) arithmetic, not a ``new_group`` call for
+every member set of the job on every rank. torch names such groups by a hash of their members and of how
+many groups the process already has; the start-up exchange checks that count agrees on every rank and
+falls back to creating every group on every rank (torch's classic protocol) when it does not.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 from collections.abc import Iterable
@@ -50,6 +62,9 @@ class GroupHandle:
     """Outermost tier the group crosses (None for a single rank)."""
     pg: Any = field(default=None, compare=False, repr=False)
     """The ``torch.distributed`` process group; None when the group is this rank alone."""
+    pg_order: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    """Global ranks in the order ``pg`` numbers them; None: sorted by global rank (torch's default)."""
+    _indices: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -57,9 +72,32 @@ class GroupHandle:
 
     @cached_property
     def pg_ranks(self) -> tuple[int, ...]:
-        """For each position, the member's rank inside ``pg`` (members sorted by global rank)."""
-        order = sorted(self.ranks)
-        return tuple(order.index(r) for r in self.ranks)
+        """For each position, the member's rank inside ``pg``."""
+        order = self.pg_order if self.pg_order is not None else tuple(sorted(self.ranks))
+        where = {r: i for i, r in enumerate(order)}
+        return tuple(where[r] for r in self.ranks)
+
+    @cached_property
+    def in_order(self) -> bool:
+        """Whether ``pg`` numbers the members by position (no collective on it permutes anything)."""
+        return self.pg_ranks == tuple(range(self.size))
+
+    @cached_property
+    def position_of_pg_rank(self) -> tuple[int, ...]:
+        """Inverse of :attr:`pg_ranks`: the position of each rank of ``pg``."""
+        inv = [0] * self.size
+        for pos, j in enumerate(self.pg_ranks):
+            inv[j] = pos
+        return tuple(inv)
+
+    def index(self, values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """An index tensor of ``values`` on ``device``, made once per group and reused by every call
+        (a tensor built from a list on every call would be a host-to-device copy that syncs the host)."""
+        key = (tuple(values), str(device))
+        t = self._indices.get(key)
+        if t is None:
+            t = self._indices[key] = torch.tensor(key[0], dtype=torch.long, device=device)
+        return t
 
 
 @dataclass(frozen=True)
@@ -71,6 +109,7 @@ class RankPlacement:
     hostname: str
     node: int
     local_index: int
+    pg_count: int | None = None
 
 
 def default_backend() -> str:
@@ -172,6 +211,50 @@ def _index_groups(topology: Topology, degrees: Degrees, kind: str) -> list[list[
     return layout.groups(degrees, kind)
 
 
+def _sort_ranks_supported() -> bool:
+    try:
+        return "sort_ranks" in inspect.signature(dist.new_group).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def new_group_in_order(ranks: tuple[int, ...], *, local: bool) -> tuple[Any, tuple[int, ...]]:
+    """A process group of ``ranks`` numbered in the given order where torch allows it.
+
+    Returns ``(pg, pg_order)``: the global ranks in the order ``pg`` numbers them. ``local``: only the
+    members call this (``use_local_synchronization``); otherwise every rank of the job must call it.
+    """
+    kwargs: dict[str, Any] = {"use_local_synchronization": True} if local else {}
+    if _sort_ranks_supported():
+        return dist.new_group(list(ranks), sort_ranks=False, **kwargs), tuple(ranks)
+    order = tuple(sorted(ranks))
+    return dist.new_group(list(order), **kwargs), order
+
+
+def _pg_count() -> int | None:
+    """How many process groups this process has (torch hashes it into locally created groups' names)."""
+    try:
+        return len(dist.distributed_c10d._world.pg_names)
+    except AttributeError:
+        return None
+
+
+def plan_groups(
+    topology: Topology, degrees: Degrees, rank_of_index: tuple[int, ...], topo_index: int
+) -> dict[str, tuple[list[int], tuple[int, ...]]]:
+    """This rank's group of every kind: ``kind -> (topological indices, global ranks)``, both in
+    topological order. One pass over each kind's groups; pure, so it is tested at thousands of ranks."""
+    out: dict[str, tuple[list[int], tuple[int, ...]]] = {}
+    for kind in MESH_KINDS:
+        if kind == "secondary" and degrees.secondary is None:
+            continue
+        for members in _index_groups(topology, degrees, kind):
+            if members[0] <= topo_index <= members[-1] and topo_index in members:
+                out[kind] = (members, tuple(rank_of_index[t] for t in members))
+                break
+    return out
+
+
 def _placements(infos: Iterable[RankPlacement], topology: Topology) -> tuple[int, ...]:
     """Check the gathered placements; return topological index -> global rank."""
     infos = sorted(infos, key=lambda p: p.rank)
@@ -260,7 +343,7 @@ def build_mesh(
         torch.cuda.set_device(device)
     dpn = topology.devices_per_node
     me = RankPlacement(
-        rank, int(topo_index), hostname or this_hostname(), topo_index // dpn, topo_index % dpn
+        rank, int(topo_index), hostname or this_hostname(), topo_index // dpn, topo_index % dpn, _pg_count()
     )
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, me)
@@ -269,27 +352,37 @@ def build_mesh(
     if check:
         _check_hosts(infos, topology)
 
-    # [Note: one group per member set] dist.new_group is itself collective: every rank must create the
-    # same groups in the same order, including groups it is not in. Iterate all kinds in a fixed order,
-    # dedupe identical member sets (a plan's params and grads groups are often the same ranks).
-    pgs: dict[tuple[int, ...], Any] = {tuple(range(world)): dist.group.WORLD}
+    # [Note: group creation at scale] (module docstring): one group per distinct member set this rank
+    # belongs to, created by its members only, in the fixed kind order; identical member sets (a
+    # plan's params and grads groups are often the same ranks) share one group.
+    mine = plan_groups(topology, degrees, rank_of_index, int(topo_index))
+    counts = {getattr(p, "pg_count", None) for p in infos}
+    local = len(counts) == 1 and None not in counts
+    pgs: dict[tuple[int, ...], tuple[Any, tuple[int, ...]]] = {}
+    if rank_of_index == tuple(range(world)):
+        pgs[rank_of_index] = (dist.group.WORLD, rank_of_index)
+    if local:
+        for _, ranks in mine.values():
+            if len(ranks) > 1 and ranks not in pgs:
+                pgs[ranks] = new_group_in_order(ranks, local=True)
+    else:
+        # torch's classic protocol: every rank creates every group, in the same order.
+        for kind in mine:
+            for members in _index_groups(topology, degrees, kind):
+                ranks = tuple(rank_of_index[t] for t in members)
+                if len(ranks) > 1 and ranks not in pgs:
+                    pgs[ranks] = new_group_in_order(ranks, local=False)
     handles: dict[str, GroupHandle] = {}
-    for kind in MESH_KINDS:
-        if kind == "secondary" and degrees.secondary is None:
-            continue
-        for members in _index_groups(topology, degrees, kind):
-            ranks = tuple(rank_of_index[t] for t in members)
-            key = tuple(sorted(ranks))
-            if len(key) > 1 and key not in pgs:
-                pgs[key] = dist.new_group(list(key))
-            if topo_index in members:
-                handles[kind] = GroupHandle(
-                    kind=kind,
-                    ranks=ranks,
-                    position=members.index(topo_index),
-                    tier=topology.tier_of_group(members),
-                    pg=pgs[key] if len(key) > 1 else None,
-                )
+    for kind, (members, ranks) in mine.items():
+        pg, order = pgs[ranks] if len(ranks) > 1 else (None, ranks)
+        handles[kind] = GroupHandle(
+            kind=kind,
+            ranks=ranks,
+            position=members.index(topo_index),
+            tier=topology.tier_of_group(members),
+            pg=pg,
+            pg_order=order,
+        )
     return Mesh(
         topology,
         plan,

@@ -163,7 +163,7 @@ def reduce_scatter_int4(
         raise ValueError(
             f"reduce_scatter_int4: input has {inp.numel()} elements, expected {d} x {out.numel()}"
         )
-    order = list(order) if order is not None else list(range(d))
+    order = tuple(order) if order is not None else tuple(range(d))
     if sorted(order) != list(range(d)):
         raise ValueError(f"reduce_scatter_int4: order {order} is not a permutation of the {d} positions")
     n = out.numel()
@@ -171,7 +171,9 @@ def reduce_scatter_int4(
     if d == 1:
         out.copy_(chunks[order[0]].view(out.shape))
         return
-    staged = chunks if order == list(range(d)) else chunks[order]  # row i: the chunk position i receives
+    # Row i: the chunk position i receives. The index tensor is the group's, made once (a list index
+    # would be copied to the device on every call).
+    staged = chunks if order == tuple(range(d)) else chunks.index_select(0, group.index(order, inp.device))
     if intra is None or inter is None or intra.size == 1 or inter.size == 1:
         total = _all_to_all_reduce(staged, group, block=block, ledger=ledger, tag=tag)
     else:

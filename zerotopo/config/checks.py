@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 Check = Callable[[Any], Any]
+
+#: No integer key is ever larger (2**53: still exact as a float).
+MAX_INT = 2**53
 
 
 def _number(value: Any, kind: type) -> Any:
@@ -22,6 +26,10 @@ def _number(value: Any, kind: type) -> Any:
         value = int(value)
     if not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise ValueError(f"expected a{'n integer' if kind is int else ' number'}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    if kind is int and abs(value) > MAX_INT:
+        raise ValueError(f"expected an integer of at most {MAX_INT}")
     return kind(value)
 
 
@@ -81,7 +89,9 @@ def const(expected: Any, why: str) -> Check:
 
 def text(value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError("expected a string")
+        raise ValueError(f"expected a string, not a {type(value).__name__}")
+    if not value.strip() or "\x00" in value:
+        raise ValueError("expected a non-empty string without NUL characters")
     return value
 
 
@@ -93,9 +103,9 @@ def optional(inner: Check) -> Check:
 
 
 def str_or_list(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
+    if isinstance(value, str) and value.strip():
         return (value,)
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v.strip() for v in value):
         return tuple(value)
     raise ValueError("expected a path or a list of paths")
 
@@ -104,12 +114,14 @@ def split(value: Any) -> tuple[float, float, float]:
     """NeoX's ``split``: ``"969, 30, 1"`` weights of train/valid/test, normalized to fractions."""
     parts = value.split(",") if isinstance(value, str) else value
     try:
-        weights = [float(p) for p in parts]
+        if isinstance(parts, (str, bytes, dict)) or len(parts) > 3:
+            raise TypeError
+        weights = [_number(p, float) if not isinstance(p, str) else float(p) for p in parts]
     except (TypeError, ValueError):
         raise ValueError('expected three comma-separated weights like "969,30,1"') from None
     if len(weights) == 2:
         weights.append(0.0)
-    if len(weights) != 3 or any(w < 0 for w in weights) or sum(weights) <= 0:
+    if len(weights) != 3 or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
         raise ValueError('expected three non-negative comma-separated weights like "969,30,1"')
     total = sum(weights)
     return (weights[0] / total, weights[1] / total, weights[2] / total)
@@ -133,3 +145,12 @@ def betas(value: Any) -> tuple[float, float]:
         if all(0.0 <= x < 1.0 for x in b):
             return b  # type: ignore[return-value]
     raise ValueError("expected two numbers in [0, 1), like [0.9, 0.95]")
+
+
+def int_list(value: Any) -> tuple[int, ...]:
+    """A list of non-negative integers (a single integer is a list of one)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = tuple(_number(v, int) for v in items)
+    if any(v < 0 for v in out):
+        raise ValueError("expected non-negative integers")
+    return out

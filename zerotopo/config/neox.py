@@ -17,44 +17,97 @@ from typing import Any
 
 from zerotopo.config import checks as c
 from zerotopo.config.yamlio import apply_overrides, merge_files
-from zerotopo.errors import ConfigError
+from zerotopo.errors import ConfigError, short
 from zerotopo.models.config import INIT_METHODS, NeoXConfig
 from zerotopo.models.shape import ModelShape
 
-# NeoX keys that configure things zerotopo does its own way (kernel fusions, pipeline/tensor parallelism,
-# logging backends). They are accepted without a warning and have no effect.
-IGNORED_KEYS = frozenset(
+# NeoX keys that select kernels, launchers or bookkeeping but not what is computed: accepted without a
+# warning. The reason is part of the registry, so docs/configs.md and the field-coverage test read it.
+NO_EFFECT_KEYS: dict[str, str] = {
+    "data_impl": "zerotopo reads mmap indexed datasets only (NeoX's default)",
+    "distributed_backend": "the backend follows the device (NCCL/RCCL on GPUs, gloo on CPU)",
+    "steps_per_print": "DeepSpeed's own print interval; log_interval sets zerotopo's",
+    "wall_clock_breakdown": "DeepSpeed's timers; zerotopo's ledger times every collective",
+    "scaled_upper_triang_masked_softmax_fusion": "a fused kernel of the same softmax",
+    "scaled_masked_softmax_fusion": "a fused kernel of the same softmax",
+    "rope_fusion": "a fused kernel of the same rotary embedding",
+    "layernorm_fusion": "a fused kernel of the same LayerNorm",
+    "checkpoint_num_layers": "activation checkpointing recomputes one layer at a time",
+    "partition_activations": "model-parallel activation partitioning; zerotopo has no model parallelism",
+    "synchronize_each_layer": "a debugging barrier",
+    "output_layer_parallelism": "model-parallel layout of the output layer",
+    "contiguous_checkpointing": "memory layout of checkpointed activations",
+    "num_workers": "data-loader worker processes; zerotopo reads the mmap files in the training process",
+    "launcher": "NeoX's deepy.py launcher choice; zerotopo detects srun, mpiexec and torchrun",
+    "deepspeed_mpi": "NeoX's deepy.py launcher choice; zerotopo detects srun, mpiexec and torchrun",
+    "comment": "free text",
+}
+IGNORED_KEYS = frozenset(NO_EFFECT_KEYS)
+
+# The keys of DeepSpeed's zero_optimization block. Those the plan reads pick the plan; the bucket and
+# overlap knobs tune DeepSpeed's own scheduling and have no counterpart (zerotopo's schedule is per
+# unit); offloading is reported (see _zero_optimization). Anything else is a typo and is reported.
+ZERO_PLAN_KEYS = frozenset(
     {
-        "data_impl",
-        "distributed_backend",
-        "steps_per_print",
-        "wall_clock_breakdown",
-        "scaled_upper_triang_masked_softmax_fusion",
-        "scaled_masked_softmax_fusion",
-        "checkpoint_num_layers",
-        "partition_activations",
-        "synchronize_each_layer",
-        "output_layer_parallelism",
-        "tensorboard_dir",
-        "log_dir",
-        "wandb_project",
-        "wandb_group",
-        "use_wandb",
-        "rope_fusion",
-        "layernorm_fusion",
-        "attention_config",
-        "sparsity_config",
-        "keep_last_n_checkpoints",
-        "checkpoint_factor",
-        "contiguous_checkpointing",
-        "num_workers",
-        "launcher",
-        "deepspeed_mpi",
-        "comment",
+        "stage",
+        "zero_hpz_partition_size",
+        "mics_shard_size",
+        "zero_quantized_weights",
+        "zero_quantized_gradients",
     }
 )
-# Parallelism zerotopo does not do: accepted, but a value above 1 is reported in the warning.
-PARALLEL_KEYS = ("pipe_parallel_size", "model_parallel_size")
+ZERO_TUNING_KEYS = frozenset(
+    {
+        "allgather_partitions",
+        "allgather_bucket_size",
+        "overlap_comm",
+        "reduce_scatter",
+        "reduce_bucket_size",
+        "contiguous_gradients",
+        "sub_group_size",
+        "elastic_checkpoint",
+        "load_from_fp32_weights",
+        "ignore_unused_parameters",
+        "round_robin_gradients",
+        "legacy_stage1",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+        "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold",
+        "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save",
+        "zero_quantized_nontrainable_weights",
+        "mics_hierarchical_params_gather",
+        "memory_efficient_linear",
+        "use_multi_rank_bucket_allreduce",
+        "log_trace_cache_warnings",
+    }
+)
+ZERO_OFFLOAD_KEYS = frozenset(
+    {"offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory"}
+)
+
+# NeoX keys zerotopo cannot honour. Each is refused when it would change what is trained and reported
+# in a warning when it would not; the handler is in build_args (_unsupported).
+UNSUPPORTED_KEYS: dict[str, str] = {
+    "attention_config": "dense (global) attention is accepted, flash is the same math (a warning), any "
+    "sparse or local attention type is refused",
+    "sparsity_config": "refused with sparse attention (which is refused); without it, no effect (a warning)",
+    "zero_optimization.offload_*": "offloading moves states to the host without changing the result (a "
+    "warning); the memory check counts device memory",
+    "pipe_parallel_size": "zerotopo is data-parallel only; a value above 1 is refused unless "
+    "train_batch_size fixes the global batch (then a warning)",
+    "model_parallel_size": "as pipe_parallel_size",
+}
+
+# Fields whose every accepted value trains the same model (validated, so anything else is refused).
+EQUIVALENT_VALUES: dict[str, str] = {
+    "optimizer.type": "Adam and AdamW both train with decoupled weight decay: NeoX's Adam is DeepSpeed's "
+    "FusedAdam, which runs in AdamW mode by default",
+}
+
+# Dense attention types: global is what zerotopo computes; flash is a kernel for the same attention.
+_DENSE_ATTENTION = {"global": None, "flash": "a flash-attention kernel computes the same dense attention"}
 
 
 def _key(check: c.Check, default: Any = None, *, neox: str | None = None) -> Any:
@@ -129,17 +182,17 @@ class NeoXArgs:
     """Everything a NeoX-style config file can set that zerotopo uses, validated."""
 
     # --- model shape -------------------------------------------------------------------------------------
-    num_layers: int = _key(c.integer(1), 4)
+    num_layers: int = _key(c.integer(1, 10_000), 4)
     """Transformer layers."""
-    hidden_size: int = _key(c.integer(1), 128)
+    hidden_size: int = _key(c.integer(1, 1 << 20), 128)
     """Model width; a multiple of ``num_attention_heads``."""
-    num_attention_heads: int = _key(c.integer(1), 4)
+    num_attention_heads: int = _key(c.integer(1, 1 << 16), 4)
     """Attention heads."""
-    intermediate_size: int | None = _key(c.optional(c.integer(1)))
+    intermediate_size: int | None = _key(c.optional(c.integer(1, 1 << 22)))
     """MLP width; ``4·hidden_size`` when not set."""
-    seq_length: int = _key(c.integer(1), 128)
+    seq_length: int = _key(c.integer(1, 1 << 24), 128)
     """Tokens per training sample."""
-    max_position_embeddings: int | None = _key(c.optional(c.integer(1)))
+    max_position_embeddings: int | None = _key(c.optional(c.integer(1, 1 << 24)))
     """Longest supported sequence; ``seq_length`` when not set, and never below it."""
     pos_emb: str = _key(c.const("rotary", "zerotopo's NeoX model uses rotary position embeddings"), "rotary")
     """Position embedding; only ``rotary``."""
@@ -161,7 +214,7 @@ class NeoXArgs:
     """Biases on the QKV and attention output projections."""
     use_bias_in_mlp: bool = _key(c.boolean, True)
     """Biases on the MLP projections."""
-    make_vocab_size_divisible_by: int = _key(c.integer(1), 128)
+    make_vocab_size_divisible_by: int = _key(c.integer(1, 1 << 20), 128)
     """The tokenizer's vocabulary is padded up to a multiple of this (fast matmuls)."""
     no_weight_tying: bool = _key(c.boolean, True)
     """Untied input and output embeddings. NeoX's own default is False (tied), but every released
@@ -179,23 +232,26 @@ class NeoXArgs:
     checkpoint_activations: bool = _key(c.boolean, False)
     """Recompute each layer's activations in the backward pass (one layer per checkpoint)."""
     # --- batch -------------------------------------------------------------------------------------------
-    train_micro_batch_size_per_gpu: int | None = _key(c.optional(c.integer(1)))
+    train_micro_batch_size_per_gpu: int | None = _key(c.optional(c.integer(1, 1 << 20)))
     """Samples per rank per micro-batch."""
-    gradient_accumulation_steps: int | None = _key(c.optional(c.integer(1)))
+    gradient_accumulation_steps: int | None = _key(c.optional(c.integer(1, 1 << 20)))
     """Micro-batches per optimizer step."""
-    train_batch_size: int | None = _key(c.optional(c.integer(1)))
+    train_batch_size: int | None = _key(c.optional(c.integer(1, 1 << 30)))
     """Samples per optimizer step over all ranks: micro × accumulation × data-parallel ranks."""
     # --- schedule and optimizer ---------------------------------------------------------------------------
-    train_iters: int | None = _key(c.optional(c.integer(1)))
+    train_iters: int | None = _key(c.optional(c.integer(1, 10**9)))
     """Optimizer steps to train."""
     lr_decay_style: str = _key(c.choice("constant", "linear", "cosine"), "linear")
     """Learning-rate decay after warmup."""
-    lr_decay_iters: int | None = _key(c.optional(c.integer(1)))
+    lr_decay_iters: int | None = _key(c.optional(c.integer(1, 10**9)))
     """Steps over which the learning rate decays to ``min_lr``; ``train_iters`` when not set."""
     warmup: float = _key(c.number(0.0, 1.0), 0.01)
     """Fraction of ``lr_decay_iters`` spent warming up linearly from 0."""
     min_lr: float = _key(c.number(0.0), 0.0)
     """Learning rate at the end of decay."""
+    scheduler: dict[str, Any] | None = _key(c.optional(c.mapping))
+    """DeepSpeed's ``scheduler`` block (``WarmupLR`` or ``WarmupDecayLR`` with their ``params``); when
+    given it sets the learning rate instead of ``lr_decay_style``/``warmup``/``min_lr``, as in DeepSpeed."""
     optimizer: OptimizerArgs = field(default_factory=OptimizerArgs)
     """The ``optimizer`` block."""
     weight_decay: float = _key(c.number(0.0, 10.0), 0.01)
@@ -222,33 +278,75 @@ class NeoXArgs:
     split: tuple[float, float, float] = _key(c.split, (969 / 1000, 30 / 1000, 1 / 1000))
     """Train/valid/test weights over documents, e.g. ``"969,30,1"`` (NeoX's default)."""
     tokenizer_type: str = _key(
-        c.choice("ByteTokenizer", "HFTokenizer", aliases={"ByteLevel": "ByteTokenizer"}), "ByteTokenizer"
+        c.choice(
+            "GPT2BPETokenizer",
+            "HFTokenizer",
+            "CharLevelTokenizer",
+            "ByteTokenizer",
+            aliases={"ByteLevel": "ByteTokenizer"},
+        ),
+        "GPT2BPETokenizer",
     )
-    """ByteTokenizer (256 bytes + end-of-document, needs no file) or HFTokenizer (a tokenizers JSON file)."""
+    """GPT2BPETokenizer (NeoX's default: ``vocab_file`` vocab.json + ``merge_file`` merges.txt),
+    HFTokenizer (a tokenizers JSON file in ``vocab_file``), CharLevelTokenizer (NeoX's: Unicode code
+    points) or ByteTokenizer (UTF-8 bytes; needs no file, what the bundled corpus uses)."""
     vocab_file: str | None = _key(c.optional(c.text))
-    """The tokenizer JSON file for HFTokenizer."""
+    """The tokenizer JSON file (HFTokenizer) or GPT-2 ``vocab.json`` (GPT2BPETokenizer)."""
+    merge_file: str | None = _key(c.optional(c.text))
+    """GPT-2 ``merges.txt`` (GPT2BPETokenizer)."""
     seed: int = _key(c.integer(0, 2**32 - 1), 1234)
     """Seed of the model init and of the data shuffle."""
     # --- evaluation, logging, checkpoints ----------------------------------------------------------------
-    eval_interval: int = _key(c.integer(1), 1000)
+    eval_interval: int = _key(c.integer(1, 10**9), 1000)
     """Steps between evaluations on the validation split."""
-    eval_iters: int = _key(c.integer(0), 100)
+    eval_iters: int = _key(c.integer(0, 10**9), 100)
     """Validation micro-batches per evaluation."""
-    log_interval: int = _key(c.integer(1), 100)
+    log_interval: int = _key(c.integer(1, 10**9), 100)
     """Steps between log lines."""
     save: str | None = _key(c.optional(c.text))
     """Directory to save checkpoints to."""
     load: str | None = _key(c.optional(c.text))
     """Directory to load a checkpoint from."""
-    save_interval: int | None = _key(c.optional(c.integer(1)))
-    """Steps between checkpoints."""
+    save_interval: int | None = _key(c.optional(c.integer(1, 10**9)))
+    """Steps between checkpoints (the older name of ``checkpoint_factor``)."""
+    checkpoint_factor: float | None = _key(c.optional(c.number(1.0)))
+    """NeoX's save interval: a checkpoint every ``checkpoint_factor`` steps (``checkpoint_scale:
+    linear``) or at its powers (``log``); the last step is always saved."""
+    checkpoint_scale: str = _key(c.choice("linear", "log"), "linear")
+    """How ``checkpoint_factor`` spaces the checkpoints."""
+    extra_save_iters: tuple[int, ...] | None = _key(c.optional(c.int_list))
+    """Further steps to save a checkpoint at."""
+    keep_last_n_checkpoints: int | None = _key(c.optional(c.integer(1, 10**6)))
+    """Delete older checkpoints of ``save`` after each save, keeping this many."""
+    # --- logging backends ---------------------------------------------------------------------------------
+    log_dir: str | None = _key(c.optional(c.text))
+    """A directory for a copy of the run's text log (``<run name>.log``); the run directory always has
+    ``train.log``."""
+    tensorboard_dir: str | None = _key(c.optional(c.text))
+    """TensorBoard event files go here (needs the ``tensorboard`` package; else one warning)."""
+    use_wandb: bool | None = _key(c.optional(c.boolean))
+    """Log metrics to Weights & Biases (needs the ``wandb`` package; else one warning)."""
+    wandb_project: str = _key(c.text, "neox")
+    """W&B project."""
+    wandb_group: str | None = _key(c.optional(c.text))
+    """W&B group of runs."""
+    wandb_team: str | None = _key(c.optional(c.text))
+    """W&B team (entity)."""
+    wandb_host: str | None = _key(c.optional(c.text))
+    """W&B server URL (the default is wandb's own)."""
     # --- sharding ----------------------------------------------------------------------------------------
+    pipe_parallel_size: int = _key(c.integer(0), 1)
+    """NeoX's pipeline stages; zerotopo is data-parallel only (see :meth:`batch_sizes`)."""
+    model_parallel_size: int = _key(c.integer(0), 1)
+    """NeoX's tensor-parallel degree; zerotopo is data-parallel only (see :meth:`batch_sizes`)."""
     zero_optimization: dict[str, Any] | None = _key(c.optional(c.mapping))
     """DeepSpeed's ``zero_optimization`` block, kept as written; the plan module maps it to a plan."""
     topology: str | None = _key(c.optional(c.text))
     """zerotopo: topology name or YAML file (``frontier``, ``emulated``, ...)."""
     plan: str | dict[str, Any] | None = _key(c.optional(c.plan))
     """zerotopo: plan preset name (``zerotopo``, ``zero3``, ...) or a mapping of degrees."""
+    num_nodes: int | None = _key(c.optional(c.integer(-1)))
+    """Nodes of the job (``--nodes`` and the launcher's count win); -1 or unset: the topology file's."""
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Which file set each key (``--set`` for overrides); for error messages."""
 
@@ -305,9 +403,48 @@ class NeoXArgs:
         """The :class:`ModelShape` for the cost model, without building the model."""
         return self.model_config(vocab_size).shape(self.seq_length, name=name)
 
+    def save_iters(self, train_iters: int) -> list[int]:
+        """Steps (before the last) after which a checkpoint is saved, as NeoX derives them from
+        ``checkpoint_factor`` / ``checkpoint_scale`` and ``extra_save_iters``; the last step is always
+        saved when ``save`` is set."""
+        factor = self.checkpoint_factor or self.save_interval
+        steps = {s for s in self.extra_save_iters or () if 0 < s < train_iters}
+        if factor:
+            step = factor
+            while step < train_iters:
+                steps.add(int(step))
+                step = step * factor if self.checkpoint_scale == "log" else step + factor
+        return sorted(steps)
+
     def batch_sizes(self, dp_world: int) -> tuple[int, int, int]:
         """``(micro, accumulation, global)`` for ``dp_world`` data-parallel ranks, deriving the one not given
-        as NeoX does (``global = micro × accumulation × dp_world``)."""
+        as NeoX does (``global = micro × accumulation × dp_world``).
+
+        With NeoX's ``pipe_parallel_size`` × ``model_parallel_size`` above 1, NeoX's data-parallel world
+        is ``world / (pipe × model)``, so micro × accumulation would give a different global batch here,
+        where every rank is a data-parallel rank: that is refused unless ``train_batch_size`` fixes the
+        global batch."""
+        mp = max(self.pipe_parallel_size, 1) * max(self.model_parallel_size, 1)
+        if mp > 1:
+            src = self.sources.get("pipe_parallel_size") or self.sources.get("model_parallel_size")
+            if self.train_batch_size is None:
+                micro, accum = self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps or 1
+                neox = f"{micro} x {accum} x {dp_world // mp}" if micro and dp_world % mp == 0 else "fewer"
+                raise ConfigError(
+                    f"pipe_parallel_size {self.pipe_parallel_size} x model_parallel_size "
+                    f"{self.model_parallel_size}: GPT-NeoX would split {dp_world} ranks into {dp_world // mp or 1} "
+                    f"data-parallel replicas ({neox} samples per step), but zerotopo shards over data-parallel "
+                    "ranks only and every rank takes a micro-batch; set both to 1, and train_batch_size to "
+                    "the global batch you want",
+                    source=src,
+                    key="pipe_parallel_size",
+                )
+            warnings.warn(
+                f"pipe_parallel_size {self.pipe_parallel_size} x model_parallel_size {self.model_parallel_size} "
+                "ignored: zerotopo shards over data-parallel ranks only (the global batch is train_batch_size "
+                f"= {self.train_batch_size}, as asked)",
+                stacklevel=2,
+            )
         return derive_batch_sizes(
             self.train_micro_batch_size_per_gpu,
             self.gradient_accumulation_steps,
@@ -397,7 +534,7 @@ def _checked(check: c.Check, value: Any, key: str, sources: Mapping[str, str], t
     try:
         return check(value)
     except ValueError as exc:
-        raise ConfigError(f"{value!r}: {exc}", source=sources.get(top), key=key) from None
+        raise ConfigError(f"{short(value)}: {exc}", source=sources.get(top), key=key) from None
 
 
 def _block(
@@ -442,14 +579,78 @@ def build_args(values: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[N
         elif key == "bf16":
             block = _block("bf16", value, {"enabled": c.boolean, "bf16": c.boolean}, sources, unknown)
             kwargs["bf16_enabled"] = block.get("enabled", block.get("bf16", True))
-        elif key in PARALLEL_KEYS:
-            if _checked(c.integer(0), value, key, sources, key) > 1:
-                unknown.append(f"{key}={value} (zerotopo is data-parallel only)")
-        elif key not in IGNORED_KEYS:
+        elif key in ("attention_config", "sparsity_config"):
+            _unsupported(key, value, values, sources)
+        elif key not in NO_EFFECT_KEYS:
             unknown.append(str(key))
+    if kwargs.get("zero_optimization") is not None:
+        unknown += _zero_optimization(kwargs["zero_optimization"], sources)
     args = NeoXArgs(**kwargs)
     _cross_check(args)
     return args, sorted(unknown)
+
+
+def _attention_types(value: Any, source: str | None) -> list[str]:
+    """The attention types of NeoX's ``attention_config: [[["global"], 12], ...]``."""
+    try:
+        return [str(t).lower() for kinds, _count in value for t in kinds]
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f'{value!r}: expected NeoX\'s form [[[type, ...], layers], ...], e.g. [[["global"], 12]]',
+            source=source,
+            key="attention_config",
+        ) from None
+
+
+def _unsupported(key: str, value: Any, values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """The keys of :data:`UNSUPPORTED_KEYS` that are not fields: refuse what changes the result, warn
+    about what does not."""
+    types = _attention_types(values.get("attention_config") or [], sources.get("attention_config"))
+    sparse = sorted({t for t in types if t not in _DENSE_ATTENTION})
+    if key == "attention_config":
+        if sparse:
+            raise ConfigError(
+                f"attention types {', '.join(sparse)} are not implemented: zerotopo's NeoX model computes dense "
+                'causal attention; use [[["global"], num_layers]]',
+                source=sources.get(key),
+                key=key,
+            )
+        for t in sorted(set(types)):
+            if _DENSE_ATTENTION.get(t):
+                warnings.warn(f"attention_config type {t!r}: {_DENSE_ATTENTION[t]}", stacklevel=3)
+    elif key == "sparsity_config" and value and not sparse:
+        warnings.warn(
+            "sparsity_config has no effect: attention_config asks for dense attention only", stacklevel=3
+        )
+
+
+def _zero_optimization(zero: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+    """Offload settings are reported; keys DeepSpeed does not have are returned as unknown (with the
+    known key they most likely misspell)."""
+    import difflib
+
+    known = ZERO_PLAN_KEYS | ZERO_TUNING_KEYS | ZERO_OFFLOAD_KEYS
+    unknown = []
+    for raw_key, value in zero.items():
+        k = str(raw_key).replace("-", "_")
+        if k in ZERO_OFFLOAD_KEYS:
+            on = (
+                value
+                if isinstance(value, bool)
+                else bool(value)
+                and (not isinstance(value, Mapping) or str(value.get("device", "cpu")).lower() != "none")
+            )
+            if on:
+                warnings.warn(
+                    f"zero_optimization.{k}: zerotopo keeps every state on the device (offloading changes where "
+                    "states live, not the result); the memory check counts device memory, so pick a plan "
+                    "that fits with `zerotopo plan`",
+                    stacklevel=3,
+                )
+        elif k not in known:
+            close = difflib.get_close_matches(k, sorted(known), n=1)
+            unknown.append(f"zero_optimization.{raw_key}" + (f" (did you mean {close[0]}?)" if close else ""))
+    return unknown
 
 
 def _cross_check(a: NeoXArgs) -> None:
@@ -489,6 +690,25 @@ def _cross_check(a: NeoXArgs) -> None:
             "or set precision alone",
             source=src("precision") or src("fp16") or src("bf16"),
             key="precision",
+        )
+    if a.save_interval and a.checkpoint_factor and a.save_interval != a.checkpoint_factor:
+        raise ConfigError(
+            f"save_interval {a.save_interval} and checkpoint_factor {a.checkpoint_factor} disagree; they are "
+            "the same setting (NeoX renamed it), keep checkpoint_factor",
+            source=src("save_interval"),
+            key="save_interval",
+        )
+    if a.checkpoint_scale == "log" and a.checkpoint_factor is not None and a.checkpoint_factor <= 1:
+        raise ConfigError(
+            f"checkpoint_factor {a.checkpoint_factor} with checkpoint_scale log never grows; use a factor above 1",
+            source=src("checkpoint_factor"),
+            key="checkpoint_factor",
+        )
+    if a.tokenizer_type == "GPT2BPETokenizer" and a.vocab_file and not a.merge_file:
+        raise ConfigError(
+            "GPT2BPETokenizer needs merge_file (GPT-2's merges.txt) next to vocab_file (vocab.json)",
+            source=src("vocab_file"),
+            key="merge_file",
         )
     if a.min_lr > a.lr:
         raise ConfigError(

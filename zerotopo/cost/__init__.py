@@ -11,12 +11,13 @@ from zerotopo.cost.calibration import apply_calibration, load_calibration
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, comm_per_step
 from zerotopo.cost.memory import MemoryBreakdown, memory_per_device
 from zerotopo.cost.planner import CostOptions, PlanEstimate, plan_candidates
-from zerotopo.cost.time import StepTime, step_time
+from zerotopo.cost.time import OverlapModel, StepTime, step_time
 
 __all__ = [
     "CollectiveCost",
     "CostOptions",
     "MemoryBreakdown",
+    "OverlapModel",
     "PlanEstimate",
     "StepTime",
     "apply_calibration",

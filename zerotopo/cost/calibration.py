@@ -12,7 +12,12 @@ The table ``zerotopo calibrate`` writes (YAML or JSON; see docs/cost-model.md)::
       node:    {bandwidth_gbps: 41.5,  latency_us: 6.0}
       network: {bandwidth_gbps: 10.8,  latency_us: 14.0}
 
-Every bandwidth is GB/s per device, one direction, measured with every device of the machine
+Optional sections (see docs/cost-model.md): ``bandwidth:`` measured curves by collective, message size
+and group span (:mod:`zerotopo.cost.bandwidth`; they replace the topology's shipped table) and
+``overlap:`` the overlap parameters (:class:`zerotopo.cost.time.OverlapModel`). At least one of
+``tiers``, ``bandwidth`` and ``overlap`` is required.
+
+Every tier bandwidth is GB/s per device, one direction, measured with every device of the machine
 communicating across that tier at once: the figure the cost model divides bytes by. For the network tier
 that is the node's injection bandwidth divided among its devices, so :func:`apply_calibration` stores
 ``bandwidth_gbps × devices per node`` as the injection bandwidth. A tier may give either field or both;
@@ -21,28 +26,31 @@ tiers left out keep their YAML figures.
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from zerotopo.errors import ConfigError
+from zerotopo.config.yamlio import load_yaml_file
+from zerotopo.cost.bandwidth import BandwidthTable, curves_from_list
+from zerotopo.cost.time import overlap_from_mapping
+from zerotopo.errors import ConfigError, short
 from zerotopo.topology import Topology
 
-_TOP_REQUIRED = ("topology", "tiers")
-_TOP_OPTIONAL = ("nodes", "date", "command", "notes")
+_TOP_REQUIRED = ("topology",)
+_TOP_OPTIONAL = ("nodes", "date", "command", "notes", "tiers", "bandwidth", "overlap")
 _TIER_KEYS = ("bandwidth_gbps", "latency_us")
 
 
 def _number(value: Any, source: str, key: str, *, positive: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"expected a number, found {value!r}", source=source, key=key)
-    if (positive and value <= 0) or value < 0:
+        raise ConfigError(f"expected a number, found {short(value)}", source=source, key=key)
+    if not math.isfinite(value) or (positive and value <= 0) or value < 0 or value > 1e9:
         bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"expected a value {bound}, found {value!r}", source=source, key=key)
+        raise ConfigError(
+            f"expected a value {bound} (finite, below 1e9), found {short(value)}", source=source, key=key
+        )
     return float(value)
 
 
@@ -53,18 +61,28 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
     allowed = _TOP_REQUIRED + _TOP_OPTIONAL
     for k in raw:
         if k not in allowed:
-            raise ConfigError(f"unknown key; expected one of {', '.join(allowed)}", source=source, key=str(k))
+            raise ConfigError(
+                f"unknown key; expected one of {', '.join(allowed)}", source=source, key=str(k)[:60]
+            )
     for k in _TOP_REQUIRED:
         if k not in raw:
             raise ConfigError(f"missing required key {k!r}", source=source, key=k)
+    if not any(k in raw for k in ("tiers", "bandwidth", "overlap")):
+        raise ConfigError(
+            "missing required key 'tiers' (or 'bandwidth' curves, or 'overlap' parameters)",
+            source=source,
+            key="tiers",
+        )
     if not isinstance(raw["topology"], str) or not raw["topology"].strip():
         raise ConfigError(
-            f"expected a topology name, found {raw['topology']!r}", source=source, key="topology"
+            f"expected a topology name, found {short(raw['topology'])}", source=source, key="topology"
         )
-    tiers = raw["tiers"]
-    if not isinstance(tiers, Mapping) or not tiers:
+    tiers = raw.get("tiers", {"__none__": None})
+    if tiers == {"__none__": None}:
+        tiers = {}
+    elif not isinstance(tiers, Mapping) or not tiers:
         raise ConfigError(
-            f"expected a mapping of tier name to {{bandwidth_gbps, latency_us}}, found {tiers!r}",
+            f"expected a mapping of tier name to {{bandwidth_gbps, latency_us}}, found {short(tiers)}",
             source=source,
             key="tiers",
         )
@@ -73,7 +91,7 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
         path = f"tiers.{name}"
         if not isinstance(entry, Mapping) or not entry:
             raise ConfigError(
-                f"expected a mapping with bandwidth_gbps and/or latency_us, found {entry!r}",
+                f"expected a mapping with bandwidth_gbps and/or latency_us, found {short(entry)}",
                 source=source,
                 key=path,
             )
@@ -89,21 +107,17 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
         }
     out = {k: raw[k] for k in _TOP_OPTIONAL if k in raw}
     out.update(topology=raw["topology"].strip(), tiers=out_tiers, source=source)
+    if "bandwidth" in raw:
+        out["bandwidth"] = BandwidthTable(out["topology"], curves_from_list(raw["bandwidth"], source), source)
+    if "overlap" in raw:
+        out["overlap"] = overlap_from_mapping(raw["overlap"], source)
     return out
 
 
 def load_calibration(path: str | Path) -> dict[str, Any]:
     """Read and validate a calibration table (YAML or JSON)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"calibration file {str(p)!r} does not exist; write one with `zerotopo calibrate`")
-    text = p.read_text()
-    try:
-        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}", source=str(p)
-        ) from None
+    raw = load_yaml_file(p, what="calibration table", hint="write one with `zerotopo calibrate -o FILE`")
     return calibration_from_mapping(raw, source=str(p))
 
 
@@ -137,7 +151,7 @@ def apply_calibration(topology: Topology, table: Mapping[str, Any]) -> Topology:
             )
         else:
             raise ConfigError(
-                f"unknown tier {name!r}; topology {topology.name!r} has {', '.join(topology.tier_names)}",
+                f"unknown tier {short(name)}; topology {topology.name!r} has {', '.join(topology.tier_names)}",
                 source=source,
                 key=f"tiers.{name}",
             )

@@ -78,7 +78,7 @@ def memory_per_device(
     plan: Plan,
     *,
     param_bytes: int = 2,
-    grad_bytes: int = 4,
+    grad_bytes: int | None = None,
     optim_bytes_per_param: int = 12,
     padded: bool = True,
     micro_batch: int = 1,
@@ -87,11 +87,14 @@ def memory_per_device(
 ) -> MemoryBreakdown:
     """Memory one device holds for ``plan`` (see the module note); ``shape`` adds activations.
 
-    ``grad_bytes`` is 4 for the engine's fp32 gradient shards; the papers' tables count fp16 gradients
-    (2). ``optim_bytes_per_param`` is 12 (fp32 master + Adam m and v) as in both papers.
+    ``grad_bytes`` follows ``plan.grad_dtype`` when not given: 4 for the engine's fp32 gradient shards,
+    ``param_bytes`` for ``param`` (the papers' tables count fp16 gradients, 2). ``optim_bytes_per_param``
+    is 12 (fp32 master + Adam m and v) as in both papers.
     """
     if not unit_numels:
         raise ValueError("a model needs at least one unit")
+    if grad_bytes is None:
+        grad_bytes = param_bytes if getattr(plan, "grad_dtype", "fp32") == "param" else 4
     return _memory(
         unit_numels,
         plan,
@@ -163,3 +166,30 @@ def _memory(
         buffers=out(buffers),
         activations=activations,
     )
+
+
+def max_model_params(
+    topology: Topology,
+    plan: Plan,
+    *,
+    param_bytes: int = 2,
+    grad_bytes: int | None = None,
+    optim_bytes_per_param: int = 12,
+    memory_bytes: float | None = None,
+) -> float:
+    """The largest parameter count whose model states (parameters, secondary, gradients, optimizer; no
+    buffers, no activations, as papers/003 §I counts) fit ``memory_bytes`` (the device's memory by
+    default). Model states grow linearly with the parameter count, so this is the device memory over the
+    model-state bytes per parameter."""
+    probe = 10**9
+    m = memory_per_device(
+        [probe],
+        topology,
+        plan,
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+        optim_bytes_per_param=optim_bytes_per_param,
+        padded=False,
+    )
+    limit = topology.device.memory_gib * GIB if memory_bytes is None else memory_bytes
+    return limit * probe / m.model_states

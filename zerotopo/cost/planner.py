@@ -13,18 +13,23 @@ device memory are kept but marked, and the list is sorted fits first, then by st
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from zerotopo.cost.comm import CollectiveCost, _comm, _edge, bytes_by_tier
+from zerotopo.cost.bandwidth import BandwidthTable, default_table
+from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
 from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory
-from zerotopo.cost.time import StepTime, step_time
+from zerotopo.cost.presets import resolve
+from zerotopo.cost.time import OverlapModel, StepTime, collective_time, step_time
 from zerotopo.errors import PlanError
 from zerotopo.models.shape import ModelShape
-from zerotopo.plan import PRESETS, Degrees, Plan, enumerate_plans, get_preset
+from zerotopo.plan import PRESETS, Degrees, Plan, enumerate_plans
+from zerotopo.spec.schedule import StepSchedule, engine_units, module_units
 from zerotopo.topology import Topology
 
 #: Lins-style plans added to the presets by ``plans="auto"``.
 AUTO_TOP = 5
+#: Step times this close (relative) count as a tie in the recommendation; the smaller plan wins.
+TIE = 0.005
 
 
 @dataclass(frozen=True)
@@ -41,16 +46,27 @@ class CostOptions:
     """Recompute activations in the backward (NeoX ``checkpoint_activations``)."""
     param_bytes: int = 2
     """Width of the trainable parameters and of their all-gather (bf16/fp16)."""
-    grad_bytes: int = 4
-    """Width of the accumulated gradient shard (the engine keeps fp32)."""
-    reduce_bytes: int = 4
-    """Width of the per-micro-batch gradient reduce-scatter."""
+    grad_bytes: int | None = None
+    """Width of the accumulated gradient shard; None: the plan's ``grad_dtype`` (fp32: 4, param: 2)."""
+    reduce_bytes: int | None = None
+    """Width of the per-micro-batch gradient reduce-scatter; None: the plan's ``grad_dtype``."""
     optim_bytes_per_param: int = 12
     """fp32 master + Adam m, v."""
     fp16: bool = False
     """fp16 adds a world all-reduce of the overflow flag each step."""
     memory_limit_bytes: float | None = None
     """Device memory budget; the topology's device memory when None."""
+    bandwidth: BandwidthTable | None = None
+    """Measured bandwidth curves; None: the topology's shipped table (``default_bandwidth``)."""
+    default_bandwidth: bool = True
+    """Use ``topologies/bandwidth/<topology>.yaml`` when ``bandwidth`` is None (False: alpha-beta only)."""
+    overlap: OverlapModel = field(default_factory=OverlapModel)
+    """Overlap parameters (compute slowdown, concurrent collectives, step-end overlap)."""
+
+    def table(self, topology: Topology) -> BandwidthTable | None:
+        if self.bandwidth is not None:
+            return self.bandwidth
+        return default_table(topology.name) if self.default_bandwidth else None
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,8 @@ class PlanEstimate:
     """Bytes one rank sends per step, per tier (every tier of the topology listed)."""
     time: StepTime
     fits: bool
+    schedule: StepSchedule | None = field(default=None, repr=False, compare=False)
+    """The per-unit schedule that was costed."""
 
     @property
     def name(self) -> str:
@@ -122,42 +140,107 @@ def in_search_space(
     )
 
 
-def estimate(
-    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, *, degrees: Degrees | None = None
-) -> PlanEstimate:
-    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved)."""
-    units = shape.unit_params()
+def _prepare(
+    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, degrees: Degrees | None
+):
+    """Everything but the step time: (plan, degrees, memory, schedule, fits)."""
+    plan, sched = resolve(plan)
     d = degrees or plan.degrees(topology)
     o = options
+    units = (
+        module_units(shape, sched.persistence_threshold)
+        if sched.granularity == "module"
+        else engine_units(shape)
+    )
+    gw = grad_width(plan, o.param_bytes)
+    grad_bytes = gw if o.grad_bytes is None else o.grad_bytes
+    reduce_bytes = gw if o.reduce_bytes is None else o.reduce_bytes
     # the internal forms take the resolved degrees: the planner resolves each plan once
     memory = _memory(
-        units,
+        [u.numel for u in units],
         plan,
         d,
         o.param_bytes,
-        o.grad_bytes,
+        grad_bytes,
         o.optim_bytes_per_param,
         True,
         o.micro_batch,
         shape,
         o.checkpoint_activations,
     )
-    comm = _comm(units, topology, plan, d, o.grad_accum, o.param_bytes, o.reduce_bytes, 4, True, o.fp16)
-    t = step_time(
-        comm,
-        topology,
-        shape,
-        micro_batch=options.micro_batch,
-        micro_batches=options.grad_accum,
-        prefetch=plan.prefetch,
-        efficiency=options.efficiency,
-        checkpoint_activations=options.checkpoint_activations,
-        edge=_edge(units, topology, plan, d, o.param_bytes, o.reduce_bytes, o.fp16),
-    )
     limit = options.memory_limit_bytes
     if limit is None:
         limit = topology.device.memory_gib * GIB
-    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, memory.total <= limit)
+    schedule = schedule_of(
+        [],
+        topology,
+        plan,
+        micro_batches=o.grad_accum,
+        param_bytes=o.param_bytes,
+        reduce_bytes=reduce_bytes,
+        grad_shard_bytes=grad_bytes,
+        fp16=o.fp16,
+        options=sched,
+        degrees=d,
+        units=units,
+    )
+    return plan, d, memory, schedule, memory.total <= limit
+
+
+def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOptions) -> PlanEstimate:
+    plan, d, memory, schedule, fits = prepared
+    o = options
+    comm = schedule.collectives()
+    t = step_time(
+        schedule,
+        topology,
+        shape,
+        micro_batch=o.micro_batch,
+        efficiency=o.efficiency,
+        checkpoint_activations=o.checkpoint_activations,
+        table=o.table(topology),
+        overlap=o.overlap,
+    )
+    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, fits, schedule)
+
+
+def estimate(
+    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, *, degrees: Degrees | None = None
+) -> PlanEstimate:
+    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
+    cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
+    engine's."""
+    return _finish(_prepare(plan, shape, topology, options, degrees), shape, topology, options)
+
+
+def _lower_bound(
+    schedule: StepSchedule, shape: ModelShape, topology: Topology, options: CostOptions
+) -> float:
+    """A step time no simulation of ``schedule`` can beat: every micro-batch lasts at least its compute,
+    its gathers back to back and its reductions back to back (sharing links and slowdown only add), and
+    the step end adds its collectives less what may hide."""
+    o = options
+    table = o.table(topology)
+    M = schedule.micro_batches
+    peak = topology.device.peak_tflops * 1e12
+    flops = shape.step_flops(o.micro_batch * M, checkpoint_activations=o.checkpoint_activations)
+    compute = flops / (peak * o.efficiency) / M if peak > 0 else 0.0
+    seen: dict[int, float] = {}
+
+    def total(colls) -> float:
+        out = 0.0
+        for c in colls:
+            if id(c) not in seen:
+                seen[id(c)] = collective_time(c, topology, table)
+            out += seen[id(c)]
+        return out
+
+    g = sum(total(u.forward) + total(u.backward) for u in schedule.units)
+    r = sum(total(u.reduce) for u in schedule.units)
+    comm = g + r if o.overlap.concurrent == 1 else max(g, r)
+    end = total(schedule.step_end)
+    bwd_share = 1 - 1 / (4.0 if o.checkpoint_activations else 3.0)
+    return M * max(compute, comm) + end - min(o.overlap.step_end_overlap * end, compute * bwd_share)
 
 
 def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:
@@ -172,6 +255,7 @@ def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) ->
         plan.quant_block,
         plan.prefetch,
         plan.grad_reduce,
+        plan.grad_dtype,
     )
 
 
@@ -211,28 +295,101 @@ def plan_candidates(
     if isinstance(plans, str) and plans not in ("all", "auto", "presets"):
         plans = [p for p in plans.split(",") if p.strip()]
     if not isinstance(plans, str):
-        chosen = [p if isinstance(p, Plan) else get_preset(p) for p in plans]
+        chosen = [p if isinstance(p, Plan) else resolve(p)[0] for p in plans]
         return sorted((estimate(p, shape, topology, opts) for p in chosen), key=_sort_key)
     presets = _presets(topology)
     out = [estimate(p, shape, topology, opts) for p in presets]
     if plans == "presets":
         return sorted(out, key=_sort_key)
     taken = {placement(p, topology) for p in presets}
-    lins = []
+    prepared = []
     for p in enumerate_plans(topology):
         d = p.degrees(topology)
         if (
             in_search_space(p, topology, aligned=aligned, degrees=d)
             and placement(p, topology, d) not in taken
         ):
-            lins.append(estimate(p, shape, topology, opts, degrees=d))
-    lins.sort(key=_sort_key)
-    if plans == "auto":
-        lins = [e for e in lins if e.fits][:AUTO_TOP]
-    return sorted(out + lins, key=_sort_key)
+            prepared.append(_prepare(p, shape, topology, opts, d))
+    if plans == "all":
+        lins = [_finish(x, shape, topology, opts) for x in prepared]
+        return sorted(out + lins, key=_sort_key)
+    # auto: the AUTO_TOP fastest fitting plans, simulating candidates in order of a lower bound on their
+    # step time and stopping once the bound passes the AUTO_TOP-th best simulated time (exact)
+    bounded = sorted(
+        ((_lower_bound(x[3], shape, topology, opts), i, x) for i, x in enumerate(prepared) if x[4]),
+        key=lambda t: (t[0], t[1]),
+    )
+    lins: list[PlanEstimate] = []
+    for bound, _, x in bounded:
+        if len(lins) >= AUTO_TOP and bound > lins[AUTO_TOP - 1].time.step_time_s:
+            break
+        lins.append(_finish(x, shape, topology, opts))
+        lins.sort(key=_sort_key)
+    return sorted(out + lins[:AUTO_TOP], key=_sort_key)
 
 
 def best_plan(estimates: list[PlanEstimate]) -> PlanEstimate | None:
     """The fastest plan that fits, or None."""
     fitting = [e for e in estimates if e.fits]
     return min(fitting, key=_sort_key) if fitting else None
+
+
+def secondary_alternative(
+    e: PlanEstimate, shape: ModelShape, topology: Topology, options: CostOptions
+) -> tuple[PlanEstimate, str] | None:
+    """When ``e``'s secondary partition spans more ranks than its primary and dropping it (re-gathering
+    the backward weights from the primary) is no slower and needs less memory: that plan and why."""
+    d = e.degrees
+    if d.secondary is None or d.secondary <= d.params:
+        return None
+    alt = estimate(replace(e.plan, name=f"{e.plan.name}-nosec", secondary=None), shape, topology, options)
+    if alt.time.step_time_s > e.time.step_time_s * 1.005 or alt.memory.total >= e.memory.total:
+        return None
+
+    def backward(x: PlanEstimate) -> tuple[float, str]:
+        cs = [c for c in x.comm if c.phase == "backward"]
+        return sum(c.total_bytes for c in cs) / 1e9, "/".join(sorted({c.tier for c in cs})) or "-"
+
+    b_sec, t_sec = backward(e)
+    b_alt, t_alt = backward(alt)
+    why = (
+        f"{e.name}: its {d.secondary}-rank {e.plan.secondary_dtype} secondary partition costs "
+        f"{e.memory.secondary / GIB:.2f} GiB per device and saves nothing: the backward sends {b_sec:.2f} GB per "
+        f"device over {t_sec} where re-gathering from the {d.params}-rank primary sends {b_alt:.2f} GB over "
+        f"{t_alt}; {alt.plan.label(topology)} takes {alt.time.step_time_s:.3f} s (vs {e.time.step_time_s:.3f} s) "
+        f"with {(e.memory.total - alt.memory.total) / GIB:.2f} GiB less"
+    )
+    return alt, why
+
+
+def recommendation(
+    estimates: list[PlanEstimate], shape: ModelShape, topology: Topology, options: CostOptions
+) -> str:
+    """The plan to use, with a one-line reason, and any secondary partition that costs memory for nothing."""
+    lines = []
+    cands = [e for e in estimates if e.fits]
+    for e in list(cands):
+        alt = secondary_alternative(e, shape, topology, options)
+        if alt is not None:
+            cands.append(alt[0])
+            lines.append(alt[1])
+    if not cands:
+        return "no plan fits the device memory: use more nodes, a smaller micro-batch or activation checkpointing"
+    fastest = min(cands, key=_sort_key)
+    # plans within TIE of the fastest are as fast as the model can tell: take the one needing least memory
+    near = [c for c in cands if c.time.step_time_s <= fastest.time.step_time_s * (1 + TIE)]
+    best = min(near, key=lambda c: (c.memory.total, c.time.step_time_s))
+    runner = sorted((c for c in cands if c is not best and c.name != best.name), key=_sort_key)
+    reason = (
+        f"fastest plan that fits: {best.time.step_time_s:.3f} s per step, {best.memory.total / GIB:.1f} GiB per device"
+        if best is fastest
+        else f"within {100 * TIE:g}% of the fastest plan that fits ({best.time.step_time_s:.3f} s vs "
+        f"{fastest.time.step_time_s:.3f} s per step) with the least memory, {best.memory.total / GIB:.1f} GiB per device"
+    )
+    if runner:
+        r = runner[0]
+        reason += f", {r.time.step_time_s / best.time.step_time_s:.2f}x the throughput of {r.name}"
+    label = best.plan.label(topology)
+    name = best.name if best.name == label else f"{best.name} ({label})"
+    lines.insert(0, f"recommended: {name}: {reason}")
+    return "\n".join(lines)

@@ -1,25 +1,107 @@
-"""Predicted step time: alpha-beta collectives on the tier they cross, NeoX FLOPs, and their overlap.
+"""Predicted step time: each collective on its measured bandwidth, NeoX FLOPs, and a two-stream overlap.
 
-A collective over a group of ``d`` ranks whose outermost tier is ``T`` takes
-``steps·latency(T) + bytes_sent / bandwidth(T)`` with ``steps = d-1`` for ring all-gather,
-reduce-scatter and all-to-all and ``2(d-1)`` for all-reduce (papers/004 §IV-A). ``bandwidth(T)`` is the
-per-device figure when every device talks at once, so concurrent groups already share it.
+[Note: collective time] A call takes ``bytes_sent / busbw`` where ``busbw`` comes from the bandwidth
+table (:mod:`zerotopo.cost.bandwidth`: by collective, message size and group span, interpolated in log
+size); without a curve for it, the alpha-beta model of papers/004 §IV-A on the tier crossed:
+``steps·latency(T) + bytes_sent / bandwidth(T)`` with ``steps = d-1`` (``2(d-1)`` for an all-reduce).
 
-Compute is ``ModelShape.step_flops`` at ``peak × efficiency``. [Note: overlap] The engine prefetches the
-next unit's all-gather and runs reduce-scatters on a side stream, so with ``prefetch >= 1`` a phase of a
-micro-batch (forward, backward) takes ``max(compute, communication)`` plus what cannot hide: the first
-forward unit's gather (nothing to compute yet) and the last backward unit's gradient reduce-scatter
-(nothing left to compute). With ``prefetch = 0`` they add up. The step-end reductions, the post-step
-parameter all-gather and the scalar all-reduces run after the last backward and do not overlap.
+[Note: overlap] Compute is ``ModelShape.step_flops`` at ``peak × efficiency``, split over the units by
+their FLOPs (the backward is 2× the forward, 3× with activation recomputation). One micro-batch is
+simulated unit by unit on three streams — compute, gathers, reductions (one shared communication stream
+when :attr:`OverlapModel.concurrent` is 1):
+
+- a unit's gathers are issued when the compute ``prefetch`` units earlier starts (DeepSpeed: while the
+  elements in flight stay under its prefetch bucket), or on demand; its compute starts when they end;
+- its reductions are issued when its backward compute ends; the backward ends when they all have;
+- two collectives in flight together on the same tier share its links: the later one takes longer by
+  the time they overlap (the bandwidth curves are measured one collective at a time);
+- compute that starts while a collective is in flight runs slower by
+  :attr:`OverlapModel.compute_slowdown` over the overlapping time (communication kernels take compute
+  units);
+- micro-batches follow each other; the step-end collectives (cross-replica reduction, post-step
+  all-gather, scalars) run after the last backward, serialised, and hide only
+  :attr:`OverlapModel.step_end_overlap` of their time.
+
+Each collective's time is split into the part hidden under compute and the exposed part (the compute
+stream idle while it runs, shared equally between collectives in flight together).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from zerotopo.cost.comm import CollectiveCost
+from zerotopo.cost.bandwidth import BandwidthTable
+from zerotopo.errors import ConfigError
 from zerotopo.models.shape import ModelShape
+from zerotopo.spec.schedule import Collective, StepSchedule
 from zerotopo.topology import Topology
+
+
+@dataclass(frozen=True)
+class OverlapModel:
+    """Measurable overlap parameters (``zerotopo calibrate`` writes them; defaults documented)."""
+
+    compute_slowdown: float = 0.189
+    """Fractional slowdown of compute while a collective runs. Default: the mean slowdown measured over
+    GPT and LLaMA layers on A100, H100, MI250 and MI210 (arXiv:2507.03114, "Characterizing
+    Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning": 18.9% mean, 40% max)."""
+    concurrent: int = 2
+    """Collectives in flight at once: 2 = a gather stream and a reduction stream (the engine and
+    DeepSpeed's ``overlap_comm``); 1 = one communication stream. ROCm exposes 4 hardware queues by
+    default (``GPU_MAX_HW_QUEUES``), so compute plus two communication streams fit."""
+    step_end_overlap: float = 0.0
+    """Fraction of the step-end collectives hidden behind the last backward (0: never, as the engine and
+    DeepSpeed run them after the backward)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.compute_slowdown <= 10:
+            raise ValueError(f"compute_slowdown must be in [0, 10], got {self.compute_slowdown!r}")
+        if not isinstance(self.concurrent, int) or self.concurrent < 1:
+            raise ValueError(f"concurrent must be an integer >= 1, got {self.concurrent!r}")
+        if not 0 <= self.step_end_overlap <= 1:
+            raise ValueError(f"step_end_overlap must be in [0, 1], got {self.step_end_overlap!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compute_slowdown": self.compute_slowdown,
+            "concurrent": self.concurrent,
+            "step_end_overlap": self.step_end_overlap,
+        }
+
+
+def overlap_from_mapping(raw: Any, source: str = "<overlap>", key: str = "overlap") -> OverlapModel:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"expected a mapping, found {raw!r}", source=source, key=key)
+    allowed = ("compute_slowdown", "concurrent", "step_end_overlap")
+    for k in raw:
+        if k not in allowed:
+            raise ConfigError(f"unknown key; expected {', '.join(allowed)}", source=source, key=f"{key}.{k}")
+    try:
+        return OverlapModel(**dict(raw))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc), source=source, key=key) from None
+
+
+@dataclass(frozen=True)
+class TimeShare:
+    """Where the seconds of one kind of collective go in a step."""
+
+    phase: str
+    op: str
+    group: str
+    tier: str
+    calls: int
+    seconds: float
+    """All its calls as the simulation ran them (longer than alone when sharing links)."""
+    exposed_s: float
+    """Part of the step the compute stream waited on it."""
+
+    @property
+    def hidden_s(self) -> float:
+        return max(0.0, self.seconds - self.exposed_s)
 
 
 @dataclass(frozen=True)
@@ -28,85 +110,202 @@ class StepTime:
 
     step_time_s: float
     compute_s: float
-    """Compute of all micro-batches at ``peak × efficiency``."""
+    """Compute of all micro-batches at ``peak × efficiency`` (without the slowdown)."""
     comm_s: float
-    """All communication if nothing overlapped."""
+    """All communication if nothing overlapped (each collective alone on its links)."""
     exposed_comm_s: float
-    """Communication not hidden behind compute."""
+    """Step time not spent computing: communication the compute waited on."""
     tokens_per_s: float
     """Tokens per second of the whole job."""
     tflops_per_device: float
     """Hardware TFLOPS per device (recomputed forward counted, as NeoX logs it)."""
     mfu: float
     """Model FLOPs (forward + backward, no recompute) over peak; 0 when the peak is unknown."""
+    slowdown_s: float = 0.0
+    """Compute time added by collectives running alongside it."""
+    breakdown: tuple[TimeShare, ...] = field(default=(), repr=False)
+    """Per (phase, op, group, tier): seconds and exposed seconds."""
 
 
-def collective_time(c: CollectiveCost, topology: Topology) -> float:
-    """Seconds of one call of ``c`` under the alpha-beta model."""
+def collective_time(c: Collective, topology: Topology, table: BandwidthTable | None = None) -> float:
+    """Seconds of one call of ``c``: the table's bus bandwidth, else alpha-beta on its tier."""
+    if table is not None and c.message_bytes > 0 and c.tier:
+        rpn = c.ranks_per_node or c.group_size
+        bw = table.busbw(c.op, c.message_bytes, c.tier, c.nodes, rpn)
+        if bw:
+            return c.bytes_sent / (bw * 1e9)
     bw = topology.bandwidth_gbps(c.tier) * 1e9
     return c.latency_steps * topology.latency_us(c.tier) * 1e-6 + c.bytes_sent / bw
 
 
-def _per_micro_batch(
-    costs: list[CollectiveCost], phase: str, micro_batches: int, topology: Topology
-) -> float:
-    return sum(collective_time(c, topology) * c.count for c in costs if c.phase == phase) / micro_batches
+def _key(c: Collective) -> tuple[str, str, str, str]:
+    return (c.phase, c.op, c.group, c.tier)
+
+
+def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_of, overlap: OverlapModel):
+    """One micro-batch (see the module note): (end, compute busy, slowdown, comm intervals, compute intervals)."""
+    units = schedule.units
+    U = len(units)
+    free = {"gather": 0.0, "reduce": 0.0}
+    stream = (lambda kind: "gather") if overlap.concurrent == 1 else (lambda kind: kind)
+    comm: list[tuple[float, float, Collective]] = []
+    busy: list[tuple[float, float]] = []
+    slow = 0.0
+    t = 0.0
+
+    tier_of: dict[str, str] = {}
+
+    def run(kind: str, at: float, colls) -> float:
+        s = stream(kind)
+        start = max(at, free[s])
+        for c in colls:
+            d = time_of(c)
+            # the other stream busy on the same tier: the two share its links while both run
+            for o, until in free.items():
+                if o != s and until > start and tier_of.get(o) == c.tier:
+                    d += min(d, until - start)
+            comm.append((start, start + d, c))
+            start += d
+            tier_of[s] = c.tier
+        free[s] = start
+        return start
+
+    def compute(start: float, dur: float) -> float:
+        nonlocal slow
+        inflight = max(0.0, max(free.values()) - start)
+        extra = overlap.compute_slowdown * min(dur, inflight)
+        slow += extra
+        busy.append((start, start + dur + extra))
+        return start + dur + extra
+
+    for direction in ("forward", "backward"):
+        order = list(range(U)) if direction == "forward" else list(range(U - 1, -1, -1))
+        ready = [0.0] * U
+        issued = 0
+        for pos, i in enumerate(order):
+            u = units[i]
+            while issued <= pos:  # on demand: when the previous compute ends
+                j = order[issued]
+                ready[j] = run("gather", t, units[j].forward if direction == "forward" else units[j].backward)
+                issued += 1
+            start = max(t, ready[i])
+            depth = u.prefetch if direction == "forward" else u.prefetch_backward
+            while issued <= min(U - 1, pos + depth):
+                j = order[issued]
+                ready[j] = run(
+                    "gather", start, units[j].forward if direction == "forward" else units[j].backward
+                )
+                issued += 1
+            t = compute(start, fwd[i] if direction == "forward" else bwd[i])
+            if direction == "backward" and u.reduce:
+                run("reduce", t, u.reduce)
+    end = max([t] + list(free.values()))
+    return end, slow, comm, busy
+
+
+def _exposure(comm, busy, end: float) -> dict[int, float]:
+    """Exposed seconds per comm interval: compute-idle time shared among the collectives in flight."""
+    gaps = []
+    t = 0.0
+    for s, e in sorted(busy):
+        if s > t:
+            gaps.append((t, s))
+        t = max(t, e)
+    if end > t:
+        gaps.append((t, end))
+    out: dict[int, float] = defaultdict(float)
+    if not gaps or not comm:
+        return out
+    for gs, ge in gaps:
+        inside = [(max(s, gs), min(e, ge), k) for k, (s, e, _) in enumerate(comm) if s < ge and e > gs]
+        if not inside:
+            continue
+        points = sorted({gs, ge} | {x for a, b, _ in inside for x in (a, b)})
+        for a, b in zip(points, points[1:]):
+            active = [k for s, e, k in inside if s < b and e > a]
+            for k in active:
+                out[k] += (b - a) / len(active)
+    return out
 
 
 def step_time(
-    costs: list[CollectiveCost],
+    schedule: StepSchedule,
     topology: Topology,
     shape: ModelShape,
     *,
     micro_batch: int,
-    micro_batches: int,
-    prefetch: int = 1,
     efficiency: float = 0.5,
     checkpoint_activations: bool = True,
-    edge: list[CollectiveCost] | None = None,
+    table: BandwidthTable | None = None,
+    overlap: OverlapModel | None = None,
 ) -> StepTime:
-    """Step time of the schedule ``costs`` (from :func:`~zerotopo.cost.comm.comm_per_step`).
-
-    ``edge`` holds the first forward unit's collectives for one micro-batch
-    (:func:`~zerotopo.cost.comm.edge_costs`): its all-gather opens the forward and its gradient
-    reduce-scatter closes the backward, so neither overlaps with compute. A device with unknown peak
-    (0 TFLOPS) is costed on communication alone.
-    """
+    """Step time of ``schedule`` (see the module notes). A device with unknown peak (0 TFLOPS) is
+    costed on communication alone."""
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
-    samples = micro_batch * micro_batches
+    overlap = overlap or OverlapModel()
+    M = schedule.micro_batches
+    samples = micro_batch * M
     flops = shape.step_flops(samples, checkpoint_activations=checkpoint_activations)
     peak = topology.device.peak_tflops * 1e12
     compute = flops / (peak * efficiency) if peak > 0 else 0.0
-    # forward is one pass of the ×3 (×4 with recompute) total
+    per_mb = compute / M
     fwd_share = 1.0 / (4.0 if checkpoint_activations else 3.0)
-    c_fwd = compute * fwd_share / micro_batches
-    c_bwd = compute * (1 - fwd_share) / micro_batches
-    m_fwd = _per_micro_batch(costs, "forward", micro_batches, topology)
-    m_bwd = _per_micro_batch(costs, "backward", micro_batches, topology) + _per_micro_batch(
-        costs, "grad_reduce", micro_batches, topology
+    weights = [u.unit.flops for u in schedule.units]
+    total_w = sum(weights)
+    if total_w <= 0:
+        weights, total_w = [1.0] * len(schedule.units), float(len(schedule.units) or 1)
+    fwd = [per_mb * fwd_share * w / total_w for w in weights]
+    bwd = [per_mb * (1 - fwd_share) * w / total_w for w in weights]
+    cache: dict[int, float] = {}  # by object: units of one size share their collectives
+
+    def time_of(c: Collective) -> float:
+        t = cache.get(id(c))
+        if t is None:
+            t = cache[id(c)] = collective_time(c, topology, table)
+        return t
+
+    end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap)
+    exposed = _exposure(comm, busy, end)
+    by_obj: dict[int, list] = {}
+    for k, (s, e, c) in enumerate(comm):
+        acc = by_obj.setdefault(id(c), [c, 0, 0.0, 0.0])
+        acc[1] += M
+        acc[2] += (e - s) * M
+        acc[3] += exposed.get(k, 0.0) * M
+    shares: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for c, n, sec, exp in by_obj.values():
+        acc = shares[_key(c)]
+        acc[0] += n
+        acc[1] += sec
+        acc[2] += exp
+    step_end = 0.0
+    for c in schedule.step_end:
+        d = time_of(c)
+        step_end += d
+        acc = shares[_key(c)]
+        acc[0] += 1
+        acc[1] += d
+        acc[2] += d * (1 - overlap.step_end_overlap)
+    last_bwd = sum(bwd)
+    hidden_end = min(overlap.step_end_overlap * step_end, last_bwd)
+    total = M * end + step_end - hidden_end
+    all_comm = (
+        M * sum(time_of(c) for u in schedule.units for c in u.forward + u.backward + u.reduce) + step_end
     )
-    head = sum(collective_time(c, topology) for c in edge or [] if c.phase == "forward")
-    tail = sum(collective_time(c, topology) for c in edge or [] if c.phase == "grad_reduce")
-    if prefetch >= 1:
-        t_fwd = head + max(c_fwd, m_fwd - head)
-        t_bwd = max(c_bwd, m_bwd - tail) + tail
-    else:
-        t_fwd, t_bwd = c_fwd + m_fwd, c_bwd + m_bwd
-    step_end = sum(collective_time(c, topology) * c.count for c in costs if c.phase not in _OVERLAPPABLE)
-    total = micro_batches * (t_fwd + t_bwd) + step_end
-    all_comm = sum(collective_time(c, topology) * c.count for c in costs)
     tokens = samples * shape.seq_length * topology.world_size
     model_flops = shape.step_flops(samples, checkpoint_activations=False)
+    breakdown = tuple(
+        TimeShare(p, op, g, tier, int(v[0]), v[1], v[2]) for (p, op, g, tier), v in sorted(shares.items())
+    )
     return StepTime(
         step_time_s=total,
         compute_s=compute,
         comm_s=all_comm,
-        exposed_comm_s=total - compute,
+        exposed_comm_s=max(0.0, total - compute - M * slow),
         tokens_per_s=tokens / total if total > 0 else 0.0,
         tflops_per_device=flops / total / 1e12 if total > 0 and peak > 0 else 0.0,
         mfu=model_flops / total / peak if total > 0 and peak > 0 else 0.0,
+        slowdown_s=M * slow,
+        breakdown=breakdown,
     )
-
-
-_OVERLAPPABLE = ("forward", "backward", "grad_reduce")

@@ -22,6 +22,7 @@ from zerotopo.data.indexed import dataset_exists
 from zerotopo.data.preprocess import preprocess_jsonl
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.errors import ConfigError
+from zerotopo.fsutil import atomic_write
 
 CORPUS_VERSION = 1
 SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
@@ -87,11 +88,9 @@ def write_corpus_jsonl(path: str, *, max_bytes: int | None = None, seed: int = 0
         docs.append(doc)
         total += len(doc.encode("utf-8"))
     random.Random(seed).shuffle(docs)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path, "w", encoding="utf-8") as f:
         for doc in docs:
             f.write(json.dumps({"text": doc}) + "\n")
-    os.replace(tmp, path)
     return len(docs)
 
 

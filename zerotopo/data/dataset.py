@@ -24,6 +24,7 @@ import torch
 
 from zerotopo.data.indexed import MMapIndexedDataset
 from zerotopo.errors import ZerotopoError
+from zerotopo.fsutil import atomic_write
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -78,12 +79,9 @@ def _build_indices(
 
 
 def _save_atomic(path: str, array: np.ndarray) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-    os.replace(
-        tmp, path
-    )  # concurrent ranks write identical files; the last rename wins, readers see whole files
+    # Concurrent ranks write identical files; the last rename wins, readers see whole files.
+    with atomic_write(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
 
 
 class GPTDataset:
@@ -106,6 +104,7 @@ class GPTDataset:
             )
         self.name, self.indexed, self.seq_length, self.num_samples = name, indexed, seq_length, num_samples
         docs = np.asarray(documents, dtype=np.int64)
+        self._documents = docs
         # The document range goes into the key too, so a different split never reuses another's indices.
         digest = hashlib.sha1(docs.tobytes()).hexdigest()[:10]
         self.cache_prefix = f"{indexed.prefix}_{name}_{num_samples}ns_{seq_length}sl_{seed}s_{digest}"
@@ -121,10 +120,40 @@ class GPTDataset:
         return [f"{self.cache_prefix}_{part}.npy" for part in ("doc_idx", "sample_idx", "shuffle_idx")]
 
     def _load_cached(self) -> tuple[np.ndarray, ...] | None:
+        """The cached index arrays if all three are there and valid for this dataset, else None (they
+        are rebuilt): a stale, truncated or planted cache is never used."""
         paths = self._paths()
         if not all(os.path.isfile(p) for p in paths):
             return None
-        return tuple(np.load(p, mmap_mode="r") for p in paths)
+        try:
+            arrays = tuple(np.load(p, mmap_mode="r", allow_pickle=False) for p in paths)
+        except (OSError, ValueError, EOFError):
+            return None
+        return arrays if self._valid_cache(*arrays) else None
+
+    def _valid_cache(self, doc_idx: np.ndarray, sample_idx: np.ndarray, shuffle_idx: np.ndarray) -> bool:
+        """Shapes, dtypes and ranges of cached indices agree with this dataset and split."""
+        n = self.num_samples
+        if not (
+            doc_idx.dtype == np.int64
+            and doc_idx.ndim == 1
+            and doc_idx.size > 0
+            and sample_idx.dtype == np.int64
+            and sample_idx.shape == (n + 1, 2)
+            and shuffle_idx.dtype == np.int64
+            and shuffle_idx.shape == (n,)
+        ):
+            return False
+        docs = self._documents
+        if len(docs) == 0 or doc_idx.min() < docs.min() or doc_idx.max() > docs.max():
+            return False
+        if shuffle_idx.min() < 0 or shuffle_idx.max() >= n:
+            return False
+        where, offset = sample_idx[:, 0], sample_idx[:, 1]
+        if where.min() < 0 or where.max() >= len(doc_idx) or (np.diff(where) < 0).any():
+            return False
+        sizes = self.indexed.sizes[np.asarray(doc_idx[where])]
+        return bool(((offset >= 0) & (offset <= sizes)).all())
 
     def _store(self, arrays: tuple[np.ndarray, ...]) -> None:
         try:

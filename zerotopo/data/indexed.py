@@ -17,13 +17,16 @@ so a dataset larger than memory costs only what is touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import tempfile
 from collections.abc import Iterable
 
 import numpy as np
 
 from zerotopo.errors import ZerotopoError
+from zerotopo.fsutil import _umask, atomic_write
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -39,6 +42,10 @@ DTYPE_CODES: dict[int, type[np.generic]] = {
     8: np.uint16,
 }
 _CODE_OF = {np.dtype(t): code for code, t in DTYPE_CODES.items()}
+#: magic, version u64, dtype u8, count u64, doc_count u64.
+HEADER_BYTES = len(MAGIC) + 8 + 1 + 8 + 8
+#: Index entries checked per vectorized step (bounded temporary memory on huge datasets).
+_CHUNK = 1 << 22
 
 
 def index_path(prefix: str) -> str:
@@ -71,8 +78,13 @@ class IndexedDatasetBuilder:
             raise ZerotopoError(
                 f"dtype {self.dtype} has no indexed-dataset code; use one of {sorted(map(str, _CODE_OF))}"
             )
-        self._tmp_suffix = f".tmp{os.getpid()}"
-        self._bin = open(data_path(self.prefix) + self._tmp_suffix, "wb")  # noqa: SIM115 - closed in finalize
+        target = data_path(self.prefix)
+        fd, self._bin_tmp = tempfile.mkstemp(
+            dir=os.path.dirname(os.path.abspath(target)),
+            prefix=f".{os.path.basename(target)}.",
+            suffix=".tmp",
+        )
+        self._bin = os.fdopen(fd, "wb")  # closed in finalize or abort
         self._sizes: list[int] = []
 
     def add_document(self, tokens: Iterable[int] | np.ndarray) -> None:
@@ -97,8 +109,9 @@ class IndexedDatasetBuilder:
         if len(sizes) > 1:
             pointers[1:] = np.cumsum(sizes[:-1], dtype=np.int64) * self.dtype.itemsize
         doc_idx = np.arange(len(sizes) + 1, dtype=np.int64)  # one sequence per document, as NeoX writes
-        tmp_idx = index_path(self.prefix) + self._tmp_suffix
-        with open(tmp_idx, "wb") as f:
+        os.chmod(self._bin_tmp, 0o644 & ~_umask())
+        os.replace(self._bin_tmp, data_path(self.prefix))
+        with atomic_write(index_path(self.prefix), "wb") as f:
             f.write(MAGIC)
             f.write(struct.pack("<Q", VERSION))
             f.write(struct.pack("<B", _CODE_OF[self.dtype]))
@@ -107,8 +120,12 @@ class IndexedDatasetBuilder:
             f.write(sizes.tobytes(order="C"))
             f.write(pointers.tobytes(order="C"))
             f.write(doc_idx.tobytes(order="C"))
-        os.replace(data_path(self.prefix) + self._tmp_suffix, data_path(self.prefix))
-        os.replace(tmp_idx, index_path(self.prefix))
+
+    def abort(self) -> None:
+        """Drop what was written (the temporary data file); the target files stay as they were."""
+        self._bin.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._bin_tmp)
 
 
 class MMapIndexedDataset:
@@ -116,24 +133,52 @@ class MMapIndexedDataset:
 
     def __init__(self, prefix: str | os.PathLike):
         self.prefix = os.fspath(prefix)
+        idx, bin_ = index_path(self.prefix), data_path(self.prefix)
+        for path in (idx, bin_):
+            if os.path.exists(path) and not os.path.isfile(path):
+                raise ZerotopoError(
+                    f"{path} is not a regular file (a directory?); give the prefix of a dataset made by "
+                    "`zerotopo data preprocess`"
+                )
         if not dataset_exists(self.prefix):
             raise ZerotopoError(
-                f"no indexed dataset at {self.prefix}: expected {index_path(self.prefix)} and "
-                f"{data_path(self.prefix)}; give the prefix without .bin/.idx, or make one with "
+                f"no indexed dataset at {self.prefix}: expected {idx} and "
+                f"{bin_}; give the prefix without .bin/.idx, or make one with "
                 "`zerotopo data preprocess`"
             )
-        idx = index_path(self.prefix)
+        remake = (
+            "; the pair is damaged or was not written together: make it again with `zerotopo data preprocess`"
+        )
+        idx_size = os.path.getsize(idx)
         with open(idx, "rb") as f:
-            header = f.read(len(MAGIC) + 8 + 1 + 8 + 8)
-        if header[: len(MAGIC)] != MAGIC:
+            header = f.read(HEADER_BYTES)
+        if header[: len(MAGIC)] != MAGIC[: len(header)] or len(header) < len(MAGIC):
             raise ZerotopoError(
                 f"{idx} is not an mmap indexed dataset (bad magic); was it written with data-impl mmap?"
+            )
+        if len(header) < HEADER_BYTES:
+            raise ZerotopoError(
+                f"{idx}: the header is cut short ({idx_size} of {HEADER_BYTES} bytes){remake}"
             )
         version, code, count, doc_count = struct.unpack("<QBQQ", header[len(MAGIC) :])
         if version != VERSION or code not in DTYPE_CODES:
             raise ZerotopoError(f"{idx}: version {version}, dtype code {code}; expected version 1, codes 1-8")
         self.dtype = np.dtype(DTYPE_CODES[code])
-        offset = len(header)
+        # Sizes from the header are checked against the file before anything is mapped or allocated.
+        expected = HEADER_BYTES + count * 4 + count * 8 + doc_count * 8
+        if expected != idx_size:
+            raise ZerotopoError(
+                f"{idx}: the header says {count} sequences and {doc_count} document entries "
+                f"({expected} bytes), but the file has {idx_size} bytes{remake}"
+            )
+        if doc_count < 1:
+            raise ZerotopoError(f"{idx}: the document index is empty (it must end with {count}){remake}")
+        bin_size = os.path.getsize(bin_)
+        if bin_size % self.dtype.itemsize:
+            raise ZerotopoError(
+                f"{bin_}: {bin_size} bytes is not a whole number of {self.dtype} tokens{remake}"
+            )
+        offset = HEADER_BYTES
         self._index = np.memmap(idx, mode="r", dtype=np.uint8)
         self.sizes = np.frombuffer(self._index, dtype=np.int32, count=count, offset=offset)
         self.pointers = np.frombuffer(
@@ -145,14 +190,45 @@ class MMapIndexedDataset:
             count=doc_count,
             offset=offset + self.sizes.nbytes + self.pointers.nbytes,
         )
-        size = os.path.getsize(data_path(self.prefix))
-        self._data = (
-            np.memmap(data_path(self.prefix), mode="r", dtype=np.uint8) if size else np.zeros(0, np.uint8)
-        )
-        if count and self.pointers[-1] + int(self.sizes[-1]) * self.dtype.itemsize > size:
+        self._validate(bin_size, remake)
+        self._data = np.memmap(bin_, mode="r", dtype=np.uint8) if bin_size else np.zeros(0, np.uint8)
+
+    def _validate(self, bin_size: int, remake: str) -> None:
+        """Every sequence lies inside the ``.bin``, the document index is ordered and ends at ``count``."""
+        idx, bin_ = index_path(self.prefix), data_path(self.prefix)
+        count = len(self.sizes)
+        item = self.dtype.itemsize
+        for start in range(0, count, _CHUNK):
+            sizes = self.sizes[start : start + _CHUNK]
+            pointers = self.pointers[start : start + _CHUNK]
+            bad = np.flatnonzero(sizes < 0)
+            if bad.size:
+                i = start + int(bad[0])
+                raise ZerotopoError(f"{idx}: sequence {i} has a negative size {int(self.sizes[i])}{remake}")
+            bad = np.flatnonzero((pointers < 0) | (pointers > bin_size) | (pointers % item != 0))
+            if bad.size:
+                i = start + int(bad[0])
+                raise ZerotopoError(
+                    f"{idx}: sequence {i} starts at byte {int(self.pointers[i])}, outside the {bin_size} bytes "
+                    f"of {bin_} or not on a {self.dtype} boundary{remake}"
+                )
+            ends = pointers + sizes.astype(np.int64) * item
+            bad = np.flatnonzero(ends > bin_size)
+            if bad.size:
+                i = start + int(bad[0])
+                raise ZerotopoError(
+                    f"{bin_} is shorter than its index says: sequence {i} ends at byte {int(ends[bad[0]])}, "
+                    f"the file has {bin_size} bytes; the files do not match{remake}"
+                )
+        doc = self.doc_idx
+        if int(doc[0]) != 0 or int(doc[-1]) != count:
             raise ZerotopoError(
-                f"{data_path(self.prefix)} is shorter than its index says; the files do not match"
+                f"{idx}: the document index runs from {int(doc[0])} to {int(doc[-1])}, expected 0 to {count}{remake}"
             )
+        for start in range(0, len(doc), _CHUNK):
+            part = doc[start : start + _CHUNK + 1]
+            if part.size > 1 and (np.diff(part) < 0).any():
+                raise ZerotopoError(f"{idx}: the document index is not in increasing order{remake}")
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -170,10 +246,22 @@ class MMapIndexedDataset:
     def max_token_id(self, chunk_tokens: int = 1 << 24) -> int:
         """The largest token id in the data (-1 when empty), scanned in chunks so memory stays flat; a
         training run compares it with the model's vocabulary before starting."""
+        if self.dtype.kind == "f":
+            raise ZerotopoError(
+                f"{index_path(self.prefix)} stores {self.dtype} values, but token ids are integers; "
+                "preprocess the data again (uint16 or int32 tokens)"
+            )
         flat = np.frombuffer(self._data, dtype=self.dtype) if len(self._data) else np.zeros(0, self.dtype)
         best = -1
         for start in range(0, len(flat), chunk_tokens):
-            best = max(best, int(flat[start : start + chunk_tokens].max()))
+            chunk = flat[start : start + chunk_tokens]
+            low = int(chunk.min())
+            if low < 0:
+                raise ZerotopoError(
+                    f"{data_path(self.prefix)} holds a negative token id ({low}); token ids are 0 or more: "
+                    "preprocess the data again"
+                )
+            best = max(best, int(chunk.max()))
         return best
 
     @property

@@ -1,19 +1,29 @@
-"""jsonl text to a NeoX mmap indexed dataset (what NeoX's ``tools/preprocess_data.py`` does, one process).
+"""jsonl text to NeoX mmap indexed datasets, as GPT-NeoX's ``tools/preprocess_data.py`` does.
 
-Each line of the input is a JSON object; its ``json_key`` field (``text``) is tokenized as one document,
-optionally followed by the end-of-document token, and appended to ``PREFIX.bin`` / ``PREFIX.idx``.
+Each line of each input is a JSON object; each of its ``jsonl_keys`` fields (``text``) is tokenized as one
+document, optionally followed by the end-of-document token, and appended to
+``<prefix>_<key>_document.bin`` / ``.idx`` (NeoX's names). Inputs are read in the order given, plain or
+compressed (``.jsonl.gz``, ``.jsonl.xz``, ``.jsonl.zst`` with the ``zstandard`` package); ``workers``
+processes tokenize in parallel and the documents are written in input order, so the files are the same
+for any worker count. :func:`preprocess_jsonl` is the one-file, one-key form with an exact output prefix.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
+import itertools
 import json
+import lzma
 import os
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from zerotopo.data.indexed import IndexedDatasetBuilder, best_dtype
-from zerotopo.data.tokenizers import Tokenizer
-from zerotopo.errors import ZerotopoError
+from zerotopo.data.tokenizers import Tokenizer, build_tokenizer
+from zerotopo.errors import ZerotopoError, short
 
 
 @dataclass(frozen=True)
@@ -30,12 +40,45 @@ class PreprocessStats:
     """numpy dtype of the token ids on disk."""
 
 
-def read_jsonl(path: str, json_key: str = "text") -> Iterator[str]:
-    """The ``json_key`` text of every line; errors name the file and line number."""
+def open_text(path: str) -> io.TextIOBase:
+    """A jsonl file, plain or compressed (by its suffix: ``.gz``, ``.xz``, ``.zst``), as text."""
     if not os.path.isfile(path):
         raise ZerotopoError(f"input {path} does not exist; give a .jsonl file with one JSON object per line")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    if path.endswith(".xz"):
+        return lzma.open(path, "rt", encoding="utf-8")
+    if path.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            raise ZerotopoError(
+                f"{path} is zstandard-compressed; reading it needs the zstandard package "
+                "(pip install zstandard), or decompress it first (zstd -d)"
+            ) from None
+        raw = open(path, "rb")  # noqa: SIM115 - closed with the text wrapper
+        return io.TextIOWrapper(
+            zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), encoding="utf-8"
+        )
+    return open(path, encoding="utf-8")
+
+
+def _numbered_lines(path: str, f: io.TextIOBase) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a text stream; bytes that are not UTF-8 end in one error naming the line."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, start=1):  # noqa: B007 - lineno is read after a decode error
+            yield lineno, line
+    except UnicodeDecodeError as exc:
+        raise ZerotopoError(
+            f"{path}:{lineno + 1}: not UTF-8 text (byte {exc.start} of a read block); save the file as UTF-8"
+        ) from None
+
+
+def read_records(path: str, keys: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    """The ``keys`` texts of every line; errors name the file and line number."""
+    with open_text(path) as f:
+        for lineno, line in _numbered_lines(path, f):
             if not line.strip():
                 continue
             try:
@@ -44,18 +87,35 @@ def read_jsonl(path: str, json_key: str = "text") -> Iterator[str]:
                 raise ZerotopoError(
                     f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object"
                 ) from None
-            if not isinstance(record, dict) or json_key not in record:
-                found = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
+            except RecursionError:
                 raise ZerotopoError(
-                    f"{path}:{lineno}: no {json_key!r} field (found: {found or 'nothing'}); pass --json-key to name "
-                    "the field that holds the text"
-                )
-            text = record[json_key]
-            if not isinstance(text, str):
-                raise ZerotopoError(
-                    f"{path}:{lineno}: field {json_key!r} is {type(text).__name__}, expected a string"
-                )
-            yield text
+                    f"{path}:{lineno}: JSON nested too deeply; each line must be one flat object"
+                ) from None
+            texts = []
+            for key in keys:
+                if not isinstance(record, dict) or key not in record:
+                    found = (
+                        short(", ".join(map(str, record)), 120).strip("'")
+                        if isinstance(record, dict)
+                        else type(record).__name__
+                    )
+                    raise ZerotopoError(
+                        f"{path}:{lineno}: no {key!r} field (found: {found or 'nothing'}); pass --jsonl-keys to "
+                        "name the fields that hold the text"
+                    )
+                text = record[key]
+                if not isinstance(text, str):
+                    raise ZerotopoError(
+                        f"{path}:{lineno}: field {key!r} is {type(text).__name__}, expected a string"
+                    )
+                texts.append(text)
+            yield tuple(texts)
+
+
+def read_jsonl(path: str, json_key: str = "text") -> Iterator[str]:
+    """The ``json_key`` text of every line; errors name the file and line number."""
+    for (text,) in read_records(path, [json_key]):
+        yield text
 
 
 def preprocess_jsonl(
@@ -79,16 +139,127 @@ def preprocess_jsonl(
     os.makedirs(parent, exist_ok=True)
     builder = IndexedDatasetBuilder(output_prefix, dtype)
     documents = tokens = 0
-    for text in texts:
-        ids = tokenizer.encode(text)
-        if not ids:
-            continue
-        if append_eod:
-            ids.append(tokenizer.eod)
-        builder.add_document(ids)
-        documents += 1
-        tokens += len(ids)
-    if documents == 0:
-        raise ZerotopoError(f"{input_path} has no non-empty {json_key!r} texts; nothing to write")
+    try:
+        for text in texts:
+            ids = tokenizer.encode(text)
+            if not ids:
+                continue
+            if append_eod:
+                ids.append(tokenizer.eod)
+            builder.add_document(ids)
+            documents += 1
+            tokens += len(ids)
+        if documents == 0:
+            raise ZerotopoError(f"{input_path} has no non-empty {json_key!r} texts; nothing to write")
+    except BaseException:
+        builder.abort()
+        raise
     builder.finalize()
     return PreprocessStats(prefix=output_prefix, documents=documents, tokens=tokens, dtype=str(builder.dtype))
+
+
+# -- NeoX's tools/preprocess_data.py ------------------------------------------------------------------------
+
+_WORKER_TOKENIZER: Tokenizer | None = None
+
+
+def _init_worker(tokenizer_args: tuple) -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = build_tokenizer(*tokenizer_args)
+
+
+def _encode(texts: tuple[str, ...]) -> list[list[int]]:
+    assert _WORKER_TOKENIZER is not None
+    return [_WORKER_TOKENIZER.encode(t) if t else [] for t in texts]
+
+
+def output_prefix_for(prefix: str, key: str) -> str:
+    """NeoX's name of the dataset for one jsonl key: ``<prefix>_<key>_document``."""
+    return f"{prefix}_{key}_document"
+
+
+def preprocess_neox(
+    inputs: Sequence[str],
+    output_prefix: str,
+    *,
+    tokenizer_type: str,
+    vocab_file: str | None = None,
+    merge_file: str | None = None,
+    jsonl_keys: Sequence[str] = ("text",),
+    append_eod: bool = False,
+    workers: int = 1,
+    ftfy: bool = False,
+    log_interval: int = 10_000,
+    progress: bool = False,
+) -> list[PreprocessStats]:
+    """Tokenize ``inputs`` (in order) into one dataset per key, named as NeoX names them."""
+    if not inputs:
+        raise ZerotopoError("no input: give --input FILE.jsonl[,FILE2.jsonl.gz,...]")
+    if len(set(jsonl_keys)) != len(jsonl_keys) or not jsonl_keys:
+        raise ZerotopoError(f"--jsonl-keys {list(jsonl_keys)}: give each key once")
+    tokenizer_args = (tokenizer_type, vocab_file, merge_file)
+    tokenizer = build_tokenizer(*tokenizer_args)  # errors here, not in a worker
+    for path in inputs:
+        open_text(path).close()  # a missing file or codec fails before any output exists
+    fix = None
+    if ftfy:
+        try:
+            from ftfy import fix_text as fix
+        except ImportError:
+            raise ZerotopoError("--ftfy needs the ftfy package (pip install ftfy)") from None
+    dtype = best_dtype(tokenizer.vocab_size)
+    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
+    prefixes = [output_prefix_for(output_prefix, k) for k in jsonl_keys]
+    builders = [IndexedDatasetBuilder(p, dtype) for p in prefixes]
+    documents, tokens = [0] * len(jsonl_keys), [0] * len(jsonl_keys)
+
+    records = itertools.chain.from_iterable(read_records(p, jsonl_keys) for p in inputs)
+    if fix is not None:
+        records = (tuple(fix(t) for t in r) for r in records)
+    pool = None
+    if workers > 1:
+        import multiprocessing as mp
+
+        pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer_args,))
+        encoded = pool.imap(_encode, records, chunksize=64)  # imap keeps input order
+    else:
+        _init_worker(tokenizer_args)
+        encoded = map(_encode, records)
+    bar = None
+    if progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(desc="tokenizing", unit=" docs")
+    t0 = time.perf_counter()
+    try:
+        for n, per_key in enumerate(encoded, start=1):
+            for i, ids in enumerate(per_key):
+                if not ids:
+                    continue  # an empty text is no document, as in NeoX
+                if append_eod:
+                    ids.append(tokenizer.eod)
+                builders[i].add_document(ids)
+                documents[i] += 1
+                tokens[i] += len(ids)
+            if bar is not None:
+                bar.update(1)
+            elif progress and n % log_interval == 0:
+                dt = time.perf_counter() - t0
+                print(f"processed {n} documents ({n / dt:.0f} docs/s)", flush=True)
+        for key, count in zip(jsonl_keys, documents):
+            if count == 0:
+                raise ZerotopoError(f"{', '.join(inputs)} has no non-empty {key!r} texts; nothing to write")
+    except BaseException:
+        for builder in builders:
+            builder.abort()
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+        if bar is not None:
+            bar.close()
+    out = []
+    for i, builder in enumerate(builders):
+        builder.finalize()
+        out.append(PreprocessStats(prefixes[i], documents[i], tokens[i], str(builder.dtype)))
+    return out

@@ -145,6 +145,7 @@ def parallelize(
     ledger: Any = None,
     sanitize: bool = False,
     copy_delay_ms: float | None = None,
+    unordered_secondary: bool = False,
 ) -> tuple[ShardedModule, ShardedAdamW]:
     """Shard ``module`` by ``mesh.plan`` and return ``(model, optimizer)``.
 
@@ -154,7 +155,9 @@ def parallelize(
     for dynamic fp16 scaling (``init_scale``, ``growth_interval``, ``hysteresis``, ``min_scale``).
     ``copy_delay_ms`` delays the CPU emulated copy engine
     (default ``$ZEROTOPO_EMULATED_COPY_DELAY_MS`` or 0). ``sanitize`` checks the ordering rules on every
-    collective that reads a buffer another stream wrote.
+    collective that reads a buffer another stream wrote. ``unordered_secondary`` is a test and
+    benchmark hook that reproduces the stock hpZ race (papers/000): the backward all-gather does not
+    wait for the secondary partition's copy. No plan or CLI option selects it.
     """
     if param_dtype not in _DTYPES or reduce_dtype not in _DTYPES:
         raise ZerotopoError(
@@ -193,6 +196,7 @@ def parallelize(
         ledger=ledger,
         streams=streams,
         sanitizer=Sanitizer(sanitize),
+        unordered_secondary=unordered_secondary,
     )
     scaler = make_scaler(loss_scale, param_dtype, **(loss_scale_options or {}))
     optimizer = ShardedAdamW(

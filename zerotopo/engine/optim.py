@@ -34,7 +34,14 @@ class LossScaler:
     """Dynamic (or static) loss scale for fp16, with DeepSpeed's semantics: an overflow skips the step
     and, once ``hysteresis`` overflows were seen since the last reduction, halves the scale (never below
     ``min_scale``); ``growth_interval`` steps without overflow double it (DeepSpeed's
-    ``loss_scale_window``)."""
+    ``loss_scale_window``).
+
+    [Note: scaler on the device] The state (scale, good steps, hysteresis left) lives in tensors on the
+    optimizer's device and :meth:`update` takes the overflow flag as a tensor, so the whole update is
+    ``torch.where`` on the device and the host never reads the flag (DESIGN.md rule 3). Read
+    :attr:`scale` (a 0-d tensor) on the host only at the logging interval. ``update`` also takes a bool,
+    and the state reads back as Python numbers in :meth:`state_dict`.
+    """
 
     def __init__(
         self,
@@ -44,41 +51,72 @@ class LossScaler:
         growth_interval: int = 1000,
         hysteresis: int = 2,
         min_scale: float = 1.0,
+        device: torch.device | str = "cpu",
     ) -> None:
         if not (init_scale > 0 and min_scale > 0 and growth_interval >= 1 and hysteresis >= 1):
             raise ZerotopoError(
                 f"loss scaler: need init_scale > 0, min_scale > 0, growth_interval >= 1 and hysteresis >= 1, "
                 f"got {init_scale}, {min_scale}, {growth_interval}, {hysteresis}"
             )
-        self.scale = float(init_scale)
         self.dynamic = dynamic
         self.growth_interval = int(growth_interval)
         self.hysteresis = int(hysteresis)
         self.min_scale = float(min_scale)
-        self.good_steps = 0
-        self.hysteresis_left = self.hysteresis
+        self._scale = torch.tensor(float(init_scale), dtype=torch.float32, device=device)
+        self._good = torch.zeros((), dtype=torch.int64, device=device)
+        self._hyst = torch.tensor(self.hysteresis, dtype=torch.int64, device=device)
 
-    def update(self, overflow: bool) -> None:
+    def to(self, device: torch.device | str) -> LossScaler:
+        """Move the state to ``device`` (the optimizer does, once, at construction)."""
+        self._scale, self._good, self._hyst = (t.to(device) for t in (self._scale, self._good, self._hyst))
+        return self
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The current scale, a 0-d fp32 tensor on the device (updated in place by :meth:`update`)."""
+        return self._scale
+
+    @property
+    def good_steps(self) -> torch.Tensor:
+        return self._good
+
+    @property
+    def hysteresis_left(self) -> torch.Tensor:
+        return self._hyst
+
+    def update(self, overflow: bool | torch.Tensor) -> None:
+        """One step's update; ``overflow`` a bool or a tensor (nonzero: overflow), read on the device."""
         if not self.dynamic:
             return
-        if overflow:
-            self.good_steps = 0
-            if self.hysteresis_left <= 1:
-                self.scale = max(self.scale / 2.0, self.min_scale)
-            else:
-                self.hysteresis_left -= 1
-        else:
-            self.good_steps += 1
-            if self.good_steps % self.growth_interval == 0:
-                self.scale *= 2.0
-                self.hysteresis_left = self.hysteresis
+        found = torch.as_tensor(overflow, device=self._scale.device).reshape(()).bool()
+        # Overflow: halve once the hysteresis is used up (it then stays), else use one unit of it.
+        halve = found & (self._hyst <= 1)
+        halved = torch.clamp(self._scale / 2.0, min=self.min_scale)
+        # No overflow: count the good step; each full window doubles the scale and restores the hysteresis.
+        good = self._good + 1
+        grow = ~found & (good % self.growth_interval == 0)
+        new_scale = torch.where(halve, halved, torch.where(grow, self._scale * 2.0, self._scale))
+        hyst = torch.where(
+            found,
+            torch.where(halve, self._hyst, self._hyst - 1),
+            torch.where(grow, torch.full_like(self._hyst, self.hysteresis), self._hyst),
+        )
+        self._scale.copy_(new_scale)
+        self._hyst.copy_(hyst)
+        self._good.copy_(torch.where(found, torch.zeros_like(good), good))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "good_steps": self.good_steps, "hysteresis_left": self.hysteresis_left}
+        """Python numbers (reads the device: call it at checkpoints only)."""
+        return {
+            "scale": float(self._scale),
+            "good_steps": int(self._good),
+            "hysteresis_left": int(self._hyst),
+        }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.scale, self.good_steps = float(sd["scale"]), int(sd["good_steps"])
-        self.hysteresis_left = int(sd.get("hysteresis_left", self.hysteresis))
+        self._scale.fill_(float(sd["scale"]))
+        self._good.fill_(int(sd["good_steps"]))
+        self._hyst.fill_(int(sd.get("hysteresis_left", self.hysteresis)))
 
 
 def make_scaler(
@@ -128,7 +166,12 @@ class ShardedAdamW:
         self.param_groups = [
             {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "params": []}
         ]
-        self.step_count = 0
+        # Steps applied: on the host without loss scaling; on the device with it, where a skipped
+        # (overflowed) step is known only to the device (see the step property).
+        self._host_steps = 0
+        self._device_steps = torch.zeros((), dtype=torch.float64, device=mesh.device)
+        if scaler is not None:
+            scaler.to(mesh.device)
         self.master = [u.initial_master for u in units]
         for u in units:
             del u.initial_master
@@ -173,33 +216,24 @@ class ShardedAdamW:
     def step(self) -> dict[str, Any]:
         """Reduce, clip and apply AdamW; returns ``{"grad_norm", "skipped", "loss_scale"}``.
 
-        ``grad_norm`` is a 0-d tensor on the device (read it at the logging interval: reading it forces a
-        host wait), or ``inf`` when an fp16 overflow skipped the step."""
-        scale = self.scaler.scale if self.scaler is not None else 1.0
+        Nothing here makes the host wait on the device (DESIGN.md rule 3): ``grad_norm`` is a 0-d tensor
+        on the device (``inf`` when an fp16 overflow skipped the step); with loss scaling ``skipped`` and
+        ``loss_scale`` are 0-d device tensors too. Read them at the logging interval."""
+        if self.scaler is not None:
+            return self._scaled_step(self.scaler)
         self.runtime.wait_reductions()
         grads = [self._replica_reduce(u) for u in self.units]
-        inv = 1.0 / (self.degrees.world * scale)
+        inv = 1.0 / self.degrees.world
         sq = torch.zeros(1, dtype=torch.float32, device=self.mesh.device)
         for g, t in zip(grads, self.trainable):
             g.mul_(inv)
             sq += (g * t).pow(2).sum()
         if self.degrees.optim > 1:
             C.all_reduce(sq, self.mesh.group("optim"), ledger=self.ledger, tag="grad_norm")
-        overflow = False
-        if self.scaler is not None:
-            flag = (~torch.isfinite(sq)).to(torch.float32)
-            if self.degrees.world > 1:
-                C.all_reduce(flag, self.mesh.group("world"), op="max", ledger=self.ledger, tag="overflow")
-            overflow = bool(flag.item() > 0)
-            self.scaler.update(overflow)
-        if overflow:
-            return {"grad_norm": float("inf"), "skipped": True, "loss_scale": self.scaler.scale}
-        # The norm and the clipping factor stay on the device (DESIGN.md rule 3): no host wait per step.
+        # The norm and the clipping factor stay on the device: no host wait per step.
         norm = sq.sqrt().squeeze(0)
-        coef = None
-        if self.max_grad_norm is not None and self.max_grad_norm > 0:
-            coef = (self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0)
-        self.step_count += 1
+        coef = self._clip_coef(norm)
+        self._host_steps += 1
         group = self.param_groups[0]
         for i, u in enumerate(self.units):
             if coef is not None:
@@ -207,30 +241,99 @@ class ShardedAdamW:
             self._adamw(i, grads[i], group)
             self._gather_params(u, self.master[i])
         self.runtime.invalidate_secondaries()
-        return {
-            "grad_norm": norm,
-            "skipped": False,
-            "loss_scale": self.scaler.scale if self.scaler is not None else 1.0,
-        }
+        return {"grad_norm": norm, "skipped": False, "loss_scale": 1.0}
+
+    def _clip_coef(self, norm: torch.Tensor) -> torch.Tensor | None:
+        if self.max_grad_norm is not None and self.max_grad_norm > 0:
+            return (self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0)
+        return None
+
+    def _scaled_step(self, scaler: LossScaler) -> dict[str, Any]:
+        """The fp16 step (see [Note: scaler on the device]): unscale and check for overflow with torch's
+        AMP kernel, agree on the flag over the world, update the scale, and apply the step with every
+        state change multiplied or selected by the flag, so an overflow leaves the state bit for bit
+        unchanged without the host ever reading the flag."""
+        self.runtime.wait_reductions()
+        grads = [self._replica_reduce(u) for u in self.units]
+        device = self.mesh.device
+        found = torch.zeros(1, dtype=torch.float32, device=device)
+        inv_scale = (scaler.scale * float(self.degrees.world)).reciprocal().reshape(1)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale)
+        sq = torch.zeros(1, dtype=torch.float32, device=device)
+        for g, t in zip(grads, self.trainable):
+            sq += (g * t).pow(2).sum()
+        if self.degrees.optim > 1:
+            C.all_reduce(sq, self.mesh.group("optim"), ledger=self.ledger, tag="grad_norm")
+        # Finite gradients whose squares overflow fp32 count as an overflow too.
+        flag = torch.maximum(found, (~torch.isfinite(sq)).to(torch.float32))
+        if self.degrees.world > 1:
+            C.all_reduce(flag, self.mesh.group("world"), op="max", ledger=self.ledger, tag="overflow")
+        overflow = (flag > 0).squeeze(0)  # 0-d bool on the device
+        scaler.update(overflow)
+        keep = (~overflow).to(torch.float32)
+        norm = torch.where(overflow, torch.full_like(sq, float("inf")), sq).sqrt().squeeze(0)
+        coef = self._clip_coef(torch.where(overflow, torch.zeros_like(norm), norm))
+        self._device_steps += keep.to(self._device_steps.dtype)
+        group = self.param_groups[0]
+        for i, u in enumerate(self.units):
+            grads[i].masked_fill_(overflow, 0.0)  # NaN/Inf must not reach the moments, even times zero
+            if coef is not None:
+                grads[i].mul_(coef)
+            self._adamw_masked(i, grads[i], group, keep)
+            self._gather_params(u, self.master[i])
+        self.runtime.invalidate_secondaries()
+        return {"grad_norm": norm, "skipped": overflow, "loss_scale": scaler.scale.clone()}
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps applied (skipped fp16 steps not counted; reads the device with a scaler)."""
+        if self.scaler is not None:
+            return int(self._device_steps)
+        return self._host_steps
+
+    @step_count.setter
+    def step_count(self, value: int) -> None:
+        self._host_steps = int(value)
+        self._device_steps.fill_(int(value))
 
     def _adamw(self, i: int, grad: torch.Tensor, group: dict[str, Any]) -> None:
         """torch.optim.AdamW's single-tensor update, with per-element decay and trainable masks."""
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        p, m, v, train = self.master[i], self.exp_avg[i], self.exp_avg_sq[i], self.trainable[i]
+        p, m, v = self.master[i], self.exp_avg[i], self.exp_avg_sq[i]
         old = p.clone() if not self.all_trainable[i] else None
         if wd:
             p.mul_(1 - lr * wd * self.decay_mask[i])
         m.lerp_(grad, 1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        t = self.step_count
+        t = self._host_steps
         step_size = lr / (1 - b1**t)
         denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
         p.addcdiv_(m, denom, value=-step_size)
+        self._freeze(i, old)
+
+    def _adamw_masked(self, i: int, grad: torch.Tensor, group: dict[str, Any], keep: torch.Tensor) -> None:
+        """:meth:`_adamw` with the step count on the device and every change scaled by ``keep`` (0 on an
+        overflow): ``p * 1``, ``m + 0 * (0 - m)``, ``v * 1 + 0`` and ``p + 0`` leave the state exact."""
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        p, m, v = self.master[i], self.exp_avg[i], self.exp_avg_sq[i]
+        old = p.clone() if not self.all_trainable[i] else None
+        if wd:
+            p.mul_(1 - (lr * wd) * keep * self.decay_mask[i])
+        m.lerp_(grad, (1 - b1) * keep)
+        v.mul_(torch.where(keep > 0, b2, 1.0)).addcmul_(grad, grad, value=1 - b2)  # grad is 0 when skipped
+        t = self._device_steps.clamp(min=1)  # a first step that overflows has t = 0: keep is 0 anyway
+        step_size = (lr / (1 - b1**t)) * keep.to(t.dtype)
+        denom = (v.sqrt() / (1 - b2**t).sqrt().to(v.dtype)).add_(eps)
+        p.addcdiv_(m * (-step_size).to(m.dtype), denom)
+        self._freeze(i, old)
+
+    def _freeze(self, i: int, old: torch.Tensor | None) -> None:
         if old is not None:
             # Frozen parameters never move (torch skips parameters without a gradient).
-            p.copy_(torch.where(train, p, old))
-            m.mul_(train)
-            v.mul_(train)
+            train = self.trainable[i]
+            self.master[i].copy_(torch.where(train, self.master[i], old))
+            self.exp_avg[i].mul_(train)
+            self.exp_avg_sq[i].mul_(train)
 
     def _gather_params(self, u: FlatUnit, master: torch.Tensor) -> None:
         """Cast the updated chunk and all-gather the chunks of this rank's parameter shard."""

@@ -51,6 +51,7 @@ class Runtime:
         ledger: Any,
         streams: Streams,
         sanitizer: Sanitizer,
+        unordered_secondary: bool = False,
     ) -> None:
         self.units = units
         self.mesh = mesh
@@ -60,12 +61,13 @@ class Runtime:
         self.ledger = ledger
         self.streams = streams
         self.sanitizer = sanitizer
-        self.sync = self.plan.sync
+        # The racy stock ordering is a test/benchmark hook of the engine, never a plan option.
+        self.sync = "none" if unordered_secondary else self.plan.sync
         if self.sync == "none" and self.degrees.secondary is not None:
             warnings.warn(
-                f"plan {self.plan.name!r} uses sync: none: the secondary partition copy and the backward "
-                "all-gather are not ordered (stock ZeRO++ hpZ). Training can read uninitialized memory and "
-                "diverge; use sync: event. This mode exists only to demonstrate the race.",
+                f"plan {self.plan.name!r} runs with unordered_secondary=True: the secondary partition copy "
+                "and the backward all-gather are not ordered (stock ZeRO++ hpZ). Training can read "
+                "uninitialized memory and diverge. This hook exists only to reproduce the race.",
                 RuntimeWarning,
                 stacklevel=3,
             )

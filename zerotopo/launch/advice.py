@@ -77,3 +77,23 @@ def warnings_for(info: RankInfo, environ: Mapping[str, str]) -> list[str]:
             "thread per core and they oversubscribe the CPU; set it to the cores per task (srun -c)."
         )
     return out
+
+
+def topology_mismatch_advice(info: RankInfo, topology) -> str:
+    """What to launch or pass when the job's ranks do not fill ``topology`` (one sentence)."""
+    dpn = topology.devices_per_node
+    world = info.world_size
+    if world % dpn:
+        return (
+            f"launch a multiple of {dpn} ranks (topology {topology.name!r} has {dpn} devices per node) or pick a "
+            "topology whose node matches"
+        )
+    nodes = world // dpn
+    per_node = info.tasks_per_node[0] if info.tasks_per_node else info.local_world_size
+    if per_node != dpn:
+        # All ranks on fewer hosts than the topology has nodes: group them into emulated nodes.
+        return (
+            f"to run these {world} ranks ({per_node} per host) as {nodes} nodes of {dpn} devices, pass "
+            f"--emulated-nodes {nodes}; or launch {dpn} tasks per node on {nodes} nodes"
+        )
+    return f"pass --nodes {nodes} (the launcher's {info.num_nodes} nodes), or drop --nodes"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from zerotopo.errors import LaunchError
+
 # Most specific first: on ROCm, ROCR_VISIBLE_DEVICES filters at the runtime level and holds physical ids;
 # HIP_/CUDA_VISIBLE_DEVICES set on top of it would index into what ROCr already exposes.
 VISIBLE_DEVICE_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
@@ -30,13 +32,39 @@ def backend_for(device_kind: str) -> str:
     return "nccl" if device_kind in ("cuda", "rocm") else "gloo"
 
 
+#: Most entries a device list may have (no node has more devices).
+MAX_VISIBLE = 4096
+
+
+def _check_entry(var: str, value: str, entry: str) -> None:
+    """An entry is a device number (``-1`` hides every device) or a ``GPU-``/``MIG-`` UUID."""
+    if entry.isascii() and entry.isdigit() and len(entry) <= 5:
+        return
+    if entry == "-1" or (entry.isascii() and entry.startswith(("GPU-", "MIG-")) and len(entry) <= 100):
+        return
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    raise LaunchError(
+        f"{var}={shown!r}: entry {entry[:20]!r} is neither a device number nor a GPU-/MIG- UUID; "
+        "expected a comma-separated list like '0,1' (check the variable or unset it)."
+    )
+
+
 def visible_devices(environ: Mapping[str, str]) -> tuple[str, list[str]] | None:
-    """The first device-list variable that is set, and its entries: ``('ROCR_VISIBLE_DEVICES', ['4'])``."""
+    """The first device-list variable that is set, and its entries: ``('ROCR_VISIBLE_DEVICES', ['4'])``.
+    Raises :class:`LaunchError` when the list is not one of device numbers or UUIDs."""
     for var in VISIBLE_DEVICE_VARS + SLURM_DEVICE_VARS:
         value = environ.get(var)
         if value is None or not value.strip():
             continue
-        return var, [item.strip() for item in value.split(",") if item.strip()]
+        entries = value.split(",")
+        if len(entries) > MAX_VISIBLE:
+            raise LaunchError(
+                f"{var} lists {len(entries)} devices, more than {MAX_VISIBLE}; check the variable."
+            )
+        entries = [item.strip() for item in entries if item.strip()]
+        for entry in entries:
+            _check_entry(var, value, entry)
+        return var, entries
     return None
 
 
@@ -46,9 +74,9 @@ def physical_device(environ: Mapping[str, str], local_rank: int, device_kind: st
     One visible device means the launcher bound it to this rank (``--gpus-per-task=1``): that id. Several
     mean the rank picks by local rank, torchrun style: the local-rank-th entry.
     """
+    found = visible_devices(environ)  # a garbage list is an error even on a CPU
     if device_kind == "cpu":
         return None
-    found = visible_devices(environ)
     if found is None:
         return None
     _, entries = found
@@ -58,5 +86,5 @@ def physical_device(environ: Mapping[str, str], local_rank: int, device_kind: st
         entry = entries[local_rank]
     else:
         return None
-    # GPU-<uuid> / MIG-<uuid> entries carry no position in the node.
+    # GPU-<uuid> / MIG-<uuid> entries (and -1, no device) carry no position in the node.
     return int(entry) if entry.isdigit() else None

@@ -27,11 +27,13 @@ from typing import Any
 
 from zerotopo.errors import LaunchError
 from zerotopo.launch.devices import backend_for, detect_device_kind, physical_device
-from zerotopo.launch.hostlist import first_host, parse_tasks_per_node
+from zerotopo.launch.hostlist import count_hosts, first_host, parse_tasks_per_node
 
 LAUNCHERS = ("slurm", "mpi", "torchrun", "local")
 MPI_MARKERS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK")
 DEFAULT_PORT = 29500
+#: Largest world size believed (a launcher variable above it is garbage).
+MAX_WORLD = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -66,10 +68,23 @@ def _int(environ: Mapping[str, str], name: str, launcher: str) -> int:
             f"{launcher} launch detected but {name} is not set; the launcher's environment is incomplete. "
             f"Launch every rank through {launcher} (or pass --launcher to pick another)."
         )
-    try:
-        return int(value)
-    except ValueError:
-        raise LaunchError(f"{name}={value!r} is not an integer ({launcher} launch).") from None
+    shown = value if len(value) <= 40 else value[:37] + "..."
+    text = value.strip()
+    if not (text.isascii() and text.lstrip("-").isdigit() and len(text) <= 12):
+        raise LaunchError(
+            f"{name}={shown!r} is not an integer ({launcher} launch); check the variable or unset it."
+        )
+    number = int(text)
+    if number < 0:
+        raise LaunchError(f"{name}={number} is negative ({launcher} launch); check the variable or unset it.")
+    return number
+
+
+def _port(environ: Mapping[str, str], name: str, launcher: str) -> int:
+    port = _int(environ, name, launcher)
+    if not 1 <= port <= 65535:
+        raise LaunchError(f"{name}={port} is not a TCP port (1-65535); pick a free port or unset it.")
+    return port
 
 
 def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
@@ -103,6 +118,14 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
     node_id = _int(environ, "SLURM_NODEID", "srun")
     nnodes_var = _first(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
     num_nodes = _int(environ, nnodes_var[0], "srun") if nnodes_var else None
+    if not 1 <= world <= MAX_WORLD:
+        raise LaunchError(
+            f"SLURM_NTASKS={world} is not in 1..{MAX_WORLD}; check the variable or launch with srun."
+        )
+    if num_nodes is not None and not 1 <= num_nodes <= world:
+        raise LaunchError(
+            f"{nnodes_var[0]}={num_nodes} is not in 1..{world} (the task count); check the variable or launch with srun."
+        )
 
     # The step's own counts first: a step may use fewer nodes or tasks than the job it runs in.
     tpn_var = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
@@ -110,6 +133,8 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
         tasks = parse_tasks_per_node(tpn_var[1], variable=tpn_var[0])
     elif environ.get("SLURM_NTASKS_PER_NODE"):
         per = _int(environ, "SLURM_NTASKS_PER_NODE", "srun")
+        if not 1 <= per <= world:
+            raise LaunchError(f"SLURM_NTASKS_PER_NODE={per} is not in 1..{world} (the task count).")
         tasks = [per] * (num_nodes or max(world // per, 1))
         tpn_var = ("SLURM_NTASKS_PER_NODE", environ["SLURM_NTASKS_PER_NODE"])
     else:
@@ -127,6 +152,8 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
             f"SLURM_NTASKS={world} differs from the sum of tasks per node {sum(tasks)} ({found}); "
             "the environment mixes a job's and a step's variables. Launch with srun inside the allocation."
         )
+    if num_nodes < 1 or num_nodes > MAX_WORLD:
+        raise LaunchError(f"the node count {num_nodes} is not in 1..{MAX_WORLD} ({found}).")
     if node_id >= num_nodes:
         raise LaunchError(f"SLURM_NODEID={node_id} is not below the node count {num_nodes} ({found}).")
     if local_rank >= tasks[node_id]:
@@ -145,6 +172,14 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
                 f"SLURM_JOB_NODELIST is set ({found}). Set MASTER_ADDR to the first node's address."
             )
         master_addr = first_host(nodelist[1], variable=nodelist[0])
+        hosts = count_hosts(nodelist[1], variable=nodelist[0])
+        # The step's list names exactly its nodes; the job's may name more (a step can use fewer).
+        if hosts < num_nodes or (nodelist[0] == "SLURM_STEP_NODELIST" and hosts != num_nodes):
+            shown = nodelist[1] if len(nodelist[1]) <= 60 else nodelist[1][:57] + "..."
+            raise LaunchError(
+                f"{nodelist[0]}={shown!r} names {hosts} hosts, but the step runs on {num_nodes} nodes ({found}); "
+                "the environment mixes jobs or was edited: launch with srun inside the allocation."
+            )
     return {
         "rank": rank,
         "world_size": world,
@@ -162,7 +197,7 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
 def slurm_port(environ: Mapping[str, str]) -> int:
     """``MASTER_PORT`` if set, else a port derived from the job id, so all ranks agree without talking."""
     if environ.get("MASTER_PORT"):
-        return _int(environ, "MASTER_PORT", "srun")
+        return _port(environ, "MASTER_PORT", "srun")
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     if job is None or not job.isdigit():
         return DEFAULT_PORT
@@ -180,6 +215,10 @@ def _from_torchrun(environ: Mapping[str, str]) -> dict[str, Any]:
     world = _int(environ, "WORLD_SIZE", "torchrun")
     local_rank = _int(environ, "LOCAL_RANK", "torchrun")
     local_world = _int(environ, "LOCAL_WORLD_SIZE", "torchrun") if "LOCAL_WORLD_SIZE" in environ else world
+    if not 1 <= world <= MAX_WORLD:
+        raise LaunchError(
+            f"WORLD_SIZE={world} is not in 1..{MAX_WORLD}; check the variable or launch with torchrun."
+        )
     if local_world <= 0 or world % local_world:
         raise LaunchError(
             f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}; every node must run "
@@ -200,7 +239,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> dict[str, Any]:
         "node_id": node_id,
         "num_nodes": num_nodes,
         "master_addr": environ["MASTER_ADDR"],
-        "master_port": _int(environ, "MASTER_PORT", "torchrun")
+        "master_port": _port(environ, "MASTER_PORT", "torchrun")
         if environ.get("MASTER_PORT")
         else DEFAULT_PORT,
         "tasks_per_node": (local_world,) * num_nodes,
@@ -233,7 +272,7 @@ def _local(environ: Mapping[str, str]) -> dict[str, Any]:
     if "RANK" in environ and "MASTER_ADDR" in environ:
         # A rank of the local emulated cluster (zerotopo.spawn): torchrun's variables, set by us.
         return _from_torchrun(environ)
-    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT", "").isdigit() else DEFAULT_PORT
+    port = _port(environ, "MASTER_PORT", "local") if environ.get("MASTER_PORT") else DEFAULT_PORT
     return {
         "rank": 0,
         "world_size": 1,
@@ -296,6 +335,8 @@ def discover(
         raise LaunchError(f"launcher {prefer!r} is unknown; expected one of auto, {', '.join(LAUNCHERS)}.")
     fields = _emulate_nodes(_READERS[launcher](env), env)
     found = fields.pop("found")
+    if not 1 <= fields["world_size"] <= MAX_WORLD:
+        raise LaunchError(f"world size {fields['world_size']} is not in 1..{MAX_WORLD} ({found}).")
     if not 0 <= fields["rank"] < fields["world_size"]:
         raise LaunchError(
             f"rank {fields['rank']} is not below the world size {fields['world_size']} ({found})."
@@ -304,6 +345,14 @@ def discover(
         raise LaunchError(
             f"local rank {fields['local_rank']} is not below the {fields['local_world_size']} ranks of its "
             f"node ({found})."
+        )
+    if (
+        not 1 <= fields["num_nodes"] <= fields["world_size"]
+        or not 0 <= fields["node_id"] < fields["num_nodes"]
+    ):
+        raise LaunchError(
+            f"node {fields['node_id']} of {fields['num_nodes']} does not fit a job of {fields['world_size']} "
+            f"ranks ({found})."
         )
     kind = device_kind or detect_device_kind()
     return RankInfo(

@@ -38,6 +38,53 @@ def _split_top_level(text: str) -> list[str]:
     return parts
 
 
+#: Most hosts a list may expand to (a host list is never expanded beyond this; one entry is read lazily).
+MAX_HOSTS = 1_000_000
+#: Most nodes a per-node task count list may describe.
+MAX_TASK_NODES = 1_000_000
+
+
+def _ranges(body: str) -> list[tuple[int, int, int]]:
+    """``00012-00015,00020`` -> ``[(12, 15, 5), (20, 20, 5)]``: (low, high, zero-padded width)."""
+    out = []
+    for item in body.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if not m:
+            raise ValueError(f"range {item[:40]!r} is neither N nor N-M")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if len(lo) > 18 or len(hi) > 18:
+            raise ValueError(f"number {item[:40]!r} is too long for a host name")
+        if int(hi) < int(lo):
+            raise ValueError(f"range {item!r} runs backwards")
+        out.append((int(lo), int(hi), len(lo)))
+    return out
+
+
+def _pattern_choices(pattern: str) -> list[list[tuple[int, int, int]] | str]:
+    """One host pattern as fixed text and bracket range sets, without expanding them."""
+    pieces = re.split(r"(\[[^\]]*\])", pattern)
+    out: list[list[tuple[int, int, int]] | str] = []
+    for piece in pieces:
+        if piece.startswith("["):
+            body = piece[1:-1]
+            if not body:
+                raise ValueError("empty '[]'")
+            out.append(_ranges(body))
+        else:
+            if "[" in piece or "]" in piece:
+                raise ValueError("unbalanced brackets")
+            out.append(piece)
+    return out
+
+
+def _count(choices: list[list[tuple[int, int, int]] | str]) -> int:
+    total = 1
+    for c in choices:
+        if not isinstance(c, str):
+            total *= sum(hi - lo + 1 for lo, hi, _ in c)
+    return total
+
+
 def _expand_range_set(body: str) -> list[str]:
     """``00012-00015,00020`` -> the numbers as strings, keeping the zero padding of the lower bound."""
     out: list[str] = []
@@ -83,24 +130,52 @@ def expand_hostlist(hostlist: str, *, variable: str = "host list") -> list[str]:
     """
     text = hostlist.strip()
     try:
-        if not text:
-            raise ValueError("it is empty")
+        patterns = _patterns(text)
+        total = sum(_count(_pattern_choices(p)) for p in patterns)
+        if total > MAX_HOSTS:
+            raise ValueError(f"it names {total} hosts, more than {MAX_HOSTS}")
         hosts: list[str] = []
-        for pattern in _split_top_level(text):
-            if not pattern:
-                raise ValueError("empty entry between commas")
+        for pattern in patterns:
             hosts.extend(_expand_one(pattern))
     except ValueError as exc:
-        raise LaunchError(
-            f"{variable}={hostlist!r} is not a Slurm host list ({exc}); expected a form like "
-            "'frontier[00012-00015,00020]' or 'a[1-3],b5'. Check the variable or unset it."
-        ) from None
+        raise _bad(variable, hostlist, exc) from None
     return hosts
 
 
+def _patterns(text: str) -> list[str]:
+    if not text:
+        raise ValueError("it is empty")
+    patterns = _split_top_level(text)
+    if any(not p for p in patterns):
+        raise ValueError("empty entry between commas")
+    return patterns
+
+
+def _bad(variable: str, hostlist: str, exc: Exception) -> LaunchError:
+    shown = hostlist if len(hostlist) <= 80 else hostlist[:77] + "..."
+    return LaunchError(
+        f"{variable}={shown!r} is not a Slurm host list ({exc}); expected a form like "
+        "'frontier[00012-00015,00020]' or 'a[1-3],b5'. Check the variable or unset it."
+    )
+
+
+def count_hosts(hostlist: str, *, variable: str = "host list") -> int:
+    """How many hosts a Slurm host list names, counted without expanding it."""
+    try:
+        return sum(_count(_pattern_choices(p)) for p in _patterns(hostlist.strip()))
+    except ValueError as exc:
+        raise _bad(variable, hostlist, exc) from None
+
+
 def first_host(hostlist: str, *, variable: str = "host list") -> str:
-    """The first host of a Slurm host list (the rendezvous host of a job)."""
-    return expand_hostlist(hostlist, variable=variable)[0]
+    """The first host of a Slurm host list (the rendezvous host of a job), read without expanding the
+    list: ``nid[0-99999999]`` costs as little as ``nid0``. The whole list is still checked for syntax."""
+    try:
+        patterns = _patterns(hostlist.strip())
+        choices = [_pattern_choices(p) for p in patterns]  # syntax of every entry
+    except ValueError as exc:
+        raise _bad(variable, hostlist, exc) from None
+    return "".join(c if isinstance(c, str) else str(c[0][0]).zfill(c[0][2]) for c in choices[0])
 
 
 def parse_tasks_per_node(value: str, *, variable: str = "SLURM_TASKS_PER_NODE") -> list[int]:
@@ -110,8 +185,13 @@ def parse_tasks_per_node(value: str, *, variable: str = "SLURM_TASKS_PER_NODE") 
         m = _TASKS_ITEM.match(item.strip())
         if not m or int(m.group(1)) == 0 or (m.group(2) is not None and int(m.group(2)) == 0):
             raise LaunchError(
-                f"{variable}={value!r} is not a per-node task count list; expected forms like '8(x2)', "
+                f"{variable}={value[:80]!r} is not a per-node task count list; expected forms like '8(x2)', "
                 "'8,8' or '8(x2),4' with positive counts."
             )
-        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+        repeat = int(m.group(2) or 1)
+        if len(counts) + repeat > MAX_TASK_NODES:
+            raise LaunchError(
+                f"{variable}={value[:80]!r} describes more than {MAX_TASK_NODES} nodes; check the variable."
+            )
+        counts.extend([int(m.group(1))] * repeat)
     return counts

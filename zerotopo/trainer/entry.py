@@ -10,9 +10,13 @@ for them; ``--launcher local`` forces that. Either way each rank runs
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
+from dataclasses import replace
 from typing import Any
 
+from zerotopo.errors import ConfigError
 from zerotopo.launch.discovery import detect_launcher
 from zerotopo.trainer.job import TrainJob
 
@@ -30,6 +34,7 @@ def preflight(job: TrainJob):
     clear error instead of eight: config, topology, plan, data files, vocabulary and memory fit."""
     from zerotopo.data.tokenizers import build_tokenizer
     from zerotopo.trainer.loop import DTYPES, check_checkpoint_source, check_memory, data_prefix, model_config
+    from zerotopo.trainer.schedule import schedule_for
 
     args = job.load_args()
     topology = job.load_topology(args)
@@ -37,7 +42,8 @@ def preflight(job: TrainJob):
     plan.degrees(topology)
     if args.data_path:
         data_prefix(args)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    schedule_for(args, args.train_iters or 100)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
     cfg = model_config(args, job, tokenizer)
     check_checkpoint_source(args, job, cfg)
     micro, _, _ = args.batch_sizes(topology.world_size)
@@ -47,6 +53,19 @@ def preflight(job: TrainJob):
         param_bytes=DTYPES[args.resolved_precision].itemsize, micro=micro,
     )  # fmt: skip
     return args, topology
+
+
+def check_writable_dir(path: str, source: str) -> None:
+    """Create ``path`` if needed and prove a file can be made in it; ConfigError naming it otherwise."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"directory {path!r} is not writable ({exc.strerror}); pick a directory you can write to",
+            source=source,
+        ) from None
 
 
 def run_training(job: TrainJob) -> dict[str, Any] | None:
@@ -65,6 +84,12 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             if dist.is_initialized():
                 dist.destroy_process_group()
     args, topology = preflight(job)
+    # One run directory for every rank, fixed before they start; it must be writable, like save:.
+    job = replace(job, run_dir=str(job.resolve_run_dir(job.load_plan(args).name)))
+    check_writable_dir(job.run_dir, "--run-dir")
+    if args.save:
+        check_writable_dir(args.save, args.sources.get("save", "save"))
+    job = dataclasses.replace(job, config_warnings_shown=True)
     if not args.data_path:
         # Build the bundled corpus once here, before the ranks all ask for it.
         from zerotopo.data.corpus import default_corpus_prefix
@@ -80,6 +105,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             ranks_per_node=topology.devices_per_node,
             timeout_s=float(os.environ.get("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600)),
             network=network,
+            log_dir=job.run_dir,
         )
 
     if job.network_mbit:

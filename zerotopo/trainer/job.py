@@ -17,9 +17,11 @@ from typing import Any
 from zerotopo.config.neox import NeoXArgs, load_neox_config
 from zerotopo.errors import ConfigError
 from zerotopo.plan import Plan, load_plan, plan_from_deepspeed
+from zerotopo.resources import resolve_config_paths
 from zerotopo.topology import Topology, load_topology
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yml"
+DEFAULT_CONFIG = "tiny"
+"""The built-in config a run with no config files trains."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class TrainJob:
     """A training run as the user asked for it, before any process group exists."""
 
     configs: tuple[str, ...] = ()
-    """NeoX-style YAML files, merged in order (none: ``configs/tiny.yml``)."""
+    """NeoX-style YAML files or built-in config names, merged in order (none: ``tiny``)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """``--set key=value`` overrides of config keys."""
     topology: str | None = None
@@ -44,6 +46,9 @@ class TrainJob:
     """Where metrics, plots and checkpoints go (default ``runs/<time>-<plan>``)."""
     progress: bool = True
     """Show a progress bar on rank 0."""
+    config_warnings_shown: bool = False
+    """The launching process has already shown the config's warnings on the console (local runs): the
+    ranks write them to the run's log file only."""
     network_mbit: float | None = None
     """Local runs only: put each emulated node in its own network namespace, nodes joined by links
     shaped to this many Mbit/s (root; see :mod:`zerotopo.netem`)."""
@@ -51,7 +56,8 @@ class TrainJob:
     """A Hugging Face GPT-NeoX directory to start from (its config.json sets the architecture)."""
 
     def config_paths(self) -> list[str]:
-        return list(self.configs) or [str(DEFAULT_CONFIG)]
+        """The config files, built-in names (``neox-125m``) resolved to their paths."""
+        return resolve_config_paths(list(self.configs) or [DEFAULT_CONFIG])
 
     def load_args(self, *, quiet: bool = False) -> NeoXArgs:
         with warnings.catch_warnings():
@@ -61,7 +67,8 @@ class TrainJob:
 
     def load_topology(self, args: NeoXArgs, nodes: int | None = None) -> Topology:
         name = self.topology or args.topology or "emulated"
-        return load_topology(name, nodes=self.nodes or nodes)
+        config_nodes = args.num_nodes if args.num_nodes and args.num_nodes > 0 else None
+        return load_topology(name, nodes=self.nodes or nodes or config_nodes)
 
     def load_plan(self, args: NeoXArgs) -> Plan:
         if self.plan is not None:

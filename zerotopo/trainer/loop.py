@@ -1,13 +1,14 @@
 """One rank of a training run: build the mesh, the model and the data, then train, evaluate and log.
 
 [Note: host synchronization] Following DESIGN.md rule 3, per-step losses stay on the device and are
-summed across ranks only at each ``log_interval`` (one all-reduce of a short vector), so the host never
-waits on the device inside a logging window except where the engine itself needs a value on the host
-(gradient norm for clipping, the fp16 overflow check).
+summed across ranks only at each ``log_interval`` (one all-reduce of a short vector), and so are the
+engine's per-step figures (gradient norm, fp16 overflow flag and loss scale: 0-d device tensors) and the
+ledger's event times; the host never waits on the device inside a logging window.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -26,13 +27,19 @@ from zerotopo.data.dataset import DistributedBatches, build_train_valid_test
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.engine import parallelize
 from zerotopo.errors import ConfigError, PlanError
+from zerotopo.fsutil import write_text_atomic
+from zerotopo.launch.advice import topology_mismatch_advice
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
+from zerotopo.logs import attach_run_log, close_run_log, console_muted, get_logger, on_terminal, setup_console
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 from zerotopo.plan import PRESETS
 from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from zerotopo.trainer.job import TrainJob
-from zerotopo.trainer.metrics import MetricsWriter, plot_run, write_summary
-from zerotopo.trainer.schedule import LRSchedule
+from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
+from zerotopo.trainer.retention import prune_checkpoints
+from zerotopo.trainer.schedule import schedule_for
+
+log = get_logger("train")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -54,9 +61,20 @@ def data_prefix(args: NeoXArgs) -> str | list[str]:
         for prefix in args.data_path:
             missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
             if missing:
+                stem, _, key = prefix.rpartition("_")[0].rpartition("_")
+                named = prefix.endswith("_document") and stem
                 raise ConfigError(
                     f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
-                    f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {prefix}`",
+                    f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {stem if named else 'PREFIX'}"
+                    f"{f' --jsonl-keys {key}' if named and key != 'text' else ''}"
+                    f" --tokenizer-type {args.tokenizer_type}"
+                    + "".join(
+                        f" --{flag} {value}"
+                        for flag, value in (("vocab-file", args.vocab_file), ("merge-file", args.merge_file))
+                        if value
+                    )
+                    + " --append-eod`"
+                    + ("" if named else " (it writes PREFIX_text_document; set data_path to that)"),
                     source=args.sources.get("data_path"),
                     key="data_path",
                 )
@@ -184,14 +202,16 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig) -> N
 
 def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     """Run the job as one rank; returns the run summary on rank 0 (None elsewhere)."""
-    args = job.load_args(quiet=rank != 0)
+    setup_console(verbose=rank == 0)
+    with console_muted() if job.config_warnings_shown else contextlib.nullcontext():
+        args = job.load_args(quiet=rank != 0)
     info = discover(prefer=None if job.launcher in ("auto", "local") else job.launcher)
     topology = job.load_topology(args, nodes=info.num_nodes if info.launcher != "local" else None)
     if info.world_size != topology.world_size:
         raise ConfigError(
             f"the job has {info.world_size} ranks but topology {topology.name!r} with {topology.nodes} nodes "
-            f"x {topology.devices_per_node} devices needs {topology.world_size}; launch "
-            f"{topology.world_size} ranks or pass --nodes {max(info.world_size // topology.devices_per_node, 1)}",
+            f"x {topology.devices_per_node} devices needs {topology.world_size}; "
+            + topology_mismatch_advice(info, topology),
             key="topology",
         )
     check_against_topology(info, topology)
@@ -202,7 +222,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
 
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
     cfg = model_config(args, job, tokenizer)
     precision = args.resolved_precision
     param_dtype = DTYPES[precision]
@@ -234,13 +254,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         ledger=ledger,
     )
     iters = args.train_iters or 100
-    schedule = LRSchedule.from_args(
-        lr=args.lr,
-        min_lr=args.min_lr,
-        warmup=args.warmup,
-        decay_iters=args.decay_iters or iters,
-        style=args.lr_decay_style,
-    )
+    schedule = schedule_for(args, iters)
 
     prefix = data_prefix(args)
     eval_runs = iters // args.eval_interval + 1
@@ -252,24 +266,34 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     run_dir = job.resolve_run_dir(plan.name)
     start_step, consumed = resume(args, job, model, optimizer, cfg, ctx)
     train_batches = iter(DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=consumed))
-    writer = MetricsWriter(run_dir, topology.tier_names) if ctx.is_main else None
+    writer = None
     if ctx.is_main:
-        (run_dir / "config.yml").write_text(
-            _yaml_dump(
-                {
-                    "neox": args.to_dict(),
-                    "plan": plan.to_dict(),
-                    "topology": topology.name,
-                    "nodes": topology.nodes,
-                }
+        log_copies = (Path(args.log_dir) / f"{run_dir.name}.log",) if args.log_dir else ()
+        attach_run_log(run_dir, copies=log_copies)
+        saved_config = run_config(args, plan, job, topology)
+        write_text_atomic(run_dir / "config.yml", _yaml_dump(saved_config))
+        writer = MetricsWriter(
+            run_dir,
+            topology.tier_names,
+            tensorboard_dir=args.tensorboard_dir,
+            resume_step=start_step if args.load else None,
+            wandb_run=open_wandb(
+                project=args.wandb_project,
+                group=args.wandb_group,
+                team=args.wandb_team,
+                host=args.wandb_host,
+                name=run_dir.name,
+                run_dir=run_dir,
+                config=saved_config,
             )
+            if args.use_wandb
+            else None,
         )
-        print(
+        log.info(
             f"zerotopo train: {cfg.num_layers} layers x {cfg.hidden_size} wide, "
             f"{sum(unit_numels) / 1e6:.2f}M parameters, {precision}; plan {plan.name} ({plan.label(topology)}) "
             f"on {topology.name} x{topology.nodes} nodes = {ctx.world} ranks; batch {micro} x {accum} micro x "
-            f"{ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; run dir {run_dir}",
-            flush=True,
+            f"{ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; run dir {run_dir}"
         )
     flops_per_step = shape.step_flops(global_batch, checkpoint_activations=args.checkpoint_activations)
     tokens_per_step = global_batch * args.seq_length
@@ -290,10 +314,12 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         )
 
     bar = None
-    if ctx.is_main and job.progress:
+    if ctx.is_main and job.progress and on_terminal():
+        # A bar only on a terminal: in a scheduler's log file the log_interval lines are the progress.
         from tqdm import tqdm
 
         bar = tqdm(total=iters, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+    save_steps = set(args.save_iters(iters))
     pending: list[tuple[int, torch.Tensor, dict[str, Any]]] = []
     first_loss = last_loss = None
     valid_losses: list[float] = []
@@ -305,7 +331,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device, dtype=torch.float32)
         for _ in range(accum):
-            batch = next(train_batches).to(device)
+            batch = next(train_batches).to(device, non_blocking=True)  # no stream sync on the step path
             inputs, labels = batch[:, :-1], batch[:, 1:]
             logits = model(inputs)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
@@ -320,7 +346,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             "step": step + 1,
             "lr": lr,
             "grad_norm": stats.get("grad_norm"),
-            "skipped": int(bool(stats.get("skipped"))),
+            "skipped": stats.get("skipped", False),  # a device tensor with fp16: read at the log interval
             "loss_scale": stats.get("loss_scale"),
             "step_time_s": dt,
             "tokens_per_s": tokens_per_step / dt,
@@ -339,6 +365,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             for (_, _, r), value in zip(pending, losses):
                 r["loss"] = value
                 r.update({k: float(v) for k, v in r.items() if isinstance(v, torch.Tensor)})
+                r["skipped"] = int(bool(r["skipped"]))
                 r["perplexity"] = math.exp(min(value, 50.0))
                 if writer:
                     writer.write(r)
@@ -357,10 +384,11 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     + (f" | MFU {r['mfu'] * 100:.1f}%" if "mfu" in r else "")
                     + f" | {tiers}"
                 )
-                (bar.write if bar is not None else print)(msg)
+                _say(bar, msg)
                 if bar is not None:
                     bar.set_postfix(loss=f"{r['loss']:.3f}")
             pending.clear()
+            ledger.poll()  # resolve the completed collective timings (never waits)
         if args.eval_iters and ((step + 1) % args.eval_interval == 0 or last_step):
             vloss = evaluate(model, valid_ds, micro, ctx, args.eval_iters)
             valid_losses.append(vloss)
@@ -374,16 +402,19 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     }
                 )
             if ctx.is_main:
-                (bar.write if bar is not None else print)(
-                    f"step {step + 1:>5}/{iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}"
+                _say(
+                    bar,
+                    f"step {step + 1:>5}/{iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}",
                 )
-        if args.save and args.save_interval and (step + 1) % args.save_interval == 0 and not last_step:
+        if args.save and step + 1 in save_steps and not last_step:
             save(step + 1)
+            _retain(args, ctx)
         ledger.reset()
     if bar is not None:
         bar.close()
     if args.save and start_step < iters:
         save(iters)
+        _retain(args, ctx)
     wall = time.perf_counter() - t_run
     memory = model.memory_report()
     if writer is None:
@@ -408,6 +439,12 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     }
     write_summary(run_dir, summary)
     summary["plots"] = [str(p) for p in plot_run(run_dir)]
+    # The command prints its own closing lines; the log file gets the same facts.
+    log.debug(
+        f"done: {summary['steps']} steps in {wall:.1f}s; loss {first_loss} -> {last_loss}; "
+        f"files {', '.join(sorted(p.name for p in run_dir.iterdir()))}"
+    )
+    close_run_log()
     return summary
 
 
@@ -422,16 +459,19 @@ def resume(
     if args.load and not is_hf_directory(Path(args.load)) and find_checkpoint(args.load) is not None:
         state = load_checkpoint(args.load, model, optimizer, cfg=cfg, seed=args.seed)
         if ctx.is_main:
-            print(f"zerotopo train: resumed from {state.source} at step {state.step}", flush=True)
+            log.info(f"resumed from the checkpoint of step {state.step} in {state.source}")
         return state.step, state.consumed_samples
     elif args.load and ctx.is_main:
-        print(f"zerotopo train: no checkpoint in {args.load} yet; starting from step 0", flush=True)
+        log.warning(
+            f"load: {args.load} holds no checkpoint yet; training starts from step 0 "
+            f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"
+        )
     if hf_dir:
         from zerotopo.models.hf_shards import load_hf_shards
 
         load_hf_shards(hf_dir, model, optimizer, cfg)
         if ctx.is_main:
-            print(f"zerotopo train: weights from the Hugging Face model {hf_dir}", flush=True)
+            log.info(f"weights from the Hugging Face model {hf_dir}")
     return 0, 0
 
 
@@ -439,6 +479,33 @@ def tokenizer_info(args: NeoXArgs, tokenizer) -> dict[str, Any]:
     """What a checkpoint records of the run's tokenizer (its files are copied beside the shards)."""
     files = [getattr(args, k, None) for k in ("vocab_file", "merge_file")]
     return {"type": args.tokenizer_type, "eod": tokenizer.eod, "files": [f for f in files if f]}
+
+
+def _say(bar, msg: str) -> None:
+    """A log line that does not tear the progress bar."""
+    if bar is None:
+        log.info(msg)
+    else:
+        with bar.external_write_mode():
+            log.info(msg)
+
+
+def run_config(args: NeoXArgs, plan, job: TrainJob, topology) -> dict[str, Any]:
+    """The run as one NeoX-style config (every key resolved, the plan written out, the topology and
+    node count), which ``zerotopo train`` takes back as is."""
+    out = args.to_dict()
+    out["plan"] = plan.to_dict()
+    out["zero_optimization"] = None  # the plan above is what ran
+    out["topology"] = job.topology or args.topology or topology.name
+    out["num_nodes"] = topology.nodes
+    return out
+
+
+def _retain(args: NeoXArgs, ctx: RankContext) -> None:
+    """NeoX's keep_last_n_checkpoints, after every rank has finished the save."""
+    if args.keep_last_n_checkpoints and ctx.is_main:
+        for path in prune_checkpoints(Path(args.save), args.keep_last_n_checkpoints):
+            log.debug(f"deleted checkpoint {path} (keep_last_n_checkpoints {args.keep_last_n_checkpoints})")
 
 
 def _mean_over_ranks(values: torch.Tensor) -> list[float]:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from zerotopo.fsutil import write_text_atomic
 
 BASE_COLUMNS = (
     "kind",
@@ -30,29 +33,67 @@ BASE_COLUMNS = (
 
 
 class MetricsWriter:
-    """Append-only metrics for one run: CSV always, TensorBoard if ``torch.utils.tensorboard`` imports."""
+    """Append-only metrics for one run: CSV always, TensorBoard if ``torch.utils.tensorboard`` imports.
 
-    def __init__(self, run_dir: Path, tier_names: Sequence[str], *, tensorboard: bool = True):
+    ``resume_step``: the run continues from a checkpoint of that step, so an existing ``metrics.csv``
+    is kept up to that step (rows after it belong to the interrupted attempt, which is being redone)
+    and new rows are appended. Without it a new run starts a new file."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        tier_names: Sequence[str],
+        *,
+        tensorboard: bool = True,
+        tensorboard_dir: Path | str | None = None,
+        resume_step: int | None = None,
+        wandb_run: Any = None,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tier_columns = [f"bytes_{t}" for t in tier_names]
         self.columns = list(BASE_COLUMNS) + self.tier_columns
         self.path = self.run_dir / "metrics.csv"
+        kept: list[dict[str, str]] = []
+        if resume_step is not None and self.path.exists():
+            with self.path.open(newline="") as f:
+                reader = csv.DictReader(f)
+                old_columns = list(reader.fieldnames or [])
+                kept = [r for r in reader if _step(r) is not None and _step(r) <= resume_step]
+            self.columns = old_columns + [c for c in self.columns if c not in old_columns]
         self._file = self.path.open("w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
         self._csv.writeheader()
+        self._csv.writerows(kept)
+        self._file.flush()
         self._tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+                self._tb = SummaryWriter(log_dir=str(tensorboard_dir or self.run_dir / "tensorboard"))
             except Exception:  # noqa: BLE001 - TensorBoard is optional
                 self._tb = None
+                if tensorboard_dir is not None:
+                    warnings.warn(
+                        f"tensorboard_dir {tensorboard_dir} is set but TensorBoard is not installed "
+                        "(pip install tensorboard); metrics go to metrics.csv only",
+                        stacklevel=2,
+                    )
+
+        self._wandb = wandb_run
 
     def write(self, row: Mapping[str, Any]) -> None:
         self._csv.writerow({k: _fmt(v) for k, v in row.items()})
         self._file.flush()
+        if self._wandb is not None:
+            kind = row.get("kind", "train")
+            numbers = {
+                f"{kind}/{k}": v
+                for k, v in row.items()
+                if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            self._wandb.log(numbers, step=int(row["step"]))
         if self._tb is not None:
             kind = row.get("kind", "train")
             for k, v in row.items():
@@ -63,6 +104,42 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def open_wandb(
+    *,
+    project: str,
+    group: str | None,
+    team: str | None,
+    host: str | None,
+    name: str,
+    run_dir: Path,
+    config: dict,
+) -> Any:
+    """A Weights & Biases run for NeoX's ``use_wandb`` keys, or None (one warning) without ``wandb``."""
+    try:
+        import wandb
+    except ImportError:
+        warnings.warn(
+            "use_wandb is set but the wandb package is not installed (pip install wandb); metrics go to "
+            "metrics.csv only",
+            stacklevel=2,
+        )
+        return None
+    if host:
+        wandb.login(host=host)
+    return wandb.init(
+        project=project, group=group, entity=team, name=name, dir=str(run_dir), config=config, resume="allow"
+    )
+
+
+def _step(row: Mapping[str, str]) -> int | None:
+    try:
+        return int(row.get("step") or "")
+    except ValueError:
+        return None
 
 
 def _fmt(v: Any) -> Any:
@@ -90,7 +167,7 @@ def read_metrics(path: Path | str) -> list[dict[str, Any]]:
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> Path:
     path = Path(run_dir) / "summary.json"
-    path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_text_atomic(path, json.dumps(summary, indent=2, default=str) + "\n")
     return path
 
 
@@ -104,6 +181,11 @@ def plot_run(run_dir: Path | str) -> list[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        warnings.warn(
+            "matplotlib is not installed, so no plots were drawn (pip install matplotlib); "
+            "metrics.csv holds the numbers",
+            stacklevel=2,
+        )
         return []
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.csv")

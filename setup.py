@@ -1,0 +1,28 @@
+"""Build hook: the wheel carries the built-in topologies and configs as package data.
+
+The files live once at the repository root (``topologies/``, ``configs/``); this copies them into
+``zerotopo/builtin/`` of the build, where :mod:`zerotopo.resources` finds them after a normal install.
+Everything else is configured in ``pyproject.toml``.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+BUILTINS = {"topologies": ("*.yaml",), "topologies/bandwidth": ("*.yaml",), "configs": ("*.yml", "*.yaml")}
+
+
+class BuildPyWithBuiltins(build_py):
+    def run(self):
+        super().run()
+        for kind, patterns in BUILTINS.items():
+            dest = Path(self.build_lib) / "zerotopo" / "builtin" / kind
+            self.mkpath(str(dest))
+            for pattern in patterns:
+                for src in sorted((ROOT / kind).glob(pattern)):
+                    self.copy_file(str(src), str(dest / src.name))
+
+
+setup(cmdclass={"build_py": BuildPyWithBuiltins})

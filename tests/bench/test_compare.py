@@ -1,0 +1,166 @@
+"""``zerotopo bench compare`` on a tiny model: every row runs, losses agree, the JSON is complete, the
+emulated links count bytes per tier, and a SIGTERM leaves no namespace or rank behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from zerotopo.bench.compare import (
+    DEFAULT_ROWS,
+    CompareOptions,
+    check_losses,
+    compare,
+    format_report,
+    plot,
+)
+from zerotopo.errors import ZerotopoError
+from zerotopo.netem import available
+
+MINI = str(Path(__file__).with_name("mini-frontier.yaml"))
+EMULATE, WHY = available()
+needs_netem = pytest.mark.skipif(not EMULATE, reason=f"emulated network unavailable: {WHY}")
+
+ROW_KEYS = {
+    "name": str,
+    "kind": str,
+    "degrees": str,
+    "step_time_s": float,
+    "step_times_s": list,
+    "tokens_per_s": float,
+    "tier_bytes_per_step": dict,
+    "peak_memory_bytes_per_rank": list,
+    "final_loss": float,
+    "losses": list,
+    "quantized": bool,
+    "loss_ok": bool,
+}
+
+
+@pytest.fixture(scope="module")
+def report():
+    # one spawn for every row; on the emulated cluster where this machine allows it
+    opts = CompareOptions(topology=MINI, model="tiny", steps=2, warmup=1, micro_batches=2, batch=1,
+                          seq=16, emulate=EMULATE, network_mbit=100)  # fmt: skip
+    return compare(opts, command="test")
+
+
+@pytest.mark.slow
+def test_every_row_runs_on_the_same_batch(report):
+    assert [r["name"] for r in report["rows"]] == list(DEFAULT_ROWS)
+    assert not [r for r in report["rows"] if r.get("error")]
+    assert report["global_batch"] == 4 * 2 * 1 and report["tokens_per_step"] == 4 * 2 * 1 * 16
+    for r in report["rows"]:
+        assert len(r["step_times_s"]) == 2 and r["step_time_s"] > 0
+        assert r["tokens_per_s"] == pytest.approx(report["tokens_per_step"] / r["step_time_s"])
+        assert len(r["losses"]) == 3  # warm-up step and 2 timed
+        predicted = r["predicted_step_time_s"]
+        assert (predicted is not None and predicted > 0) == (r["kind"] == "zerotopo"), r["name"]
+    assert report["planner_pick"] and report["fastest_zerotopo_row"] in DEFAULT_ROWS
+
+
+@pytest.mark.slow
+def test_losses_agree_across_frameworks(report):
+    assert report["losses_agree"], report["void"]
+    exact = [r for r in report["rows"] if not r["quantized"]]
+    assert {r["kind"] for r in exact} == {"zerotopo", "deepspeed", "fsdp2"}
+    ref = exact[0]["losses"]
+    for r in exact:  # fp32 everywhere: the same numbers up to summation order, step after step
+        assert r["losses"] == pytest.approx(ref, rel=1e-4), r["name"]
+    # and the model learns: the rows compare training, not noise
+    assert report["rows"][0]["losses"][0] > 0
+
+
+@pytest.mark.slow
+def test_json_report_schema(report, tmp_path):
+    doc = json.loads(json.dumps(report))
+    for key in ("topology", "world_size", "model", "micro_batch", "micro_batches", "global_batch", "dtype",
+                "steps", "reference", "losses_agree", "void", "ratios", "rows", "tier_rates_mbit"):  # fmt: skip
+        assert key in doc, key
+    for row in doc["rows"]:
+        for key, kind in ROW_KEYS.items():
+            assert isinstance(row[key], kind), (row["name"], key, row[key])
+        assert "predicted_step_time_s" in row and "peak_memory_bytes" in row
+    assert set(doc["ratios"]) == {f"zerotopo/{n}" for n in DEFAULT_ROWS if n != "zerotopo"}
+    text = format_report(report)
+    assert all(name in text for name in DEFAULT_ROWS) and "losses agree" in text
+    png = tmp_path / "compare.png"
+    plot(report, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@needs_netem
+def test_shaped_links_count_bytes_per_tier(report):
+    rows = {r["name"]: r for r in report["rows"]}
+    assert report["tier_rates_mbit"] == {"package": 1600.0, "node": 400.0, "network": 100.0}
+    for r in rows.values():
+        assert set(r["tier_bytes_per_step"]) == {"package", "node", "network"}
+        assert r["tier_bytes_per_step"]["package"] > 0
+        assert r["peak_memory_bytes"] is not None
+    # ZeRO-3 gathers every weight across nodes each micro-batch; MiCS keeps the weights in the node
+    # and crosses nodes only with the step's gradient all-reduce
+    assert (
+        rows["zero3"]["tier_bytes_per_step"]["network"] > 1.5 * rows["mics"]["tier_bytes_per_step"]["network"]
+    )
+    assert (
+        rows["deepspeed-zero3"]["tier_bytes_per_step"]["network"]
+        > rows["mics"]["tier_bytes_per_step"]["network"]
+    )
+
+
+def test_a_row_out_of_tolerance_voids_the_comparison():
+    rows = [
+        {"name": "zero3", "final_loss": 2.0, "quantized": False},
+        {"name": "zeropp", "final_loss": 2.02, "quantized": True},  # 1%: within quantization error
+        {"name": "fsdp2-hsdp", "final_loss": 2.01, "quantized": False},  # 0.5%: not for fp32 rows
+        {"name": "deepspeed-hpz", "error": "ImportError: no deepspeed", "final_loss": None},
+    ]
+    ref, void = check_losses(rows)
+    assert ref == "zero3"
+    assert "fsdp2-hsdp" in void and "zeropp" not in void.split(":")[1] and "deepspeed-hpz" in void
+    assert [r.get("loss_ok") for r in rows[:3]] == [True, True, False]
+    assert check_losses(rows[:2]) == ("zero3", None)
+
+
+def test_without_root_it_says_how_to_run_unemulated(monkeypatch):
+    import zerotopo.netem as netem
+
+    monkeypatch.setattr(netem, "available", lambda: (False, "needs root for ip netns"))
+    with pytest.raises(ZerotopoError, match="needs root.*--no-emulate"):
+        compare(CompareOptions(topology=MINI, model="tiny", rows=("zero3",)))
+
+
+@pytest.mark.slow
+@needs_netem
+def test_sigterm_tears_down_namespaces_and_ranks(tmp_path):
+    from zerotopo.netem import _namespace_pids, our_namespaces
+
+    cmd = [sys.executable, "-m", "zerotopo.cli.main", "bench", "compare", "--topology", MINI, "--model",
+           "tiny", "--steps", "1000", "--rows", "zero3"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 150
+        ranks: set[int] = set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            ours = our_namespaces(proc.pid)
+            ranks = {pid for ns in ours for pid in _namespace_pids(ns)}
+            if len(ranks) >= 4:
+                break
+            time.sleep(0.5)
+        assert len(ranks) >= 4, f"the ranks never entered their namespaces (exit {proc.poll()})"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert our_namespaces(proc.pid) == []
+    assert [pid for pid in ranks if os.path.exists(f"/proc/{pid}")] == []

@@ -1,0 +1,86 @@
+"""The cost model against papers/003's published figures, fixed expectations with stated tolerances.
+
+Nothing in the model was fitted to these figures: the Frontier bandwidth curves are the PCCL
+reproducer's published RCCL measurements (topologies/bandwidth/frontier.yaml), the overlap parameters
+are the documented defaults (zerotopo.cost.time.OverlapModel), DeepSpeed's schedule uses its default
+bucket sizes (zerotopo.cost.presets). Where the model misses a figure the test asserts what the model
+gives and by how much it misses, so a change that moves the prediction shows up here
+(docs/cost-model.md, "Measured error", explains the gaps).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zerotopo.cli.main import main
+from zerotopo.cost.memory import max_model_params
+from zerotopo.cost.presets import COST_PRESETS
+from zerotopo.plan import get_preset
+from zerotopo.topology import load_topology
+
+# papers/003 §VI / Fig. 7, GPT-NeoX-20B on 384 GCDs (48 nodes), TFLOPS per GCD
+PAPER_ZEROPP_OVER_ZERO3 = 1.405  # "a 40.5% increase in TFLOPS per GPU over naive ZeRO-3"
+PAPER_TOPO_OVER_ZERO3 = 2.398  # "up to 139.8% ... increases in TFLOPS per GPU over ZeRO-3"
+PAPER_SCALING_EFFICIENCY = 0.94  # "a scaling efficiency of 0.94 for up to 384 GCDs"
+
+
+def _plan_json(capsys, nodes: int) -> dict[str, dict]:
+    argv = [
+        "plan", "--topology", "frontier", "--nodes", str(nodes), "--model", "configs/neox-20b.yml",
+        "--micro-batch", "4", "--grad-accum", "1", "--plans", "deepspeed-zero3,deepspeed-zeropp,zerotopo",
+        "--json",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    return {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+
+
+def test_max_model_size_on_two_nodes_with_fp16_gradients():
+    # papers/003 §I: on 2 nodes (16 GCDs of 64 GB), mixed precision and Adam, "the max model size ZeRO++
+    # can support is around 55B, while ZeRO-3 can support around 68B" (model states only)
+    t = load_topology("frontier", nodes=2)
+    z3 = max_model_params(t, get_preset("zero3"), grad_bytes=2)
+    zpp = max_model_params(t, get_preset("zeropp"), grad_bytes=2)
+    assert z3 / 1e9 == pytest.approx(68, rel=0.05) and zpp / 1e9 == pytest.approx(55, rel=0.05)
+    # the DeepSpeed presets carry grad_dtype: param, and the cost model follows it without the argument
+    assert max_model_params(t, COST_PRESETS["deepspeed-zero3"][0]) == pytest.approx(z3)
+    assert max_model_params(t, COST_PRESETS["deepspeed-zeropp"][0]) == pytest.approx(zpp)
+    # the engine's fp32 gradients (grad_dtype: fp32) cost 2 more bytes per parameter: 18/16 of ZeRO-3's
+    assert max_model_params(t, get_preset("zero3")) == pytest.approx(z3 * 16 / 18)
+
+
+def test_neox_20b_on_48_frontier_nodes_against_papers_003(capsys):
+    at48 = _plan_json(capsys, 48)
+    at2 = _plan_json(capsys, 2)
+    tf = {k: v["tflops_per_device"] for k, v in at48.items()}
+    assert all(v["fits"] for v in at48.values())
+    zpp = tf["deepspeed-zeropp"] / tf["deepspeed-zero3"]
+    topo = tf["zerotopo"] / tf["deepspeed-zero3"]
+    eff = tf["zerotopo"] / at2["zerotopo"]["tflops_per_device"]
+    # the paper's ranking holds: zerotopo > ZeRO++ > ZeRO-3
+    assert topo > zpp > 1
+    # ZeRO++ over ZeRO-3: within 15% of the paper's 1.405 (the model gives 1.28, 9% low)
+    assert zpp == pytest.approx(PAPER_ZEROPP_OVER_ZERO3, rel=0.15)
+    assert zpp == pytest.approx(1.28, abs=0.03)
+    # zerotopo's 2 -> 48 node scaling efficiency: within 0.05 of the paper's 0.94 (the model gives 0.92)
+    assert eff == pytest.approx(PAPER_SCALING_EFFICIENCY, abs=0.05)
+    assert eff == pytest.approx(0.916, abs=0.02)
+    # zerotopo over ZeRO-3: the model MISSES the paper's 2.398 by about 45% (it gives 1.31): it predicts
+    # DeepSpeed ZeRO-3 at 22.4 s per step where 2.398x zerotopo's 17.1 s would be 41 s. Asserted as the
+    # model's figure, and as a miss, so a fix shows up here.
+    assert topo == pytest.approx(1.31, abs=0.04)
+    assert abs(topo / PAPER_TOPO_OVER_ZERO3 - 1) > 0.15
+
+
+def test_secondary_partition_that_saves_nothing_is_flagged(capsys):
+    # primary weights on 2 GCDs, int8 secondary over the node (8): the backward gathers 7/8 of each unit
+    # over node links where a re-gather from the primary sends 1/2 of it over the package's
+    assert main(["plan", "--topology", "frontier", "--nodes", "48", "--model", "configs/neox-20b.yml",
+                 "--plans", "zerotopo,deepspeed-zero3"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("zerotopo: its 8-rank int8 secondary"))
+    assert "saves nothing" in line and "over node where re-gathering from the 2-rank primary" in line
+    assert "p=2 g=8 o=384 qw8 qg4 takes" in line
+    rec = next(x for x in out.splitlines() if x.startswith("recommended: "))
+    assert "zerotopo-nosec" in rec  # the planner recommends the plan without it

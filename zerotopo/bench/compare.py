@@ -1,0 +1,573 @@
+"""``zerotopo bench compare``: zerotopo's plans, DeepSpeed ZeRO-3 / hpZ and FSDP2 on one emulated cluster.
+
+Every row trains the same GPT-NeoX (:func:`zerotopo.bench.rows.build_model`, one seed) on the same
+synthetic token sequences (:func:`batches`: rank, step and micro-batch decide them), with the same
+micro-batch size, micro-batches per step, dtype (fp32), AdamW settings and step count, on the same
+ranks. The rows run one after the other inside the same rank processes, so they share the machine and
+its emulated network (:func:`zerotopo.netem.emulated_cluster`: one namespace per rank, every tier a
+shaped link). Per row, rank 0's JSON carries:
+
+- ``step_time_s`` (median of the timed steps, barrier to barrier) and ``tokens_per_s``;
+- ``predicted_step_time_s``: the cost model's (:func:`zerotopo.cost.time.step_time` through
+  :func:`zerotopo.cost.planner.estimate`) for zerotopo rows, None for the others;
+- ``tier_bytes_per_step``: bytes one rank sent per step across each tier, mean over ranks, read from
+  the htb class counters of the shaped links (everything on the wire: payload, TCP/IP headers, ACKs);
+- ``peak_memory_bytes``: the largest per-rank peak (:mod:`zerotopo.bench.measure`);
+- ``final_loss``: the mean loss of the last step over ranks and micro-batches.
+
+The comparison is *void* when a row's final loss differs from the reference row's (the first row that
+neither quantizes nor differs in arithmetic) by more than the tolerance: :data:`EXACT_RTOL` for rows
+that communicate in full precision, :data:`QUANTIZED_RTOL` for rows with int8/int4 collectives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from zerotopo.errors import ConfigError, ZerotopoError
+
+ZEROTOPO_ROWS = ("zerotopo", "planner", "zero3", "zeropp", "mics")
+DEFAULT_ROWS = ZEROTOPO_ROWS + ("deepspeed-zero3", "deepspeed-hpz", "fsdp2-hsdp", "fsdp2-hpz")
+EXACT_RTOL = 2e-3
+"""Relative loss tolerance between rows that all communicate in fp32 (summation order differs)."""
+QUANTIZED_RTOL = 3e-2
+"""Relative loss tolerance for rows with int8 weight gathers / int4 gradient reduce-scatters."""
+
+MODELS: dict[str, dict[str, int]] = {
+    "tiny": {"hidden": 32, "layers": 2, "heads": 2, "vocab": 256, "seq": 32},
+    "small": {"hidden": 128, "layers": 4, "heads": 4, "vocab": 1024, "seq": 64},
+    "medium": {"hidden": 256, "layers": 4, "heads": 4, "vocab": 2048, "seq": 64},
+}
+"""Built-in benchmark models (``--model NAME``); ``--model`` also takes a NeoX YAML from configs/."""
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """What ``zerotopo bench compare`` runs; picklable, so the ranks receive it."""
+
+    topology: str = "emulated-frontier"
+    model: str = "small"
+    rows: tuple[str, ...] = DEFAULT_ROWS
+    steps: int = 3
+    """Timed steps per row."""
+    warmup: int = 1
+    """Untimed steps first (the engine records the forward order on its first step)."""
+    micro_batches: int = 4
+    """Micro-batches per step (gradient accumulation ``M``)."""
+    batch: int = 2
+    """Sequences per micro-batch per rank."""
+    seq: int | None = None
+    """Tokens per sequence (default: the model's)."""
+    vocab: int | None = None
+    """Vocabulary for a NeoX YAML model (default 1024)."""
+    lr: float = 1e-3
+    emulate: bool = True
+    """Each rank in its own namespace behind shaped links (root); False: plain loopback."""
+    network_mbit: float = 50.0
+    rates: dict[str, float] = field(default_factory=dict)
+    """Per-tier rate overrides, Mbit/s (``--shape``)."""
+    timeout_s: float = 3600.0
+
+
+# -- model and data ---------------------------------------------------------------------------------
+
+
+def model_config(opts: CompareOptions) -> tuple[Any, int]:
+    """The NeoX config and sequence length of ``opts.model``."""
+    from zerotopo.models.config import NeoXConfig
+
+    if opts.model in MODELS:
+        m = MODELS[opts.model]
+        vocab = opts.vocab or m["vocab"]
+        seq = opts.seq or m["seq"]
+        cfg = NeoXConfig(
+            vocab_size=vocab,
+            hidden_size=m["hidden"],
+            num_layers=m["layers"],
+            num_attention_heads=m["heads"],
+            max_position_embeddings=seq,
+        )
+        return cfg, seq
+    from zerotopo.cli.plan import load_model
+
+    try:
+        _, neox = load_model([opts.model], opts.vocab or 1024)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{exc}; or use a built-in benchmark model: {', '.join(MODELS)}", source="--model"
+        ) from None
+    return neox.model_config(opts.vocab or 1024), opts.seq or neox.seq_length
+
+
+def batches(opts: CompareOptions, vocab: int, seq: int, rank: int, step: int) -> list[tuple[Any, Any]]:
+    """The micro-batches of ``rank`` at ``step``: arithmetic token sequences (a random start and stride,
+    10% of tokens replaced by noise), learnable within a few steps, identical for every row."""
+    import torch
+
+    out = []
+    for micro in range(opts.micro_batches):
+        g = torch.Generator().manual_seed(1_000_003 * step + 1009 * micro + rank)
+        start = torch.randint(0, vocab, (opts.batch, 1), generator=g)
+        stride = torch.randint(1, 8, (opts.batch, 1), generator=g)
+        ids = (start + stride * torch.arange(seq + 1)) % vocab
+        noise = torch.rand(ids.shape, generator=g) < 0.1
+        ids = torch.where(noise, torch.randint(0, vocab, ids.shape, generator=g), ids)
+        out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
+    return out
+
+
+# -- the ranks --------------------------------------------------------------------------------------
+
+
+def _worker(
+    rank: int, world: int, opts: CompareOptions, specs: list[tuple[str, Any]], tier_classes: dict[str, str]
+) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    from zerotopo.bench.measure import PeakMemory, link_tier_bytes
+    from zerotopo.bench.rows import build_row, prepare_row, warm_up
+    from zerotopo.topology import load_topology
+
+    topo = load_topology(opts.topology)
+    cfg, seq = model_config(opts)
+    out = []
+    warm_up(cfg)
+    for name, plan in specs:
+        try:
+            prepare_row(name)
+        except ImportError as exc:  # the same on every rank, before any collective of the row
+            out.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        memory = PeakMemory()
+        t_setup = time.perf_counter()
+        row = build_row(name, plan, cfg, topo, rank, opts)
+        setup_s = time.perf_counter() - t_setup
+        times, losses = [], []
+        sent0: dict[str, int] = {}
+        for step in range(opts.warmup + opts.steps):
+            data = batches(opts, cfg.vocab_size, seq, rank, step)
+            dist.barrier()
+            if step == opts.warmup:
+                sent0 = link_tier_bytes(tier_classes)
+            t0 = time.perf_counter()
+            loss = row.step(data)
+            dist.barrier()
+            if step >= opts.warmup:
+                times.append(time.perf_counter() - t0)
+            losses.append(loss)
+        sent1 = link_tier_bytes(tier_classes)
+        row.close()
+        out.append(
+            {
+                "name": name,
+                "degrees": row.info.get("degrees", ""),
+                "step_times_s": times,
+                "losses": losses,
+                "tier_bytes": {t: (sent1[t] - sent0.get(t, 0)) / opts.steps for t in sent1},
+                "peak_memory_bytes": memory.peak_bytes(),
+                "setup_s": setup_s,
+            }
+        )
+        del row
+    return out
+
+
+# -- the launcher -----------------------------------------------------------------------------------
+
+
+def _quantized(plan: Any) -> bool:
+    return bool(plan.quantize_weights or plan.quantize_grads or plan.secondary_dtype in ("int8", "int4"))
+
+
+def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """(name, plan or None) of every row to run, and per-row metadata (kind, prediction, quantized,
+    same_as for a planner pick that equals a preset already in the list)."""
+    from zerotopo.bench.rows import FRAMEWORK_ROWS
+    from zerotopo.cost.planner import CostOptions, best_plan, estimate, placement, plan_candidates
+    from zerotopo.plan import get_preset
+
+    cost = CostOptions(
+        micro_batch=opts.batch,
+        grad_accum=opts.micro_batches,
+        param_bytes=4,
+        checkpoint_activations=False,
+    )
+    specs: list[tuple[str, Any]] = []
+    meta: dict[str, Any] = {}
+    for name in opts.rows:
+        if name in FRAMEWORK_ROWS:
+            kind = name.split("-")[0]
+            specs.append((name, None))
+            meta[name] = {"kind": kind, "quantized": False, "predicted": None, "plan": None}
+            continue
+        if name == "planner":
+            pick = best_plan(plan_candidates(shape, topo, plans="auto", options=cost))
+            if pick is None:
+                raise ZerotopoError(f"the planner found no plan that fits {shape.name} on {topo.name}")
+            plan = pick.plan
+        else:
+            try:
+                plan = get_preset(name)
+            except ConfigError:
+                known = ", ".join(ZEROTOPO_ROWS + FRAMEWORK_ROWS)
+                raise ConfigError(
+                    f"unknown row {name!r}; rows are {known} or a zerotopo preset", key="--rows"
+                ) from None
+        est = estimate(plan, shape, topo, cost)
+        meta[name] = {
+            "kind": "zerotopo",
+            "plan": plan.name,
+            "quantized": _quantized(plan),
+            "predicted": est.time.step_time_s,
+            "predicted_tier_bytes": {k: v for k, v in est.comm_bytes.items()},
+            "placement": placement(plan, topo),
+        }
+        twin = next(
+            (n for n, p in specs if p is not None and meta[n]["placement"] == meta[name]["placement"]), None
+        )
+        if twin is not None:
+            meta[name]["same_as"] = twin
+        else:
+            specs.append((name, plan))
+    return specs, meta
+
+
+def _mean_dict(dicts: list[dict[str, float]]) -> dict[str, float]:
+    keys = list(dict.fromkeys(k for d in dicts for k in d))  # tier order, innermost first
+    return {k: sum(d.get(k, 0) for d in dicts) / len(dicts) for k in keys}
+
+
+def assemble(
+    opts: CompareOptions, per_rank: list[list[dict]], meta: dict[str, Any], tokens_per_step: int
+) -> list[dict[str, Any]]:
+    """Rank results -> one JSON row per requested row (rank 0's times, means and maxima over ranks)."""
+    by_name = {r["name"]: i for i, r in enumerate(per_rank[0])}
+    rows = []
+    for name in opts.rows:
+        m = meta[name]
+        source = m.get("same_as", name)
+        ranks = [results[by_name[source]] for results in per_rank]
+        r0 = ranks[0]
+        row: dict[str, Any] = {"name": name, "kind": m["kind"], "plan": m["plan"]}
+        if m.get("same_as"):
+            row["same_as"] = m["same_as"]
+        if "error" in r0:
+            row.update({"error": r0["error"], "step_time_s": None, "final_loss": None})
+            rows.append(row)
+            continue
+        step = statistics.median(r0["step_times_s"])
+        peaks = [r["peak_memory_bytes"] for r in ranks]
+        final = sum(r["losses"][-1] for r in ranks) / len(ranks)
+        row.update(
+            {
+                "degrees": r0["degrees"],
+                "step_time_s": step,
+                "step_times_s": r0["step_times_s"],
+                "tokens_per_s": tokens_per_step / step,
+                "predicted_step_time_s": m["predicted"],
+                "predicted_tier_bytes": m.get("predicted_tier_bytes"),
+                "tier_bytes_per_step": _mean_dict([r["tier_bytes"] for r in ranks]),
+                "peak_memory_bytes": max(peaks) if None not in peaks else None,
+                "peak_memory_bytes_per_rank": peaks,
+                "final_loss": final,
+                "losses": [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(len(r0["losses"]))],
+                "quantized": m["quantized"],
+                "setup_s": r0["setup_s"],
+            }
+        )
+        rows.append(row)
+    return rows
+
+
+def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """(reference row, why the comparison is void or None). Each row's final loss must lie within the
+    tolerance of the reference's: the first full-precision row that ran."""
+    ran = [r for r in rows if r.get("final_loss") is not None]
+    exact = [r for r in ran if not r["quantized"]]
+    if not ran:
+        return None, "no row ran"
+    ref = (exact or ran)[0]
+    bad = []
+    for r in ran:
+        tol = QUANTIZED_RTOL if r["quantized"] else EXACT_RTOL
+        delta = abs(r["final_loss"] - ref["final_loss"]) / max(abs(ref["final_loss"]), 1e-12)
+        r["loss_rel_diff"] = delta
+        r["loss_ok"] = delta <= tol
+        if not r["loss_ok"]:
+            bad.append(f"{r['name']} {r['final_loss']:.5f} ({delta:.2%} > {tol:.1%})")
+    failed = [r["name"] for r in rows if r.get("error")]
+    why = []
+    if bad:
+        why.append(f"final losses disagree with {ref['name']} {ref['final_loss']:.5f}: " + ", ".join(bad))
+    if failed:
+        why.append("rows failed: " + ", ".join(failed))
+    return ref["name"], "; ".join(why) or None
+
+
+def ratios(rows: list[dict[str, Any]], base: str = "zerotopo") -> dict[str, float]:
+    """tokens/s of ``base`` over every other row's."""
+    by = {r["name"]: r for r in rows if r.get("tokens_per_s")}
+    if base not in by:
+        return {}
+    return {f"{base}/{n}": by[base]["tokens_per_s"] / r["tokens_per_s"] for n, r in by.items() if n != base}
+
+
+def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
+    """Run every row on local ranks (on the emulated cluster unless ``opts.emulate`` is False) and
+    return the report (see the module docstring)."""
+    from zerotopo.spawn import spawn
+    from zerotopo.topology import load_topology
+
+    for key in ("steps", "micro_batches", "batch"):
+        if getattr(opts, key) < 1:
+            raise ConfigError(f"expected a positive number, got {getattr(opts, key)}", key=f"--{key}")
+    topo = load_topology(opts.topology)
+    cfg, seq = model_config(opts)
+    shape = cfg.shape(seq, name=opts.model)
+    specs, meta = resolve_rows(opts, topo, shape)
+    env = {"DS_ACCELERATOR": "cpu"}  # DeepSpeed's CPU accelerator (no CUDA here)
+
+    def go(tier_classes: dict[str, str], network: Any = None) -> list:
+        return spawn(_worker, topo.world_size, args=(opts, specs, tier_classes),
+                     ranks_per_node=topo.devices_per_node, env=env, timeout_s=opts.timeout_s,
+                     network=network)  # fmt: skip
+
+    rates: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if opts.emulate:
+        from zerotopo.netem import HOW_TO_SKIP, available, emulated_cluster
+
+        ok, why = available()
+        if not ok:
+            raise ZerotopoError(
+                f"cannot emulate the cluster here ({why}); {HOW_TO_SKIP}: zerotopo bench compare --no-emulate"
+            )
+        with emulated_cluster(topo, network_mbit=opts.network_mbit, rates=opts.rates) as net:
+            rates = dict(net.tier_rates_mbit)
+            per_rank = go(dict(net.tier_classes), net)
+    else:
+        per_rank = go({})
+    wall = time.perf_counter() - t0
+    tokens = topo.world_size * opts.micro_batches * opts.batch * seq
+    rows = assemble(opts, per_rank, meta, tokens)
+    reference, void = check_losses(rows)
+    zt = [r for r in rows if r["kind"] == "zerotopo" and r.get("tokens_per_s") and not r.get("same_as")]
+    planner = next((r for r in rows if r["name"] == "planner"), None)
+    return {
+        "command": command,
+        "machine": f"{socket.gethostname()}, {os.cpu_count()} CPUs",
+        "topology": topo.name,
+        "world_size": topo.world_size,
+        "emulated": opts.emulate,
+        "tier_rates_mbit": rates,
+        "model": {
+            "name": opts.model,
+            "parameters": shape.param_count(),
+            "hidden": cfg.hidden_size,
+            "layers": cfg.num_layers,
+            "vocab": cfg.vocab_size,
+            "seq": seq,
+        },
+        "dtype": "fp32",
+        "micro_batch": opts.batch,
+        "micro_batches": opts.micro_batches,
+        "global_batch": topo.world_size * opts.micro_batches * opts.batch,
+        "tokens_per_step": tokens,
+        "steps": opts.steps,
+        "warmup": opts.warmup,
+        "lr": opts.lr,
+        "wall_s": wall,
+        "reference": reference,
+        "losses_agree": void is None,
+        "void": void,
+        "planner_pick": planner["plan"] if planner else None,
+        "fastest_zerotopo_row": max(zt, key=lambda r: r["tokens_per_s"])["name"] if zt else None,
+        "ratios": ratios(rows),
+        "rows": rows,
+    }
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**20:.0f}"
+
+
+def _tiers(d: dict[str, float] | None) -> str:
+    if not d:
+        return "-"
+    return " ".join(f"{k}:{v / 1e6:.2f}" for k, v in d.items())
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a text table with its header and verdict."""
+    m = report["model"]
+    net = report["tier_rates_mbit"]
+    shaped = ", ".join(f"{k} {v:g}" for k, v in net.items()) + " Mbit/s per rank" if net else "not shaped"
+    lines = [
+        f"{report['topology']} ({report['world_size']} ranks, {shaped}); model {m['name']} "
+        f"({m['parameters'] / 1e6:.2f}M parameters, seq {m['seq']}); {report['micro_batches']} micro-batches "
+        f"x {report['micro_batch']} sequences per rank, global batch {report['global_batch']}, "
+        f"{report['dtype']}, {report['steps']} timed steps after {report['warmup']}",
+        "",
+        f"{'row':<16} {'degrees':<26} {'step s':>7} {'pred s':>7} {'tokens/s':>9} {'peak MiB':>8} "
+        f"{'final loss':>10}  MB sent per rank per step by tier",
+    ]
+    for r in report["rows"]:
+        if r.get("error"):
+            lines.append(f"{r['name']:<16} failed: {r['error']}")
+            continue
+        pred = r["predicted_step_time_s"]
+        lines.append(
+            f"{r['name']:<16} {r['degrees'][:26]:<26} {r['step_time_s']:>7.3f} "
+            f"{'-' if pred is None else f'{pred:.3f}':>7} {r['tokens_per_s']:>9.0f} "
+            f"{_mib(r['peak_memory_bytes']):>8} {r['final_loss']:>10.5f}  {_tiers(r['tier_bytes_per_step'])}"
+            + (f"  (= {r['same_as']})" if r.get("same_as") else "")
+        )
+    lines.append("")
+    if report["ratios"]:
+        lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
+    if report["planner_pick"]:
+        lines.append(
+            f"planner's pick: {report['planner_pick']}; fastest zerotopo row: {report['fastest_zerotopo_row']}"
+        )
+    lines.append(
+        f"losses agree with {report['reference']} (fp32 rows within {EXACT_RTOL:.1%}, quantized within "
+        f"{QUANTIZED_RTOL:.0%})"
+        if report["losses_agree"]
+        else f"COMPARISON VOID: {report['void']}"
+    )
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """A PNG: tokens/s per row (measured bars, the cost model's prediction as a marker) beside the MB
+    each rank sent per step across every tier."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["rows"] if r.get("tokens_per_s")]
+    names = [r["name"] for r in rows]
+    colors = {"zerotopo": "tab:blue", "deepspeed": "tab:orange", "fsdp2": "tab:green"}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    x = range(len(rows))
+    ax1.bar(x, [r["tokens_per_s"] for r in rows], color=[colors.get(r["kind"], "gray") for r in rows])
+    pred = [(i, report["tokens_per_step"] / r["predicted_step_time_s"]) for i, r in enumerate(rows)
+            if r.get("predicted_step_time_s")]  # fmt: skip
+    if pred:
+        ax1.scatter([p[0] for p in pred], [p[1] for p in pred], marker="_", s=400, color="black",
+                    label="cost model")  # fmt: skip
+        ax1.legend()
+    ax1.set_xticks(list(x), names, rotation=35, ha="right")
+    ax1.set_ylabel("tokens/s (whole job)")
+    ax1.set_title(
+        f"{report['topology']}, model {report['model']['name']}, {report['micro_batches']} micro-batches"
+    )
+    tiers = sorted({t for r in rows for t in r["tier_bytes_per_step"]}, key=list(report["tier_rates_mbit"]).index
+                   if report["tier_rates_mbit"] else None)  # fmt: skip
+    bottom = [0.0] * len(rows)
+    for tier in tiers:
+        vals = [r["tier_bytes_per_step"].get(tier, 0) / 1e6 for r in rows]
+        ax2.bar(x, vals, bottom=bottom, label=tier)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax2.set_xticks(list(x), names, rotation=35, ha="right")
+    ax2.set_ylabel("MB sent per rank per step (shaped links)")
+    if tiers:
+        ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- command line -----------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = CompareOptions()
+    p.add_argument("--topology", default=d.topology, help=f"topology (default {d.topology})")
+    p.add_argument(
+        "--model",
+        default=d.model,
+        help=f"built-in benchmark model ({', '.join(MODELS)}; default {d.model}) or a NeoX YAML / configs name",
+    )
+    p.add_argument("--rows", default=",".join(d.rows), help="comma-separated rows (default: all)")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"timed steps per row (default {d.steps})")
+    p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed steps first (default {d.warmup})")
+    p.add_argument(
+        "--micro-batches", type=int, default=d.micro_batches, help=f"per step (default {d.micro_batches})"
+    )
+    p.add_argument(
+        "--batch", type=int, default=d.batch, help=f"sequences per micro-batch per rank ({d.batch})"
+    )
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--vocab", type=int, help="vocabulary of a NeoX YAML model (default 1024)")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr:g})")
+    p.add_argument(
+        "--no-emulate",
+        action="store_true",
+        help="run on plain loopback (no namespaces, tiers unshaped, no per-tier bytes); no root needed",
+    )
+    p.add_argument(
+        "--network-mbit",
+        type=float,
+        default=d.network_mbit,
+        help=f"network tier rate per rank, Mbit/s; inner tiers at Frontier's ratios above it "
+        f"(default {d.network_mbit:g}: package 800, node 200)",
+    )
+    p.add_argument("--shape", default="", help="per-tier rate overrides, e.g. package=1000,node=250")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE")
+    p.add_argument("--plot", metavar="PNG", help="write a bar chart (tokens/s, bytes per tier) to PNG")
+    p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds before the ranks are killed")
+
+
+def options_from_args(args: argparse.Namespace) -> CompareOptions:
+    from zerotopo.netem import parse_rates
+
+    rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
+    if not rows:
+        raise ConfigError("no rows given", key="--rows")
+    if args.warmup < 0:
+        raise ConfigError(f"expected 0 or more, got {args.warmup}", key="--warmup")
+    return replace(
+        CompareOptions(),
+        topology=args.topology,
+        model=args.model,
+        rows=rows,
+        steps=args.steps,
+        warmup=args.warmup,
+        micro_batches=args.micro_batches,
+        batch=args.batch,
+        seq=args.seq,
+        vocab=args.vocab,
+        lr=args.lr,
+        emulate=not args.no_emulate,
+        network_mbit=args.network_mbit,
+        rates=parse_rates(args.shape),
+        timeout_s=args.timeout,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = options_from_args(args)
+    command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench compare"
+    report = compare(opts, command=command)
+    text = json.dumps(report, indent=1, default=str)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    if args.plot:
+        plot(report, args.plot)
+    print(text if args.json else format_report(report))
+    return 0 if report["losses_agree"] else 1

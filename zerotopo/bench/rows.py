@@ -1,0 +1,190 @@
+"""The rows of ``zerotopo bench compare``: one sharded model and optimizer step per framework.
+
+Every row starts from the same weights (:func:`build_model`, seeded) and the same AdamW settings, and
+runs one optimizer step over ``M`` micro-batches with the loss divided by ``M``:
+
+- ``zerotopo`` rows: :func:`zerotopo.engine.parallelize` under a plan (a preset or the planner's pick).
+- ``deepspeed-zero3`` / ``deepspeed-hpz``: ``deepspeed.initialize`` with ZeRO stage 3, every parameter
+  sharded and re-gathered for the backward (``stage3_param_persistence_threshold: 0``,
+  ``stage3_max_reuse_distance: 0``, as zerotopo's zero3), and for hpZ a secondary partition over a node
+  (``zero_hpz_partition_size``). DeepSpeed's quantized collectives (qwZ, qgZ) need its CUDA kernels, so
+  on CPU its hpZ row runs the secondary partition alone.
+- ``fsdp2-hsdp``: ``torch.distributed.fsdp.fully_shard`` per layer and on the root over a 2-D
+  DeviceMesh (replicate across nodes x shard inside a node); gradients are reduce-scattered inside the
+  node every micro-batch and all-reduced across nodes on the last one (``set_requires_all_reduce``).
+- ``fsdp2-hpz``: ``fully_shard`` over the whole job with ``reshard_after_forward=<node size>``: after
+  the forward each weight stays gathered over a node, so the backward gathers only inside the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from zerotopo.models.config import NeoXConfig
+
+BETAS = (0.9, 0.95)
+EPS = 1e-8
+
+FRAMEWORK_ROWS = ("deepspeed-zero3", "deepspeed-hpz", "fsdp2-hsdp", "fsdp2-hpz")
+
+
+@dataclass
+class Row:
+    """A built row: ``step(batches)`` runs one optimizer step and returns the mean micro-batch loss."""
+
+    step: Callable[[list[tuple[torch.Tensor, torch.Tensor]]], float]
+    close: Callable[[], None] = field(default=lambda: None)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def build_model(cfg: NeoXConfig, seed: int = 0) -> torch.nn.Module:
+    """The benchmark's GPT-NeoX with the same weights on every rank and for every row."""
+    from zerotopo.models.neox import GPTNeoX
+
+    torch.manual_seed(seed)
+    return GPTNeoX(cfg)
+
+
+def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def zerotopo_row(cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float) -> Row:
+    from zerotopo.comm.mesh import build_mesh
+    from zerotopo.engine import parallelize
+
+    mesh = build_mesh(topo, plan, topo_index=rank)
+    model, opt = parallelize(build_model(cfg), mesh=mesh, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
+
+    def step(batches):
+        m = len(batches)
+        total = 0.0
+        for x, y in batches:
+            loss = _loss(model(x), y)
+            (loss / m).backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        return total / m
+
+    return Row(step, model.close, {"degrees": plan.label(topo)})
+
+
+def deepspeed_row(
+    cfg: NeoXConfig, topo: Any, hpz: bool, micro_batch: int, micro_batches: int, lr: float
+) -> Row:
+    import deepspeed
+
+    zero: dict[str, Any] = {
+        "stage": 3,
+        # DeepSpeed keeps parameters under 1e5 elements whole on every rank and keeps gathered
+        # parameters that are reused soon by default; 0 for both is the ZeRO-3 schedule zerotopo's zero3
+        # runs (gather in the forward, again in the backward).
+        "stage3_param_persistence_threshold": 0,
+        "stage3_max_reuse_distance": 0,
+    }
+    if hpz:
+        zero["zero_hpz_partition_size"] = topo.devices_per_node
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": micro_batches,
+        "train_batch_size": micro_batch * micro_batches * topo.world_size,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    model = build_model(cfg)
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=config, dist_init_required=False)
+
+    def step(batches):
+        total = 0.0
+        for x, y in batches:
+            loss = _loss(engine(x), y)
+            engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
+            engine.step()  # applies the optimizer on the last micro-batch
+            total += loss.item()
+        return total / len(batches)
+
+    def close():
+        destroy = getattr(engine, "destroy", None)
+        if destroy is not None:
+            destroy()
+
+    degrees = f"p=W s={topo.devices_per_node} g=W o=W" if hpz else "p=W g=W o=W"
+    return Row(step, close, {"degrees": degrees})
+
+
+def fsdp2_row(cfg: NeoXConfig, topo: Any, hpz: bool, lr: float) -> Row:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    node = topo.devices_per_node
+    model = build_model(cfg)
+    if hpz:
+        mesh = init_device_mesh("cpu", (topo.world_size,), mesh_dim_names=("shard",))
+        kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": node}
+    else:
+        mesh = init_device_mesh("cpu", (topo.nodes, node), mesh_dim_names=("replicate", "shard"))
+        kwargs = {"mesh": mesh}
+    for layer in model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
+
+    def step(batches):
+        m = len(batches)
+        total = 0.0
+        for i, (x, y) in enumerate(batches):
+            if not hpz and topo.nodes > 1:
+                # HSDP: reduce-scatter inside the node every micro-batch, all-reduce across nodes once
+                model.set_requires_all_reduce(i == m - 1)
+            loss = _loss(model(x), y)
+            (loss / m).backward()
+            total += loss.item()
+        optim.step()
+        optim.zero_grad()
+        return total / m
+
+    degrees = f"p=W secondary={node} (reshard_after_forward)" if hpz else f"p={node} g={node} o={node}"
+    return Row(step, info={"degrees": degrees})
+
+
+def prepare_row(name: str) -> None:
+    """Import what the row needs before its memory is measured (a library is not the row's memory);
+    raises ImportError on every rank alike when it is missing."""
+    if name.startswith("deepspeed-"):
+        try:
+            import deepspeed
+        except ImportError as exc:
+            raise ImportError(f"{exc}; install the benchmark extra: pip install 'zerotopo[bench]'") from exc
+        deepspeed.init_distributed(dist_backend="gloo", dist_init_required=False)
+    elif name.startswith("fsdp2-"):
+        import torch.distributed.fsdp  # noqa: F401
+
+
+def warm_up(cfg: NeoXConfig) -> None:
+    """One forward, backward and AdamW step of the model on this rank alone, so one-time start-up
+    allocations (autograd's threads, kernel workspaces) land before the first row is measured."""
+    model = build_model(cfg)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.0)
+    x = torch.zeros(1, 8, dtype=torch.long)
+    _loss(model(x), x).backward()
+    optim.step()
+
+
+def build_row(name: str, plan: Any, cfg: NeoXConfig, topo: Any, rank: int, opts: Any) -> Row:
+    """The row called ``name`` (``plan``: the zerotopo plan of a zerotopo row, else None)."""
+    if plan is not None:
+        return zerotopo_row(cfg, topo, plan, rank, opts.lr)
+    if name in ("deepspeed-zero3", "deepspeed-hpz"):
+        return deepspeed_row(cfg, topo, name == "deepspeed-hpz", opts.batch, opts.micro_batches, opts.lr)
+    if name in ("fsdp2-hsdp", "fsdp2-hpz"):
+        return fsdp2_row(cfg, topo, name == "fsdp2-hpz", opts.lr)
+    raise ValueError(f"unknown benchmark row {name!r}")

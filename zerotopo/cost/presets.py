@@ -1,0 +1,79 @@
+"""Cost-model presets that describe DeepSpeed's own schedule, so the papers' comparisons can be simulated.
+
+papers/003 ran ZeRO-3 and ZeRO++ in DeepSpeed 0.13.1 (its Table IX) with fp16 and ``overlap_comm``;
+zerotopo's engine runs the same placements with a different schedule (one flat buffer per layer). These
+presets keep the placement of the ``zero3`` and ``zeropp`` plans and replace the schedule by DeepSpeed's,
+at its defaults (``deepspeed/runtime/zero/config.py``, unchanged from 0.13 to 0.19):
+
+- one all-gather per submodule's parameters (QKV, attention output, the two MLP matrices, embedding,
+  head), not per layer; parameters under ``stage3_param_persistence_threshold`` = 1e5 elements
+  (biases, LayerNorms) stay whole on every rank and are never gathered;
+- prefetch while fewer than ``stage3_prefetch_bucket_size`` = 5e7 elements are in flight;
+- gradients reduced in buckets of ``reduce_bucket_size`` = 5e8 elements, in fp16 (``grad_dtype:
+  param``), on a side stream (``overlap_comm``); ``allgather_bucket_size`` (5e8) only concerns ZeRO-1/2;
+- ZeRO++ (``zero_hpz_partition_size: 8``, ``zero_quantized_weights``, ``zero_quantized_gradients``):
+  int8 forward gathers over the job, the fp16 hpZ copy per node for the backward, int4 hierarchical
+  all-to-all gradient reduction.
+
+They are cost-model presets (``zerotopo plan --plans deepspeed-zero3,deepspeed-zeropp``): the engine runs
+the ``zero3``/``zeropp`` plans with its own schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from zerotopo.plan import PRESETS, Plan, get_preset
+from zerotopo.spec.schedule import ENGINE, ScheduleOptions
+
+#: DeepSpeed's defaults (elements), deepspeed/runtime/zero/config.py.
+DS_REDUCE_BUCKET = 500_000_000
+DS_ALLGATHER_BUCKET = 500_000_000
+DS_PREFETCH_BUCKET = 50_000_000
+DS_PERSISTENCE_THRESHOLD = 100_000
+
+DEEPSPEED = ScheduleOptions(
+    name="deepspeed",
+    granularity="module",
+    reduce_bucket_elems=DS_REDUCE_BUCKET,
+    prefetch_bucket_elems=DS_PREFETCH_BUCKET,
+    persistence_threshold=DS_PERSISTENCE_THRESHOLD,
+    description="DeepSpeed ZeRO-3 stage-3 defaults: per-module gathers, 5e7 prefetch, 5e8 reduce buckets",
+)
+
+COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
+    "deepspeed-zero3": (
+        replace(
+            PRESETS["zero3"],
+            name="deepspeed-zero3",
+            grad_dtype="param",
+            description="DeepSpeed ZeRO-3 as papers/003 ran it: per-module gathers, fp16 gradient buckets",
+        ),
+        DEEPSPEED,
+    ),
+    "deepspeed-zeropp": (
+        replace(
+            PRESETS["zeropp"],
+            name="deepspeed-zeropp",
+            grad_dtype="param",
+            description="DeepSpeed ZeRO++ (hpZ per node, qwZ int8, qgZ int4) with DeepSpeed's schedule",
+        ),
+        DEEPSPEED,
+    ),
+}
+
+
+def resolve(spec: str | Plan) -> tuple[Plan, ScheduleOptions]:
+    """A plan and the schedule the cost model gives it: a cost preset, or a plan run by the engine."""
+    if isinstance(spec, Plan):
+        if spec.name in COST_PRESETS and spec == COST_PRESETS[spec.name][0]:
+            return COST_PRESETS[spec.name]
+        return spec, ENGINE
+    key = spec.strip().lower().replace("_", "-")
+    if key in COST_PRESETS:
+        return COST_PRESETS[key]
+    return get_preset(spec), ENGINE
+
+
+def schedule_options(plan: Plan) -> ScheduleOptions:
+    return resolve(plan)[1]

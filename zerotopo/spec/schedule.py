@@ -1,0 +1,529 @@
+"""The per-unit communication schedule of a training step, as data.
+
+[Note: schedule as data] A step is, per micro-batch and per *unit* (what one all-gather fetches: the
+engine's flat units — embedding, each layer, head — or DeepSpeed's per-module parameters), a list of
+collectives:
+
+- ``forward``: gathers issued before the unit's forward compute;
+- ``backward``: gathers issued before the unit's backward compute (none for the last forward unit,
+  which keeps its weights for the backward that follows at once);
+- ``reduce``: gradient reductions issued after the unit's backward compute (every unit for the engine;
+  for bucketed reductions, only the unit that fills a bucket, and the last one with the remainder);
+
+and, once per step, the ``step_end`` collectives (cross-replica gradient reduction, post-step parameter
+all-gather, scalar all-reduces) that run after the last backward and never overlap compute.
+
+Each :class:`Collective` carries its phase, ledger op, group kind and size, the tier it crosses and the
+group's span (nodes, ranks per node), its codec, the bytes one rank sends (the ledger's count), the
+whole message's bytes (what a bandwidth table is indexed by) and whether it can overlap compute.
+:meth:`StepSchedule.collectives` merges identical calls into counts: the list
+:func:`zerotopo.cost.comm.comm_per_step` returns and the runtime ledger is compared with. The time
+model (:mod:`zerotopo.cost.time`) walks the per-unit lists.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from zerotopo.comm import volume
+from zerotopo.layout import groups, padded_numel
+from zerotopo.models.shape import ModelShape
+from zerotopo.plan import Degrees, Plan
+from zerotopo.spec.codecs import CODECS, codec_for_width
+from zerotopo.topology import Topology
+
+PHASES = ("forward", "backward", "grad_reduce", "replica_reduce", "param_gather", "scalar")
+#: Phases that repeat every micro-batch (the rest run once per step).
+MICRO_BATCH_PHASES = ("forward", "backward", "grad_reduce")
+GRANULARITIES = ("unit", "module")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective call (``count`` = 1) or, in a merged list, identical calls and how many run."""
+
+    phase: str
+    """``forward``, ``backward``, ``grad_reduce``, ``replica_reduce``, ``param_gather`` or ``scalar``."""
+    op: str
+    """As the runtime ledger names it: ``all_gather``, ``all_gather_int8``, ``reduce_scatter``,
+    ``reduce_scatter_int4`` (the all-to-all based one, each hop of the two-hop form) or ``all_reduce``."""
+    group: str
+    """Group kind (:func:`zerotopo.layout.groups`); ``grads_intra``/``grads_inter`` for the hops of the
+    two-hop int4 reduce-scatter and ``world`` for the fp16 overflow check (the mesh's extra kinds)."""
+    group_size: int
+    """Ranks in the group (for a hop of the two-hop all-to-all: ranks in that hop)."""
+    tier: str
+    """Outermost tier the group crosses."""
+    bytes_sent: int
+    """Bytes one rank sends in one call."""
+    count: int
+    """Calls per step."""
+    dtype: str
+    """Codec of the payload: ``bf16``/``fp16``/``fp32`` (by byte width) or ``int8``/``int4``."""
+    message_bytes: int = field(default=0, compare=False)
+    """Bytes of the whole message (gathered output, reduce input, all-reduce buffer) in its codec."""
+    overlappable: bool = field(default=True, compare=False)
+    """Whether it may run while compute runs (the step-end collectives may not)."""
+    nodes: int = field(default=1, compare=False)
+    """Nodes the group spans."""
+    ranks_per_node: int = field(default=0, compare=False)
+    """Ranks of the group in each node it spans (``group_size`` when one node)."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes one rank sends in all calls of the step."""
+        return self.bytes_sent * self.count
+
+    @property
+    def latency_steps(self) -> int:
+        """Message steps of the ring algorithm: ``d-1``, twice that for an all-reduce."""
+        return (2 if self.op == "all_reduce" else 1) * (self.group_size - 1)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one gather fetches and one compute uses."""
+
+    name: str
+    """``embedding``, ``layer``, ``head`` (engine units) or ``layer.qkv`` ... (DeepSpeed modules)."""
+    numel: int
+    """Parameters of the unit (its gradient elements)."""
+    gather_numel: int | None = None
+    """Parameters gathered (None: all; DeepSpeed keeps parameters below its persistence threshold
+    whole on every rank)."""
+    flops: float = 0.0
+    """Forward FLOPs per sample (0 when only bytes are wanted)."""
+
+    @property
+    def gathered(self) -> int:
+        return self.numel if self.gather_numel is None else self.gather_numel
+
+
+@dataclass(frozen=True)
+class UnitSteps:
+    """The collectives around one unit in one micro-batch (each a single call)."""
+
+    unit: Unit
+    forward: tuple[Collective, ...]
+    backward: tuple[Collective, ...]
+    reduce: tuple[Collective, ...]
+    prefetch: int
+    """Units ahead whose forward gathers may be in flight while this one computes its forward."""
+    prefetch_backward: int = 1
+    """Units (in backward order) whose backward gathers may be in flight while this one computes."""
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """How the schedule cuts the model and batches its collectives (the schedule's knobs)."""
+
+    name: str = "zerotopo"
+    granularity: str = "unit"
+    """``unit``: the engine's flat units (embedding, each layer, head), one gather and one reduction each;
+    ``module``: one gather per weight matrix, as DeepSpeed ZeRO-3 fetches submodules."""
+    reduce_bucket_elems: int | None = None
+    """Gradient elements per reduction (DeepSpeed ``reduce_bucket_size``); None: one per unit."""
+    prefetch_bucket_elems: int | None = None
+    """Elements gathered ahead (DeepSpeed ``stage3_prefetch_bucket_size``); None: ``plan.prefetch`` units."""
+    persistence_threshold: int = 0
+    """Parameters with fewer elements stay whole on every rank and are never gathered (DeepSpeed
+    ``stage3_param_persistence_threshold``)."""
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(
+                f"granularity must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}"
+            )
+        for k in ("reduce_bucket_elems", "prefetch_bucket_elems"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{k} must be a positive integer or None, got {v!r}")
+
+
+ENGINE = ScheduleOptions()
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """Every collective of one step, per unit and micro-batch, then the step end."""
+
+    units: tuple[UnitSteps, ...]
+    """Forward order; the backward walks them in reverse."""
+    step_end: tuple[Collective, ...]
+    micro_batches: int
+    options: ScheduleOptions = ENGINE
+
+    def collectives(self) -> list[Collective]:
+        """Identical calls merged: ``count`` says how many run per step (the ledger's view)."""
+        # count by object first (units of one size share their collectives), then merge equal ones
+        by_id: dict[int, list] = {}
+        for u in self.units:
+            for c in u.forward + u.backward + u.reduce:
+                by_id.setdefault(id(c), [c, 0])[1] += self.micro_batches
+        for c in self.step_end:
+            by_id.setdefault(id(c), [c, 0])[1] += 1
+        acc: Counter[Collective] = Counter()
+        first: dict[Collective, Collective] = {}
+        for c, n in by_id.values():
+            acc[c] += n
+            first.setdefault(c, c)
+        out = [_with_count(first[c], n) for c, n in acc.items()]
+        return sorted(out, key=lambda c: (PHASES.index(c.phase), c.op, c.group, c.group_size, c.bytes_sent))
+
+
+def _with_count(c: Collective, count: int) -> Collective:
+    return Collective(
+        c.phase,
+        c.op,
+        c.group,
+        c.group_size,
+        c.tier,
+        c.bytes_sent,
+        count,
+        c.dtype,
+        c.message_bytes,
+        c.overlappable,
+        c.nodes,
+        c.ranks_per_node,
+    )
+
+
+# -- groups: tier and span -------------------------------------------------------------------------
+
+#: The degrees each group kind depends on (so the tier cache is shared between plans).
+_KIND_FIELDS = {
+    "params": ("params",),
+    "secondary": ("secondary",),
+    "grads": ("grads",),
+    "optim": ("optim",),
+    "grad_replicas": ("grads",),
+    "optim_scatter": ("grads", "optim"),
+    "optim_replicas": ("optim",),
+    "param_gather": ("params", "optim"),
+}
+
+_SPAN_CACHE: dict[tuple, tuple[str | None, int, int]] = {}
+
+
+def group_span(topology: Topology, d: Degrees, kind: str) -> tuple[str | None, int, int]:
+    """(outermost tier crossed, nodes spanned, ranks per node) of the groups of ``kind``.
+
+    Tier-aligned degrees give congruent groups, so every group crosses the same tier as rank 0's; for
+    other degrees (12 ranks over 8-device nodes) the slowest group bounds the collective, so the tier is
+    the outermost over all groups and the span the widest.
+    """
+    fields = _KIND_FIELDS[kind]
+    vals = tuple(getattr(d, f) for f in fields)
+    key = (topology, kind, d.world, vals)
+    if key in _SPAN_CACHE:
+        return _SPAN_CACHE[key]
+    named = dict(zip(fields, vals))
+    canon = Degrees(
+        params=named.get("params", 1),
+        grads=named.get("grads", named.get("params", 1)),
+        optim=named.get("optim", named.get("grads", 1)),
+        world=d.world,
+        secondary=named.get("secondary"),
+    )
+    if len(_SPAN_CACHE) > 1 << 16:
+        _SPAN_CACHE.clear()
+    _SPAN_CACHE[key] = span = _group_span(topology, canon, kind)
+    return span
+
+
+@lru_cache(maxsize=4096)
+def _group_span(topology: Topology, d: Degrees, kind: str) -> tuple[str | None, int, int]:
+    order = {name: i for i, name in enumerate(topology.tier_names)}
+    dpn = topology.devices_per_node
+    worst: str | None = None
+    nodes, per_node = 1, 1
+    for g in groups(d, kind):
+        t = topology.tier_of_group(g)
+        if t is not None and (worst is None or order[t] > order[worst]):
+            worst = t
+        counts = Counter(i // dpn for i in g)
+        nodes = max(nodes, len(counts))
+        per_node = max(per_node, max(counts.values()))
+    return worst, nodes, per_node
+
+
+def group_tier(topology: Topology, d: Degrees, kind: str) -> str | None:
+    """The outermost tier any group of ``kind`` crosses (None when the groups are single ranks)."""
+    return group_span(topology, d, kind)[0]
+
+
+def _node_share(topology: Topology, d: Degrees) -> int:
+    """Ranks of rank 0's gradient group that sit in its node (the first hop of a two-hop all-to-all)."""
+    return min(d.grads, topology.devices_per_node)
+
+
+# -- units ------------------------------------------------------------------------------------------
+
+
+def units_from_numels(unit_numels: list[int]) -> list[Unit]:
+    """Engine units from element counts alone: embedding, layers, head (no FLOPs)."""
+    if not unit_numels:
+        raise ValueError("a model needs at least one unit")
+    for n in unit_numels:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"unit element counts must be non-negative integers, got {n!r}")
+    names = (
+        ["embedding"] + ["layer"] * (len(unit_numels) - 2) + ["head"] if len(unit_numels) > 1 else ["layer"]
+    )
+    return [Unit(name, n) for name, n in zip(names, unit_numels)]
+
+
+def _layer_flops(shape: ModelShape) -> tuple[float, float]:
+    """Forward FLOPs per sample of one layer and of the head, splitting NeoX's formula
+    ``24·s·L·h²·(1 + s/6h + V/16Lh)`` into ``L·(24·s·h² + 4·s²·h)`` and ``1.5·s·h·V``."""
+    s, h, V = shape.seq_length, shape.hidden_size, shape.vocab_size
+    return 24.0 * s * h * h + 4.0 * s * s * h, 1.5 * s * h * V
+
+
+def engine_units(shape: ModelShape) -> list[Unit]:
+    """The engine's units of ``shape`` with their forward FLOPs per sample."""
+    layer_f, head_f = _layer_flops(shape)
+    return (
+        [Unit("embedding", shape.embedding_params())]
+        + [Unit("layer", shape.layer_params(), flops=layer_f)] * shape.num_layers
+        + [Unit("head", shape.head_params(), flops=head_f)]
+    )
+
+
+def module_units(shape: ModelShape, persistence_threshold: int = 0) -> list[Unit]:
+    """One unit per weight matrix, as DeepSpeed ZeRO-3 gathers submodules: per layer the QKV projection,
+    the attention output, the two MLP matrices; biases and LayerNorms ride along with their module and
+    are gathered unless below ``persistence_threshold`` elements (then never gathered)."""
+    h, f = shape.hidden_size, shape.ffn
+    layer_f, head_f = _layer_flops(shape)
+    dense_f = 24.0 * shape.seq_length * h * h  # the weight-matrix term of NeoX's formula, split by weights
+    per_weight = dense_f / (4 * h * h + 2 * h * f) if h else 0.0
+
+    def unit(name: str, params: list[int], weights: int, extra: float = 0.0) -> Unit:
+        gathered = sum(p for p in params if p >= persistence_threshold)
+        return Unit(name, sum(params), gathered, per_weight * weights + extra)
+
+    layer = [
+        # attention scores and context (the s²h term) run between QKV and the output projection
+        unit("layer.qkv", [3 * h * h, 3 * h, 2 * h], 3 * h * h, layer_f - dense_f),
+        unit("layer.dense", [h * h, h], h * h),
+        unit("layer.mlp_in", [h * f, f, 2 * h], h * f),
+        unit("layer.mlp_out", [f * h, h], f * h),
+    ]
+    head_params = [2 * h] + ([] if shape.tied_embeddings else [shape.vocab_size * h])
+    emb = shape.embedding_params()
+    return (
+        [Unit("embedding", emb, emb if emb >= persistence_threshold else 0)]
+        + layer * shape.num_layers
+        + [unit("head", head_params, 0, head_f)]
+    )
+
+
+# -- the schedule ------------------------------------------------------------------------------------
+
+
+def _exact(n: int, d: Degrees) -> int:
+    unit = math.lcm(d.params, d.grads, d.optim, d.secondary or 1)
+    if n % unit:
+        raise ValueError(
+            f"a unit of {n} elements does not split evenly over degrees {d}; use padded=True "
+            f"or a multiple of {unit}"
+        )
+    return n
+
+
+def _prefetch_depths(units: list[Unit], plan: Plan, options: ScheduleOptions, reverse: bool) -> list[int]:
+    """Units ahead each unit's compute may have gathers in flight for (walk order)."""
+    order = units[::-1] if reverse else units
+    if options.prefetch_bucket_elems is None:
+        return [plan.prefetch] * len(order)
+    out = []
+    for i in range(len(order)):
+        k, inflight = 0, 0
+        # DeepSpeed issues prefetches while the elements in flight stay under the bucket (at least one)
+        for u in order[i + 1 :]:
+            if k >= 1 and inflight + u.gathered > options.prefetch_bucket_elems:
+                break
+            k += 1
+            inflight += u.gathered
+        out.append(k)
+    return out[::-1] if reverse else out
+
+
+def step_schedule(
+    units: list[Unit],
+    topology: Topology,
+    plan: Plan,
+    *,
+    micro_batches: int,
+    param_bytes: int = 2,
+    reduce_bytes: int = 4,
+    grad_shard_bytes: int = 4,
+    padded: bool = True,
+    fp16: bool = False,
+    options: ScheduleOptions = ENGINE,
+    degrees: Degrees | None = None,
+) -> StepSchedule:
+    """The schedule of one step of ``plan`` (see the module note).
+
+    ``param_bytes`` is the width of the gathered weights, ``reduce_bytes`` that of the per-micro-batch
+    gradient reduction and ``grad_shard_bytes`` that of the accumulated gradient shard reduced once per
+    step. With ``padded=False`` units are not padded, so every count must split evenly over the groups.
+    """
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    if not units:
+        raise ValueError("a model needs at least one unit")
+    d = degrees or plan.degrees(topology)
+    block = plan.quant_block
+    w = d.world
+    spans: dict[str, tuple[str, int, int]] = {}
+
+    def span(kind: str) -> tuple[str, int, int]:
+        if kind not in spans:
+            t, nodes, rpn = group_span(topology, d, kind)
+            spans[kind] = (t or "", nodes, rpn)
+        return spans[kind]
+
+    def coll(phase, op, kind, size, nbytes, dtype, message, *, overlappable=True, where=None):
+        tier, nodes, rpn = where or span(kind)
+        return Collective(phase, op, kind, size, tier, nbytes, 1, dtype, message, overlappable, nodes, rpn)
+
+    pcodec = codec_for_width(param_bytes)
+    rcodec = codec_for_width(reduce_bytes)
+    gcodec = codec_for_width(grad_shard_bytes)
+    fwd_codec = CODECS["int8"] if plan.quantize_weights else pcodec
+    if d.secondary is not None:
+        bwd_kind, bwd_size = "secondary", d.secondary
+        bwd_codec = CODECS["int8"] if plan.secondary_dtype == "int8" else CODECS["bf16"]
+    else:
+        bwd_kind, bwd_size, bwd_codec = "params", d.params, fwd_codec
+
+    def size_of(n: int) -> int:
+        return padded_numel(n, d) if padded else _exact(n, d)
+
+    memo: dict[tuple, tuple[Collective, ...]] = {}
+
+    def cached(fn):
+        def wrapped(*args):
+            key = (fn.__name__, *args)
+            if key not in memo:
+                memo[key] = tuple(c for c in fn(*args) if c.bytes_sent)
+            return memo[key]
+
+        return wrapped
+
+    @cached
+    def gather(phase: str, kind: str, size: int, codec, n: int) -> tuple[Collective, ...]:
+        if size <= 1 or n == 0:
+            return ()
+        b = codec.gather_bytes(n, size, block)
+        return (
+            (coll(phase, codec.gather_op, kind, size, b, codec.name, codec.payload(n, block)),) if b else ()
+        )
+
+    @cached
+    def reduce(n: int) -> tuple[Collective, ...]:
+        if d.grads <= 1 or n == 0:
+            return ()
+        tier, nodes, rpn = span("grads")
+        g_intra = _node_share(topology, d)
+        if not plan.quantize_grads:
+            b = rcodec.reduce_bytes(n, d.grads, block)
+            return (
+                coll(
+                    "grad_reduce",
+                    rcodec.reduce_op,
+                    "grads",
+                    d.grads,
+                    b,
+                    rcodec.name,
+                    rcodec.payload(n, block),
+                ),
+            )
+        i4 = CODECS["int4"]
+        if tier == topology.network.name and g_intra > 1 and d.grads % g_intra == 0:
+            g_inter = d.grads // g_intra
+            hop1, hop2 = volume.int4_reduce_scatter_2hop_bytes(n, g_intra, g_inter, block)
+            intra_tier = topology.tier_of_group(range(g_intra)) or ""
+            return (
+                coll("grad_reduce", i4.reduce_op, "grads_intra", g_intra, hop1, "int4",
+                     i4.payload(n, block), where=(intra_tier, 1, g_intra)),
+                coll("grad_reduce", i4.reduce_op, "grads_inter", g_inter, hop2, "int4",
+                     i4.payload(n // g_intra, block), where=(tier, g_inter, 1)),
+            )  # fmt: skip
+        b = i4.reduce_bytes(n, d.grads, block)
+        return (coll("grad_reduce", i4.reduce_op, "grads", d.grads, b, "int4", i4.payload(n, block)),)
+
+    @cached
+    def unit_end(N: int) -> list[Collective]:
+        out: list[Collective] = []
+        # once per step: cross-replica reduction of the gradient shard, then the updated parameters
+        if plan.grad_reduce == "allreduce":
+            k = w // d.grads
+            if k > 1:
+                b = volume.all_reduce_bytes(N // d.grads, k, grad_shard_bytes)
+                out.append(coll("replica_reduce", "all_reduce", "grad_replicas", k, b, gcodec.name,
+                                     gcodec.payload(N // d.grads, block), overlappable=False))  # fmt: skip
+        else:
+            k = d.optim // d.grads
+            if k > 1:
+                b = volume.reduce_scatter_bytes(N // d.grads, k, grad_shard_bytes)
+                out.append(coll("replica_reduce", "reduce_scatter", "optim_scatter", k, b, gcodec.name,
+                                     gcodec.payload(N // d.grads, block), overlappable=False))  # fmt: skip
+            k = w // d.optim
+            if k > 1:
+                b = volume.all_reduce_bytes(N // d.optim, k, grad_shard_bytes)
+                out.append(coll("replica_reduce", "all_reduce", "optim_replicas", k, b, gcodec.name,
+                                     gcodec.payload(N // d.optim, block), overlappable=False))  # fmt: skip
+        k = d.optim // d.params
+        if k > 1:
+            b = volume.all_gather_bytes(N // d.params, k, param_bytes)
+            out.append(coll("param_gather", "all_gather", "param_gather", k, b, pcodec.name,
+                                 pcodec.payload(N // d.params, block), overlappable=False))  # fmt: skip
+        return out
+
+    fdepth = _prefetch_depths(units, plan, options, reverse=False)
+    bdepth = _prefetch_depths(units, plan, options, reverse=True)
+    steps: list[UnitSteps] = []
+    step_end: list[Collective] = []
+    bucket = 0
+    sizes = [size_of(u.numel) for u in units]
+    gathered = [size_of(u.gathered) if u.gathered else 0 for u in units]
+    # the backward walks the units in reverse: reductions (bucketed or not) follow that order
+    reduces: dict[int, tuple[Collective, ...]] = {}
+    for i in reversed(range(len(units))):
+        if options.reduce_bucket_elems is None:
+            reduces[i] = reduce(sizes[i])
+        else:
+            bucket += sizes[i]
+            if bucket >= options.reduce_bucket_elems or i == 0:
+                reduces[i] = reduce(bucket)
+                bucket = 0
+            else:
+                reduces[i] = ()
+    for i, u in enumerate(units):
+        N, G = sizes[i], gathered[i]
+        is_last = i == len(units) - 1
+        fwd = gather("forward", "params", d.params, fwd_codec, G) if d.params > 1 else ()
+        # the last forward unit still holds its weights; with p == 1 every unit does
+        bwd = gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
+        steps.append(UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i]))
+        step_end.extend(unit_end(N))
+    # the gradient norm sums each optimizer shard once: over one optimizer group
+    if d.optim > 1:
+        b = volume.all_reduce_bytes(1, d.optim, 4)
+        step_end.append(coll("scalar", "all_reduce", "optim", d.optim, b, "fp32", 4, overlappable=False))
+    if fp16 and w > 1:
+        world_tier = topology.tier_of_group(range(w)) or ""
+        nodes = -(-w // topology.devices_per_node)
+        b = volume.all_reduce_bytes(1, w, 4)
+        step_end.append(
+            coll("scalar", "all_reduce", "world", w, b, "fp32", 4, overlappable=False,
+                 where=(world_tier, nodes, min(w, topology.devices_per_node)))
+        )  # fmt: skip
+    return StepSchedule(tuple(steps), tuple(c for c in step_end if c.bytes_sent), micro_batches, options)
