@@ -143,3 +143,65 @@ def test_reshard_continues_within_1e5(tmp, reference, capsys, name, flags):
     assert sorted(got) == [5, 6]
     for s in got:
         assert abs(got[s] - ref[s]) <= 1e-5 * abs(ref[s]), (s, got[s], ref[s])
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp):
+    """A random transformers GPT-NeoX of the small config's shape, in several safetensors shards."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(1)
+    cfg = transformers.GPTNeoXConfig(
+        vocab_size=384, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        max_position_embeddings=32, rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = transformers.GPTNeoXForCausalLM(cfg)
+    d = tmp / "hf-in"
+    model.save_pretrained(d, max_shard_size="60KB")
+    assert (d / "model.safetensors.index.json").is_file()
+    return d, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_from_hf_starts_from_the_model_weights(tmp, hf_model, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    from zerotopo.models.hf_shards import export_hf
+
+    src, params = hf_model
+    save = tmp / "from-hf"
+    # an update of 1e-30 is below fp32 resolution: the saved weights are the loaded ones, bit for bit
+    code, text, run = train(
+        tmp, "from-hf", "--nodes", "2", "--plan", "zero3", "--from-hf", str(src), "--set", "train_iters=1",
+        "--set", "optimizer.params.lr=1e-30", "--set", "min_lr=0", "--set", "weight_decay=0",
+        "--set", f"save={save}", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, text
+    assert "weights from the Hugging Face model" in text
+    assert losses(run)[1] > 0
+    out = export_hf(save, tmp / "from-hf-export")
+    got = {}
+    for f in out:
+        if f.suffix == ".safetensors":
+            got.update(load_file(f))
+    params.setdefault("embed_out.weight", params.get("lm_head.weight"))
+    for name, t in got.items():
+        assert torch.equal(t, params[name]), name
+
+
+def test_from_hf_refuses_another_architecture(tmp, hf_model, capsys):
+    src, _ = hf_model
+    code, text, _ = train(
+        tmp,
+        "from-hf-bad",
+        "--nodes",
+        "2",
+        "--from-hf",
+        str(src),
+        "--set",
+        "gpt_j_residual=false",
+        capsys=capsys,
+    )
+    assert code == 2
+    assert "gpt_j_residual: False in --set, the model has use_parallel_residual = True" in text, text
