@@ -129,6 +129,11 @@ def test_missing_manifest_named_by_latest(ckpt):
     refused(ckpt, "latest names step_1, but .* is not a complete checkpoint")
 
 
+def test_incomplete_step_directory_named_directly(ckpt):
+    (ckpt / "step_1" / "checkpoint.json").unlink()
+    refused(ckpt / "step_1", "step_1 is not a complete checkpoint")
+
+
 def test_missing_metadata(ckpt):
     (ckpt / "step_1" / "dcp_metadata.json").unlink()
     refused(ckpt, "dcp_metadata.json is missing")

@@ -183,6 +183,71 @@ def _broadcast_str(text: str) -> str:
     return obj[0]
 
 
+def _finalize(
+    root: Path,
+    tmp: str,
+    final: Path,
+    *,
+    step: int,
+    model,
+    optimizer,
+    world: int,
+    consumed_samples: int,
+    cfg: NeoXConfig,
+    plan_name: str,
+    plan_label: str,
+    seed: int,
+    tokenizer: dict[str, Any] | None,
+) -> None:
+    """Rank 0, once every rank's shards are written: the manifest, the rename, then ``latest``."""
+    from zerotopo.models.hf import hf_config_dict
+
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": step,
+        "consumed_samples": consumed_samples,
+        "optimizer_steps": optimizer.step_count,
+        "world_size": world,
+        "plan": plan_name,
+        "degrees": plan_label,
+        "seed": seed,
+        "loss_scaler": sorted(model.scaler.state_dict()) if model.scaler is not None else None,
+        "model": asdict(cfg),
+        "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
+        "tokenizer": None,
+    }
+    tmp_dir = Path(tmp)
+    if tokenizer:
+        copied = []
+        for f in tokenizer.get("files") or []:
+            if f and os.path.isfile(f) and Path(f).name not in (MANIFEST, "config.json", "dcp_metadata.json"):
+                shutil.copyfile(f, tmp_dir / Path(f).name)
+                copied.append(Path(f).name)
+        manifest["tokenizer"] = {
+            "type": tokenizer.get("type"),
+            "eod": tokenizer.get("eod"),
+            "files": copied,
+        }
+    hf = hf_config_dict(cfg)
+    if tokenizer and tokenizer.get("eod") is not None:
+        hf["bos_token_id"] = hf["eos_token_id"] = int(tokenizer["eod"])
+    (tmp_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    _replace_text(tmp_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    _fsync_dir(tmp_dir)
+    old = None
+    if final.exists():
+        old = tempfile.mkdtemp(prefix=f".step_{step}.old-", dir=root)
+        os.rename(final, Path(old) / final.name)
+    os.rename(tmp_dir, final)
+    _fsync_dir(root)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+    _fault(step, "rename")
+    _replace_text(root / "latest", final.name + "\n")
+    _fsync_dir(root)
+
+
 def save_checkpoint(
     root: Path,
     model,
@@ -201,7 +266,6 @@ def save_checkpoint(
     ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied)."""
     import torch.distributed.checkpoint as dcp
 
-    from zerotopo.models.hf import hf_config_dict
     from zerotopo.trainer.dcpio import FlatSavePlanner, SafeWriter
 
     root = Path(root)
@@ -211,7 +275,7 @@ def save_checkpoint(
     if rank == 0:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            for stale in root.glob(".step_*.tmp-*"):
+            for stale in [*root.glob(".step_*.tmp-*"), *root.glob(".step_*.old-*")]:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=root)
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the checkpoint from the group
@@ -236,52 +300,22 @@ def save_checkpoint(
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+    error = ""
     if rank == 0:
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "step": step,
-            "consumed_samples": consumed_samples,
-            "optimizer_steps": optimizer.step_count,
-            "world_size": world,
-            "plan": plan_name,
-            "degrees": plan_label,
-            "seed": seed,
-            "loss_scaler": sorted(model.scaler.state_dict()) if model.scaler is not None else None,
-            "model": asdict(cfg),
-            "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
-            "tokenizer": None,
-        }
-        tmp_dir = Path(tmp)
-        if tokenizer:
-            copied = []
-            for f in tokenizer.get("files") or []:
-                if f and os.path.isfile(f):
-                    shutil.copyfile(f, tmp_dir / Path(f).name)
-                    copied.append(Path(f).name)
-            manifest["tokenizer"] = {
-                "type": tokenizer.get("type"),
-                "eod": tokenizer.get("eod"),
-                "files": copied,
-            }
-        hf = hf_config_dict(cfg)
-        if tokenizer and tokenizer.get("eod") is not None:
-            hf["bos_token_id"] = hf["eos_token_id"] = int(tokenizer["eod"])
-        (tmp_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-        _replace_text(tmp_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-        _fsync_dir(tmp_dir)
-        old = None
-        if final.exists():
-            old = tempfile.mkdtemp(prefix=f".step_{step}.old-", dir=root)
-            os.rename(final, Path(old) / final.name)
-        os.rename(tmp_dir, final)
-        _fsync_dir(root)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-        _fault(step, "rename")
-        _replace_text(root / "latest", final.name + "\n")
-        _fsync_dir(root)
-    dist.barrier()
+        try:
+            _finalize(
+                root, tmp, final, step=step, model=model, optimizer=optimizer, world=world,
+                consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name, plan_label=plan_label,
+                seed=seed, tokenizer=tokenizer,
+            )  # fmt: skip
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            error = (
+                f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); the previous one is kept"
+            )
+    error = _broadcast_str(error)  # also the point where every rank knows the checkpoint is final
+    if error:
+        raise ZerotopoError(error)
     return final
 
 
@@ -350,6 +384,8 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
         )
     if (path / MANIFEST).exists():
         return path
+    if STEP_DIR.match(path.name) or any(path.glob("*.distcp")):
+        raise ZerotopoError(f"{path} is not a complete checkpoint (no {MANIFEST}){_old_format_hint(path)}")
     latest = path / "latest"
     if latest.exists() or latest.is_symlink():
         if not latest.is_file():
@@ -372,8 +408,8 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
             )
             hint = f"; complete checkpoints here: {', '.join(have[-3:])}" if have else ""
             raise ZerotopoError(
-                f"{latest} names {name}, but {target} is not a complete checkpoint (no {MANIFEST}){hint}; "
-                f"point load: at one of them or fix {latest}"
+                f"{latest} names {name}, but {target} is not a complete checkpoint (no {MANIFEST}){hint}"
+                f"{_old_format_hint(target)}; point load: at a complete checkpoint or fix {latest}"
             )
         return target
     steps = [p for p in path.iterdir() if STEP_DIR.match(p.name)]
@@ -383,6 +419,15 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
             f"point load: at a step directory (e.g. {path / sorted(p.name for p in steps)[-1]})"
         )
     return None
+
+
+def _old_format_hint(path: Path) -> str:
+    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
+        return (
+            f"; it holds a Hugging Face model.safetensors (a checkpoint of an earlier zerotopo): "
+            f"start from its weights with --from-hf {path}"
+        )
+    return ""
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
