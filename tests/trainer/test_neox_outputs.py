@@ -132,15 +132,9 @@ def test_log_file_and_log_dir_copy_get_buffered_records_and_warnings_once(tmp_pa
 
 
 def test_what_counts_as_a_checkpoint_to_load(tmp_path):
-    from zerotopo.trainer.loop import has_checkpoint
+    from zerotopo.trainer.checkpoint import find_checkpoint
 
-    assert not has_checkpoint(tmp_path / "missing")
-    assert not has_checkpoint(tmp_path)  # empty
-    (tmp_path / "step_2.tmp").mkdir()
-    assert not has_checkpoint(tmp_path)  # only an unfinished save
-    (tmp_path / "latest").write_text("step_2\n")
-    assert has_checkpoint(tmp_path)
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    (hf / "model.safetensors").write_bytes(b"")
-    assert has_checkpoint(hf)  # a model directory goes to the loader, which checks it
+    assert find_checkpoint(tmp_path / "missing") is None
+    assert find_checkpoint(tmp_path) is None  # empty: training starts at step 0
+    (tmp_path / ".step_2.tmp-x1y2").mkdir()
+    assert find_checkpoint(tmp_path) is None  # only an unfinished (hidden) save
