@@ -35,6 +35,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "data": ("zerotopo.cli.data", "preprocess jsonl text into NeoX mmap indexed datasets"),
     "bench": ("zerotopo.cli.bench", "benchmark collectives or training steps"),
     "calibrate": ("zerotopo.cli.calibrate", "measure per-tier bandwidth and latency for the cost model"),
+    "export-hf": (
+        "zerotopo.cli.export",
+        "write a checkpoint as a Hugging Face GPT-NeoX directory (sharded safetensors)",
+    ),
     "env": ("zerotopo.cli.env", "show what rank discovery found and warn about bad settings"),
 }
 

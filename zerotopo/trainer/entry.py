@@ -33,7 +33,7 @@ def preflight(job: TrainJob):
     """Every check that needs no process group, run once before spawning ranks, so a bad config is one
     clear error instead of eight: config, topology, plan, data files, vocabulary and memory fit."""
     from zerotopo.data.tokenizers import build_tokenizer
-    from zerotopo.trainer.loop import DTYPES, check_memory, check_vocab, data_prefix
+    from zerotopo.trainer.loop import DTYPES, check_checkpoint_source, check_memory, data_prefix, model_config
     from zerotopo.trainer.schedule import schedule_for
 
     env_number("ZEROTOPO_THREADS_PER_RANK", 1, 1, 1024, integer=True)
@@ -42,11 +42,13 @@ def preflight(job: TrainJob):
     topology = job.load_topology(args)
     plan = job.load_plan(args)
     plan.degrees(topology)
+    args.batch_sizes(topology.world_size)  # config errors before missing files
     if args.data_path:
         data_prefix(args)
     schedule_for(args, args.train_iters or 100)
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
-    cfg = check_vocab(args, tokenizer)
+    cfg = model_config(args, job, tokenizer)
+    check_checkpoint_source(args, job, cfg)
     micro, _, _ = args.batch_sizes(topology.world_size)
     shape = cfg.shape(args.seq_length)
     check_memory(
