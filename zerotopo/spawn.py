@@ -213,6 +213,8 @@ def _spawn_once(
                 p.start()
                 procs.append(p)
             first, timed_out = _wait(procs, result_dir, world_size, timeout_s)
+            # Exit codes before any rank is stopped: a rank that died by now died on its own.
+            died = [p.exitcode for p in procs]
         except KeyboardInterrupt:
             _stop(procs)
             raise
@@ -223,7 +225,7 @@ def _spawn_once(
             _stop(procs)
             if main_thread and old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
-        return _collect(procs, result_dir, world_size, first, timed_out, timeout_s, log_dir)
+        return _collect(procs, died, result_dir, world_size, first, timed_out, timeout_s, log_dir)
 
 
 def _wait(procs: list[Any], result_dir: str, world_size: int, timeout_s: float) -> tuple[int | None, bool]:
@@ -275,6 +277,7 @@ def _is_error(result_dir: str, rank: int) -> bool:
 
 def _collect(
     procs: list[Any],
+    died: list[int | None],
     result_dir: str,
     world_size: int,
     first: int | None,
@@ -284,7 +287,7 @@ def _collect(
 ) -> list[Any]:
     results: list[Any] = []
     failures: dict[int, dict[str, Any]] = {}
-    for rank, p in enumerate(procs):
+    for rank in range(len(procs)):
         try:
             result = _read_result(result_dir, rank)
         except (EOFError, pickle.UnpicklingError, OSError):
@@ -297,10 +300,10 @@ def _collect(
             failures[rank] = result[1]
         elif timed_out and first is None:
             failures[rank] = {"died": f"did not finish within {timeout_s:.0f}s and was killed"}
-        elif p.exitcode is not None and p.exitcode < 0 and (rank == first or first is None):
-            failures[rank] = {"died": f"exited with signal {-p.exitcode} ({_signal_name(-p.exitcode)})"}
-        elif p.exitcode not in (None, 0) and (rank == first or first is None):
-            failures[rank] = {"died": f"exited with code {p.exitcode} without a result"}
+        elif died[rank] is not None and died[rank] < 0:
+            failures[rank] = {"died": f"exited with signal {-died[rank]} ({_signal_name(-died[rank])})"}
+        elif died[rank] not in (None, 0):
+            failures[rank] = {"died": f"exited with code {died[rank]} without a result"}
         else:
             failures[rank] = {"died": "was stopped", "stopped": True}
     if not failures:
@@ -319,7 +322,13 @@ def _failure_error(
         head = info.get("message", info.get("died", "")).split("\n", 1)[0]
         return not info.get("user") and any(c in head for c in COLLATERAL)
 
-    order = sorted(failures, key=lambda r: (collateral(failures[r]), r != first, r))
+    def priority(info: dict[str, Any]) -> int:
+        # A rank that died on its own is the cause; the others' errors are its consequences.
+        if "died" in info and not info.get("stopped"):
+            return 0
+        return 2 if collateral(info) else 1
+
+    order = sorted(failures, key=lambda r: (priority(failures[r]), r != first, r))
     rank = order[0]
     info = failures[rank]
     failed = [r for r in failures if not failures[r].get("stopped")]

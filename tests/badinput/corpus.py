@@ -440,6 +440,16 @@ def _calibration_value(body: str, topology: str = "emulated") -> Callable[[Path]
 
 for _name, _body in CALIBRATION_VALUES.items():
     add(f"calibration-{_name}", "calibration-value", _calibration_value(_body))
+for _name, _body in (
+    ("nodes-negative", "nodes: -2"),
+    ("nodes-float", "nodes: 2.5"),
+    ("notes-list", "notes: [a]"),
+):
+    add(
+        f"calibration-{_name}",
+        "calibration-value",
+        _calibration_value(_body + "\ntiers: {node: {latency_us: 3}}"),
+    )
 add(
     "calibration-other-machine",
     "calibration-value",

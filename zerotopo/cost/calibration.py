@@ -77,6 +77,13 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
         raise ConfigError(
             f"expected a topology name, found {short(raw['topology'])}", source=source, key="topology"
         )
+    if "nodes" in raw and (type(raw["nodes"]) is not int or not 1 <= raw["nodes"] <= 100_000):
+        raise ConfigError(
+            f"expected a node count from 1 to 100000, found {short(raw['nodes'])}", source=source, key="nodes"
+        )
+    for k in ("command", "notes"):
+        if k in raw and not isinstance(raw[k], str):
+            raise ConfigError(f"expected text, found {short(raw[k])}", source=source, key=k)
     tiers = raw.get("tiers", {"__none__": None})
     if tiers == {"__none__": None}:
         tiers = {}
