@@ -6,7 +6,6 @@ call, so one process can play any rank of a large job and count what that rank w
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -114,33 +113,6 @@ def test_mesh_without_sort_ranks_precomputes_permutations(fake, monkeypatch: pyt
     idx = node.index(node.pg_ranks, "cpu")
     assert idx.tolist() == list(node.pg_ranks) and node.index(node.pg_ranks, "cpu") is idx
     assert g.size == 2
-
-
-def _build_seconds(topology: Any, install: Any, nodes: int) -> float:
-    best = float("inf")
-    for _ in range(3):
-        f = install(3)
-        t0 = time.perf_counter()
-        build_mesh(topology, get_preset("zerotopo"), topo_index=f.topo_index(3))
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def test_mesh_build_scales_linearly(fake, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The start-up work of one rank grows linearly with the job (no scan of every member set per group)."""
-    big_topology, install = fake
-    big = _build_seconds(big_topology, install, NODES)
-    small_topology = load_topology("frontier", nodes=NODES // 8)
-
-    def install_small(rank: int) -> FakeDist:
-        f = install(rank)
-        f.topology, f.world = small_topology, small_topology.world_size
-        return f
-
-    small = _build_seconds(small_topology, install_small, NODES // 8)
-    # 8x the ranks: about 8x the time when linear, 64x when quadratic.
-    assert big < 5.0, f"building the mesh of 4096 ranks took {big:.2f} s"
-    assert big / max(small, 1e-4) < 24, f"512 ranks: {small * 1e3:.1f} ms, 4096 ranks: {big * 1e3:.1f} ms"
 
 
 def test_mesh_falls_back_to_every_rank_creating_every_group(fake, monkeypatch: pytest.MonkeyPatch) -> None:

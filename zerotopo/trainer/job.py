@@ -52,6 +52,8 @@ class TrainJob:
     network_mbit: float | None = None
     """Local runs only: put each emulated node in its own network namespace, nodes joined by links
     shaped to this many Mbit/s (root; see :mod:`zerotopo.netem`)."""
+    from_hf: str | None = None
+    """A Hugging Face GPT-NeoX directory to start from (its config.json sets the architecture)."""
 
     def config_paths(self) -> list[str]:
         """The config files, built-in names (``neox-125m``) resolved to their paths."""
@@ -79,14 +81,17 @@ class TrainJob:
             )
         else:
             plan = load_plan("zerotopo")
-        if self.plan_overrides:
-            from dataclasses import replace
+        from dataclasses import replace
 
+        if self.plan_overrides:
             try:
                 plan = replace(plan, **self.plan_overrides)
                 plan._validate_options()
             except (TypeError, ValueError) as exc:
                 raise ConfigError(str(exc), source="plan flags") from None
+        if plan.grad_dtype is None:
+            # what DeepSpeed gives this config: gradients in the model dtype unless data_types says fp32
+            plan = replace(plan, grad_dtype=args.grad_dtype)
         return plan
 
     def resolve_run_dir(self, plan_name: str) -> Path:

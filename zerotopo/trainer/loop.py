@@ -36,6 +36,7 @@ from zerotopo.plan import PRESETS
 from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
+from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
 from zerotopo.trainer.retention import prune_checkpoints
 from zerotopo.trainer.schedule import schedule_for
 
@@ -118,6 +119,7 @@ def check_memory(
             plans="auto",
             param_bytes=param_bytes,
             checkpoint_activations=ckpt,
+            grad_dtype=args.grad_dtype,
         )
         if c.fits
     ]
@@ -158,6 +160,48 @@ def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
     return cfg
 
 
+def hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
+    """The Hugging Face directory the run starts from: ``--from-hf``, or ``load:`` naming one."""
+    from zerotopo.trainer.checkpoint import is_hf_directory
+
+    if args.load and is_hf_directory(Path(args.load)):
+        return args.load
+    return getattr(job, "from_hf", None)
+
+
+def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
+    """The run's model: the config's, or a Hugging Face directory's architecture (see ``hf_source``)."""
+    cfg = check_vocab(args, tokenizer)
+    hf = hf_source(args, job)
+    if hf:
+        from zerotopo.models.hf_shards import merge_hf_config
+
+        cfg = merge_hf_config(hf, args, cfg)
+        if tokenizer.vocab_size > cfg.vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens but the model in {hf} only "
+                f"{cfg.vocab_size} embedding rows; use the tokenizer the model was trained with",
+                key="tokenizer_type",
+            )
+    return cfg
+
+
+def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig) -> None:
+    """Pre-flight of what the run loads (no process group): a zerotopo checkpoint in ``load:`` is read
+    and checked against the model (manifest, metadata, every shard file present and long enough), a
+    Hugging Face directory has every tensor with its shape."""
+    from zerotopo.trainer.checkpoint import find_checkpoint, preflight_load
+
+    if args.load and find_checkpoint(args.load) is not None:
+        preflight_load(args.load, cfg)
+        return
+    hf = hf_source(args, job)
+    if hf:
+        from zerotopo.models.hf_shards import check_hf_directory
+
+        check_hf_directory(hf, cfg)
+
+
 def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     """Run the job as one rank; returns the run summary on rank 0 (None elsewhere)."""
     setup_console(verbose=rank == 0)
@@ -179,14 +223,20 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     degrees = plan.degrees(topology)
     ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
+    if device.type == "cpu":
+        unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
+    probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
-    cfg = check_vocab(args, tokenizer)
+    cfg = model_config(args, job, tokenizer)
     precision = args.resolved_precision
     param_dtype = DTYPES[precision]
     micro, accum, global_batch = args.batch_sizes(ctx.world)
     torch.manual_seed(args.seed)
-    model = GPTNeoX(cfg)
+    with torch.device("meta"):
+        # no storage: parallelize materializes each unit in turn and keeps this rank's shards only,
+        # drawing the init in the order an eager build with this seed would (engine/api.py)
+        model = GPTNeoX(cfg)
     unit_numels = [
         sum(p.numel() for p in m.parameters()) for m in [model.embed_in, *model.layers, model.head]
     ]
@@ -199,7 +249,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     if precision == "fp16":
         loss_scale = fp16.loss_scale if fp16.loss_scale else "dynamic"
     model, optimizer = parallelize(
-        model.to(device),
+        model,
         mesh=mesh,
         param_dtype=param_dtype,
         lr=args.lr,
@@ -222,22 +272,8 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     )
 
     run_dir = job.resolve_run_dir(plan.name)
-    start_step = 0
-    if args.load and not has_checkpoint(Path(args.load)):
-        if ctx.is_main:
-            log.warning(
-                f"load: {args.load} holds no checkpoint yet; training starts from step 0 "
-                f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"
-            )
-    elif args.load:
-        start_step = load_checkpoint(
-            Path(args.load), model, optimizer, rank=ctx.rank, cfg=cfg, plan_label=plan.label(topology)
-        )
-        if ctx.is_main:
-            log.info(f"resumed from the checkpoint of step {start_step} in {args.load}")
-    train_batches = iter(
-        DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=start_step * global_batch)
-    )
+    start_step, consumed = resume(args, job, model, optimizer, cfg, ctx)
+    train_batches = iter(DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=consumed))
     writer = None
     if ctx.is_main:
         log_copies = (Path(args.log_dir) / f"{run_dir.name}.log",) if args.log_dir else ()
@@ -270,6 +306,20 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     flops_per_step = shape.step_flops(global_batch, checkpoint_activations=args.checkpoint_activations)
     tokens_per_step = global_batch * args.seq_length
     peak = topology.device.peak_tflops
+
+    def save(at_step: int) -> None:
+        save_checkpoint(
+            Path(args.save),
+            model,
+            optimizer,
+            step=at_step,
+            consumed_samples=consumed + (at_step - start_step) * global_batch,
+            cfg=cfg,
+            plan_name=plan.name,
+            plan_label=plan.label(topology),
+            seed=args.seed,
+            tokenizer=tokenizer_info(args, tokenizer),
+        )
 
     bar = None
     if ctx.is_main and job.progress and on_terminal():
@@ -365,32 +415,17 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     f"step {step + 1:>5}/{iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}",
                 )
         if args.save and step + 1 in save_steps and not last_step:
-            save_checkpoint(
-                Path(args.save),
-                model,
-                optimizer,
-                step=step + 1,
-                rank=ctx.rank,
-                cfg=cfg,
-                plan_label=plan.label(topology),
-            )
+            save(step + 1)
             _retain(args, ctx)
         ledger.reset()
     if bar is not None:
         bar.close()
-    if args.save:
-        save_checkpoint(
-            Path(args.save),
-            model,
-            optimizer,
-            step=iters,
-            rank=ctx.rank,
-            cfg=cfg,
-            plan_label=plan.label(topology),
-        )
+    if args.save and start_step < iters:
+        save(iters)
         _retain(args, ctx)
     wall = time.perf_counter() - t_run
     memory = model.memory_report()
+    peak = peak_report(probe, ctx, args, shape, unit_numels, topology, plan, param_dtype.itemsize, micro)
     if writer is None:
         return None
     writer.close()
@@ -409,6 +444,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         "wall_s": wall,
         "tokens_per_s": (iters - start_step) * tokens_per_step / wall,
         "memory_bytes_rank0": memory,
+        "memory_peak": peak,
         "degrees_resolved": vars(degrees),
     }
     write_summary(run_dir, summary)
@@ -420,6 +456,79 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     )
     close_run_log()
     return summary
+
+
+def peak_report(
+    probe: PeakMemory,
+    ctx: RankContext,
+    args: NeoXArgs,
+    shape,
+    unit_numels,
+    topology,
+    plan,
+    param_bytes,
+    micro,
+) -> dict[str, Any]:
+    """Every rank's measured peak next to the cost model's per-device total (printed on rank 0)."""
+    from zerotopo.cost.memory import memory_per_device
+
+    mine = torch.tensor([probe.peak(), probe.baseline], dtype=torch.int64, device=ctx.device)
+    every = [torch.zeros_like(mine) for _ in range(ctx.world)]
+    dist.all_gather(every, mine)
+    measured = [int(t[0]) for t in every]
+    baseline = [int(t[1]) for t in every]
+    pred = memory_per_device(
+        unit_numels, topology, plan, param_bytes=param_bytes, padded=True, micro_batch=micro,
+        shape=shape, checkpoint_activations=args.checkpoint_activations,
+    )  # fmt: skip
+    if ctx.is_main:
+        g = 2**30
+        log.info(
+            f"peak memory per rank: measured {max(measured) / g:.3f} GiB (max over ranks; min "
+            f"{min(measured) / g:.3f}) above a baseline of {max(baseline) / g:.3f} GiB; cost model "
+            f"{pred.total / g:.3f} GiB per device (model states {pred.model_states / g:.3f}, buffers "
+            f"{pred.buffers / g:.3f}, activations {pred.activations / g:.3f}); {probe.method}"
+        )
+    return {
+        "method": probe.method,
+        "measured_bytes_per_rank": measured,
+        "baseline_bytes_per_rank": baseline,
+        "predicted_bytes": pred.total,
+        "predicted": pred.as_dict(),
+    }
+
+
+def resume(
+    args: NeoXArgs, job: TrainJob, model, optimizer, cfg: NeoXConfig, ctx: RankContext
+) -> tuple[int, int]:
+    """``(step, samples consumed)`` to start from: a zerotopo checkpoint (any plan, any world size), a
+    Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
+    from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory
+
+    hf_dir = hf_source(args, job)
+    if args.load and not is_hf_directory(Path(args.load)) and find_checkpoint(args.load) is not None:
+        state = load_checkpoint(args.load, model, optimizer, cfg=cfg, seed=args.seed)
+        if ctx.is_main:
+            log.info(f"resumed from the checkpoint of step {state.step} in {state.source}")
+        return state.step, state.consumed_samples
+    elif args.load and ctx.is_main:
+        log.warning(
+            f"load: {args.load} holds no checkpoint yet; training starts from step 0 "
+            f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"
+        )
+    if hf_dir:
+        from zerotopo.models.hf_shards import load_hf_shards
+
+        load_hf_shards(hf_dir, model, optimizer, cfg)
+        if ctx.is_main:
+            log.info(f"weights from the Hugging Face model {hf_dir}")
+    return 0, 0
+
+
+def tokenizer_info(args: NeoXArgs, tokenizer) -> dict[str, Any]:
+    """What a checkpoint records of the run's tokenizer (its files are copied beside the shards)."""
+    files = [getattr(args, k, None) for k in ("vocab_file", "merge_file")]
+    return {"type": args.tokenizer_type, "eod": tokenizer.eod, "files": [f for f in files if f]}
 
 
 def _say(bar, msg: str) -> None:
@@ -447,14 +556,6 @@ def _retain(args: NeoXArgs, ctx: RankContext) -> None:
     if args.keep_last_n_checkpoints and ctx.is_main:
         for path in prune_checkpoints(Path(args.save), args.keep_last_n_checkpoints):
             log.debug(f"deleted checkpoint {path} (keep_last_n_checkpoints {args.keep_last_n_checkpoints})")
-
-
-def has_checkpoint(path: Path) -> bool:
-    """Whether ``path`` holds a checkpoint to resume from: a ``latest`` pointer, or a step directory
-    itself. A missing or empty directory (or one with only an unfinished save) holds none."""
-    if not path.exists():
-        return False
-    return (path / "latest").exists() or (path / "trainer_state.json").exists()
 
 
 def _mean_over_ranks(values: torch.Tensor) -> list[float]:
