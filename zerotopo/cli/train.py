@@ -94,6 +94,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="local runs (root): each emulated node in its own network namespace, nodes joined by "
         "links shaped to MBIT Mbit/s, so the inter-node tier is really slow",
     )
+    p.add_argument(
+        "--from-hf",
+        metavar="DIR",
+        help="start from a Hugging Face GPT-NeoX directory (config.json + safetensors): its config.json "
+        "sets the architecture, each rank reads only its slices of the weights",
+    )
     p.add_argument("--run-dir", help="directory for metrics.csv, plots, summary (default runs/<time>-<plan>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
@@ -148,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir=args.run_dir,
         progress=not args.no_progress,
         network_mbit=args.network_mbit,
+        from_hf=args.from_hf,
     )
     if args.emulated_nodes is not None:
         if args.emulated_nodes < 1:

@@ -1,90 +1,663 @@
-"""Checkpoints: the model as a Hugging Face GPT-NeoX safetensors file, optimizer states per rank.
+"""Sharded checkpoints through ``torch.distributed.checkpoint``: each rank writes only its own shards.
 
-Layout of ``<save>/step_<N>/``: ``model.safetensors`` + ``config.json`` (opens with
-``GPTNeoXForCausalLM.from_pretrained``), ``optim_rank<r>.pt`` (this rank's fp32 master, Adam moments and
-gradient-free state, only valid for the same plan and world size), ``trainer_state.json`` (step, world
-size, plan). ``<save>/latest`` names the newest step directory. A run resumes with ``load: <save>``:
-the model always loads (any plan, any world size); optimizer shards load when the plan and world size
-match, otherwise the optimizer restarts from the loaded weights with a warning.
+Layout of ``<save>/step_<N>/``:
+
+- ``__<rank>_0.distcp``: the tensors each rank wrote, and ``dcp_metadata.json``, DCP's description of
+  them (JSON, see :mod:`zerotopo.trainer.dcpio`). Stored per parameter, as 1-D tensors of its flattened
+  elements cut into the pieces the writing ranks held (see [Note: flat shards in DCP]):
+  ``param/<name>`` (the fp32 master weights), ``exp_avg/<name>`` and ``exp_avg_sq/<name>`` (Adam's
+  moments), ``scaler/<key>`` (the fp16 loss scaler) and ``rng/<rank>/torch`` (each rank's RNG state).
+- ``checkpoint.json``: step, samples consumed, optimizer step count, the model config and every
+  parameter's shape, the world size and plan that wrote it, the tokenizer.
+- ``config.json`` (Hugging Face's, for ``zerotopo export-hf``) and the run's tokenizer files.
+
+[Note: atomic save] Ranks write into ``<save>/.step_<N>.tmp-<random>``; once every rank has finished
+(DCP's final gather), rank 0 writes ``checkpoint.json``, renames the directory to ``step_<N>`` and then
+replaces ``<save>/latest`` atomically (a new file renamed over the old one). A run killed at any moment
+leaves ``latest`` naming the previous complete checkpoint; partial directories are hidden names that
+are never loaded and are removed by the next save.
+
+Loading reshards: a run with another plan or world size asks DCP for the pieces its own layout holds,
+and DCP reads the overlaps from whichever files hold them. Only the RNG states need the same world size
+(otherwise every rank reseeds from the config seed and the step, with a notice).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import shutil
+import signal
+import tempfile
 import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from zerotopo.errors import ZerotopoError
-from zerotopo.models.hf import hf_config_dict, load_safetensors, save_safetensors
-from zerotopo.models.neox import GPTNeoX, NeoXConfig
+from zerotopo.models.neox import NeoXConfig
+
+MANIFEST = "checkpoint.json"
+FORMAT = "zerotopo-checkpoint"
+VERSION = 1
+STEP_DIR = re.compile(r"^step_(\d+)$")
+FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
+"""Test hook: ``<step>:write`` kills rank 0 once its shards are written (before any rename);
+``<step>:rename`` kills rank 0 after the step directory is renamed, before ``latest`` moves."""
+# Model config fields that do not change the parameters or the function the model computes.
+_NOT_ARCHITECTURE = {"init_method", "output_layer_init_method", "init_std", "checkpoint_activations"}
 
 
-def save_checkpoint(
-    root: Path, model, optimizer, *, step: int, rank: int, cfg: NeoXConfig, plan_label: str = ""
-) -> Path:
-    """Collective: every rank calls it. Returns the step directory."""
-    out = Path(root) / f"step_{step}"
-    full = model.full_state_dict()  # collective gather of the fp32 master parameters
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        plain = GPTNeoX(cfg)
-        plain.load_state_dict({k: v.float() for k, v in full.items()}, strict=True)
-        save_safetensors(plain, out / "model.safetensors")
-        (out / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2) + "\n")
-    dist.barrier()
-    torch.save(optimizer.state_dict(), out / f"optim_rank{rank}.pt")
-    dist.barrier()
-    if rank == 0:
-        state = {"step": step, "world_size": dist.get_world_size(), "plan": plan_label}
-        (out / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
-        (Path(root) / "latest").write_text(out.name + "\n")
-    dist.barrier()
+@dataclass
+class ResumeState:
+    """Where a loaded checkpoint leaves the run."""
+
+    step: int
+    consumed_samples: int
+    source: Path
+
+
+# -- what a rank stores -------------------------------------------------------------------------------
+
+
+def _pieces(unit, chunk: torch.Tensor):
+    """``(slot, offset in the parameter, view of chunk)`` for each parameter the optimizer chunk meets."""
+    lo, hi = unit.o_range
+    for s in unit.slots:
+        a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
+        if a < b:
+            yield s, a - s.offset, chunk[a - lo : b - lo]
+
+
+def _shard_state(model, optimizer) -> dict[str, Any]:
+    """This rank's shards as DCP entries: views of the optimizer's fp32 buffers, cut per parameter."""
+    from zerotopo.trainer.dcpio import FlatPieces
+
+    state: dict[str, Any] = {}
+    for i, u in enumerate(model.units):
+        for kind, bufs in (
+            ("param", optimizer.master),
+            ("exp_avg", optimizer.exp_avg),
+            ("exp_avg_sq", optimizer.exp_avg_sq),
+        ):
+            for s, off, view in _pieces(u, bufs[i]):
+                state.setdefault(f"{kind}/{s.name}", FlatPieces(s.numel)).pieces.append((off, view))
+    return state
+
+
+def _scaler_tensors(scaler) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in scaler.state_dict().items():
+        t = v.detach().reshape(-1).to(torch.float64).cpu() if isinstance(v, torch.Tensor) else None
+        out[f"scaler/{k}"] = t if t is not None else torch.tensor([float(v)], dtype=torch.float64)
     return out
 
 
-def load_tensor_file(path: Path) -> dict:
-    """Read a ``torch.save`` file without unpickling code: only tensors, numbers, strings and
-    containers load (``weights_only=True``); anything else is refused with the file named."""
+def _restore_scaler(scaler, loaded: dict[str, torch.Tensor]) -> None:
+    template = scaler.state_dict()
+    new: dict[str, Any] = {}
+    for k, v in template.items():
+        t = loaded.get(f"scaler/{k}")
+        if t is None:
+            new[k] = v
+        elif isinstance(v, torch.Tensor):
+            new[k] = t.to(dtype=v.dtype).reshape(v.shape).to(v.device)
+        elif isinstance(v, bool):
+            new[k] = bool(t.item())
+        elif isinstance(v, int):
+            new[k] = int(t.item())
+        else:
+            new[k] = float(t.item())
+    scaler.load_state_dict(new)
+
+
+def _rng_tensors(rank: int) -> dict[str, torch.Tensor]:
+    out = {f"rng/{rank}/torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out[f"rng/{rank}/cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def parameter_shapes(cfg: NeoXConfig) -> dict[str, list[int]]:
+    """Every parameter's name and shape for ``cfg``, from a model built without storage."""
+    from zerotopo.models.neox import GPTNeoX
+
+    with torch.device("meta"):
+        model = GPTNeoX(cfg)
+    return {n: list(p.shape) for n, p in model.named_parameters()}
+
+
+# -- save ---------------------------------------------------------------------------------------------
+
+
+def _fault(step: int, where: str) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if spec == f"{step}:{where}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_dir(path: Path) -> None:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - every refusal becomes one readable error
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ZerotopoError(
-            f"{path}: not a zerotopo checkpoint shard (refused to load it: {first}); checkpoint files "
-            "hold tensors and plain values only, and zerotopo never runs code from a file"
-        ) from None
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A step directory from ``path``: the directory itself, or the one ``path/latest`` names."""
-    path = Path(path)
-    if (path / "model.safetensors").exists():
-        return path
-    latest = path / "latest"
-    if latest.exists():
-        return path / latest.read_text().strip()
-    raise ZerotopoError(f"no checkpoint at {path}: expected {path}/model.safetensors or {path}/latest")
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to a fresh file next to ``path`` (``mkstemp``: O_EXCL, unpredictable name), fsync
+    it and rename it over ``path``: readers see the old or the new content, never a mix."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
-def load_checkpoint(path: Path, model, optimizer, *, rank: int, cfg: NeoXConfig, plan_label: str = "") -> int:
-    """Load weights (and optimizer shards when compatible) into a wrapped model; returns the step."""
-    step_dir = resolve_checkpoint(path)
-    state = json.loads((step_dir / "trainer_state.json").read_text())
-    plain = GPTNeoX(cfg)
-    load_safetensors(plain, step_dir / "model.safetensors")
-    model.load_full_state_dict(plain.state_dict())
-    shard = step_dir / f"optim_rank{rank}.pt"
-    same_layout = state.get("world_size") == dist.get_world_size() and state.get("plan") == plan_label
-    if same_layout and shard.exists():
-        optimizer.load_state_dict(load_tensor_file(shard))
-    elif rank == 0:
-        warnings.warn(
-            f"{step_dir}: optimizer states were saved for plan {state.get('plan')!r} on "
-            f"{state.get('world_size')} ranks; this run uses {plan_label!r} on {dist.get_world_size()}: "
-            "restarting the optimizer from the loaded weights",
-            stacklevel=2,
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _broadcast_str(text: str) -> str:
+    obj = [text]
+    dist.broadcast_object_list(obj, src=0)
+    return obj[0]
+
+
+def _finalize(
+    root: Path,
+    tmp: str,
+    final: Path,
+    *,
+    step: int,
+    model,
+    optimizer,
+    world: int,
+    consumed_samples: int,
+    cfg: NeoXConfig,
+    plan_name: str,
+    plan_label: str,
+    seed: int,
+    tokenizer: dict[str, Any] | None,
+) -> None:
+    """Rank 0, once every rank's shards are written: the manifest, the rename, then ``latest``."""
+    from zerotopo.models.hf import hf_config_dict
+
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": step,
+        "consumed_samples": consumed_samples,
+        "optimizer_steps": optimizer.step_count,
+        "world_size": world,
+        "plan": plan_name,
+        "degrees": plan_label,
+        "seed": seed,
+        "loss_scaler": sorted(model.scaler.state_dict()) if model.scaler is not None else None,
+        "model": asdict(cfg),
+        "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
+        "tokenizer": None,
+    }
+    tmp_dir = Path(tmp)
+    if tokenizer:
+        copied = []
+        for f in tokenizer.get("files") or []:
+            if f and os.path.isfile(f) and Path(f).name not in (MANIFEST, "config.json", "dcp_metadata.json"):
+                shutil.copyfile(f, tmp_dir / Path(f).name)
+                copied.append(Path(f).name)
+        manifest["tokenizer"] = {
+            "type": tokenizer.get("type"),
+            "eod": tokenizer.get("eod"),
+            "files": copied,
+        }
+    hf = hf_config_dict(cfg)
+    if tokenizer and tokenizer.get("eod") is not None:
+        hf["bos_token_id"] = hf["eos_token_id"] = int(tokenizer["eod"])
+    (tmp_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    _replace_text(tmp_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    _fsync_dir(tmp_dir)
+    old = None
+    if final.exists():
+        old = tempfile.mkdtemp(prefix=f".step_{step}.old-", dir=root)
+        os.rename(final, Path(old) / final.name)
+    os.rename(tmp_dir, final)
+    _fsync_dir(root)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+    _fault(step, "rename")
+    _replace_text(root / "latest", final.name + "\n")
+    _fsync_dir(root)
+
+
+def save_checkpoint(
+    root: Path,
+    model,
+    optimizer,
+    *,
+    step: int,
+    consumed_samples: int,
+    cfg: NeoXConfig,
+    plan_name: str = "",
+    plan_label: str = "",
+    seed: int = 0,
+    tokenizer: dict[str, Any] | None = None,
+) -> Path:
+    """Collective: every rank writes its shards of ``step`` under ``root``; returns ``root/step_<step>``.
+
+    ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied)."""
+    import torch.distributed.checkpoint as dcp
+
+    from zerotopo.trainer.dcpio import FlatSavePlanner, SafeWriter
+
+    root = Path(root)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    final = root / f"step_{step}"
+    tmp = ""
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in [*root.glob(".step_*.tmp-*"), *root.glob(".step_*.old-*")]:
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=root)
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the checkpoint from the group
+        except OSError as exc:
+            tmp = f"!{root}: cannot write a checkpoint here ({exc.strerror or exc})"
+    tmp = _broadcast_str(tmp)
+    if tmp.startswith("!"):
+        raise ZerotopoError(tmp[1:])
+    state = _shard_state(model, optimizer)
+    if model.scaler is not None:
+        state.update(_scaler_tensors(model.scaler))
+    state.update(_rng_tensors(rank))
+    after_write = (lambda: _fault(step, "write")) if rank == 0 else None
+    try:
+        _run_dcp(
+            lambda: dcp.save(
+                state, storage_writer=SafeWriter(tmp, after_write=after_write), planner=FlatSavePlanner()
+            ),
+            f"saving checkpoint {final}",
         )
-    return int(state["step"])
+    except ZerotopoError:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    error = ""
+    if rank == 0:
+        try:
+            _finalize(
+                root, tmp, final, step=step, model=model, optimizer=optimizer, world=world,
+                consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name, plan_label=plan_label,
+                seed=seed, tokenizer=tokenizer,
+            )  # fmt: skip
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            error = (
+                f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); the previous one is kept"
+            )
+    error = _broadcast_str(error)  # also the point where every rank knows the checkpoint is final
+    if error:
+        raise ZerotopoError(error)
+    return final
+
+
+def _first_failure(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's ``CheckpointException`` (which gathers them all)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        _, err = sorted(failures.items())[0]
+        return err[0] if isinstance(err, tuple) else err
+    return exc
+
+
+def _run_dcp(fn, what: str) -> None:
+    """Run a DCP save or load; any rank's failure becomes one :class:`ZerotopoError` on every rank."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        fn()
+    except ZerotopoError:
+        raise
+    except (CheckpointException, Exception) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
+        inner = _first_failure(exc)
+        if isinstance(inner, ZerotopoError):
+            raise ZerotopoError(str(inner)) from None
+        text = str(inner).strip().splitlines()[0][:300] if str(inner).strip() else type(inner).__name__
+        raise ZerotopoError(f"{what} failed: {type(inner).__name__}: {text}") from None
+
+
+# -- find and check -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    """A complete checkpoint directory and what its manifest and DCP metadata say."""
+
+    path: Path
+    manifest: dict[str, Any]
+    metadata: Any  # torch.distributed.checkpoint.metadata.Metadata
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+
+def is_hf_directory(path: Path) -> bool:
+    """A Hugging Face model directory: ``config.json`` and safetensors weights, no zerotopo manifest."""
+    path = Path(path)
+    return (
+        path.is_dir()
+        and (path / "config.json").is_file()
+        and not (path / MANIFEST).exists()
+        and any(path.glob("*.safetensors"))
+    )
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path | None:
+    """The step directory ``path`` means: ``path`` itself when it holds ``checkpoint.json``, else the one
+    ``path/latest`` names. None when ``path`` does not exist or holds no checkpoint at all (no
+    ``latest``, no ``step_<N>``); a ``latest`` naming nothing usable is an error."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        raise ZerotopoError(
+            f"{path} is a file; load: names a checkpoint directory (the save: directory of a run)"
+        )
+    if (path / MANIFEST).exists():
+        return path
+    if STEP_DIR.match(path.name) or any(path.glob("*.distcp")):
+        raise ZerotopoError(f"{path} is not a complete checkpoint (no {MANIFEST}){_old_format_hint(path)}")
+    latest = path / "latest"
+    if latest.exists() or latest.is_symlink():
+        if not latest.is_file():
+            raise ZerotopoError(f"{latest} is not a file; it should hold the name of a step directory")
+        try:
+            name = latest.read_bytes()[:200].decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise ZerotopoError(f"{latest} is not text; it should hold a name like step_100") from None
+        m = re.fullmatch(r"step_(-?\d+)", name)
+        if not m:
+            raise ZerotopoError(
+                f"{latest} names {name[:60]!r}; it should name a step directory like step_100 inside {path}"
+            )
+        if int(m.group(1)) < 0:
+            raise ZerotopoError(f"{latest} names {name!r}, a negative step; steps count from 0")
+        target = path / name
+        if not (target / MANIFEST).is_file():
+            have = sorted(
+                p.name for p in path.iterdir() if STEP_DIR.match(p.name) and (p / MANIFEST).is_file()
+            )
+            hint = f"; complete checkpoints here: {', '.join(have[-3:])}" if have else ""
+            raise ZerotopoError(
+                f"{latest} names {name}, but {target} is not a complete checkpoint (no {MANIFEST}){hint}"
+                f"{_old_format_hint(target)}; point load: at a complete checkpoint or fix {latest}"
+            )
+        return target
+    steps = [p for p in path.iterdir() if STEP_DIR.match(p.name)]
+    if steps:
+        raise ZerotopoError(
+            f"{path} holds {', '.join(sorted(p.name for p in steps)[:3])} but no latest file; "
+            f"point load: at a step directory (e.g. {path / sorted(p.name for p in steps)[-1]})"
+        )
+    return None
+
+
+def _old_format_hint(path: Path) -> str:
+    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
+        return (
+            f"; it holds a Hugging Face model.safetensors (a checkpoint of an earlier zerotopo): "
+            f"start from its weights with --from-hf {path}"
+        )
+    return ""
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ZerotopoError(f"{path} is missing: {what}")
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ZerotopoError(f"{path}: not valid JSON ({str(exc)[:120]}); the file is damaged") from None
+    if not isinstance(raw, dict):
+        raise ZerotopoError(f"{path}: expected a JSON object")
+    return raw
+
+
+def _int_field(manifest: dict, key: str, path: Path) -> int:
+    v = manifest.get(key)
+    if type(v) is not int:
+        raise ZerotopoError(f"{path}: {key!r} must be an integer, found {str(v)[:40]!r}")
+    if v < 0:
+        raise ZerotopoError(f"{path}: {key!r} is {v}; it cannot be negative")
+    return v
+
+
+def open_checkpoint(step_dir: Path) -> Checkpoint:
+    """Read and check ``checkpoint.json`` and the DCP metadata of a step directory; every data file the
+    metadata names must exist and be long enough."""
+    from zerotopo.trainer.dcpio import read_metadata_file
+
+    step_dir = Path(step_dir)
+    mpath = step_dir / MANIFEST
+    manifest = _read_json(mpath, "the checkpoint is incomplete (its save did not finish)")
+    if manifest.get("format") != FORMAT:
+        raise ZerotopoError(f'{mpath}: not a zerotopo checkpoint manifest ("format" is not {FORMAT!r})')
+    if manifest.get("version") != VERSION:
+        raise ZerotopoError(
+            f"{mpath}: checkpoint format version {manifest.get('version')!r}, this zerotopo reads {VERSION}"
+        )
+    for key in ("step", "consumed_samples", "optimizer_steps", "world_size"):
+        _int_field(manifest, key, mpath)
+    m = STEP_DIR.match(step_dir.name)
+    if m and int(m.group(1)) != manifest["step"]:
+        raise ZerotopoError(f"{mpath}: step {manifest['step']} does not match its directory {step_dir.name}")
+    if not isinstance(manifest.get("model"), dict) or not isinstance(manifest.get("parameters"), dict):
+        raise ZerotopoError(f'{mpath}: "model" and "parameters" must be objects')
+    md = read_metadata_file(step_dir)
+    sizes: dict[str, int] = {}
+    for info in md.storage_data.values():
+        f = step_dir / info.relative_path
+        if f.name not in sizes:
+            if not f.is_file():
+                raise ZerotopoError(
+                    f"{f} is missing: a shard of the checkpoint is gone (every file the metadata names is "
+                    "needed, one per writing rank); restore it or load an earlier checkpoint"
+                )
+            sizes[f.name] = f.stat().st_size
+        if info.offset + info.length > sizes[f.name]:
+            raise ZerotopoError(
+                f"{f} is truncated: it has {sizes[f.name]} bytes, the checkpoint needs {info.offset + info.length}; "
+                "restore it or load an earlier checkpoint"
+            )
+    return Checkpoint(step_dir, manifest, md)
+
+
+def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
+    """The checkpoint holds exactly this model's tensors with its shapes, and its config matches."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    mpath = ckpt.path / MANIFEST
+    saved = ckpt.manifest["model"]
+    ours = asdict(cfg)
+    diffs = [
+        f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}"
+        for k, v in ours.items()
+        if k not in _NOT_ARCHITECTURE and saved.get(k) != v
+    ]
+    if diffs:
+        raise ZerotopoError(
+            f"{ckpt.path} holds another model: {'; '.join(diffs[:6])}"
+            f"{' ...' if len(diffs) > 6 else ''}; load it with the config it was trained with"
+        )
+    shapes = parameter_shapes(cfg)
+    if ckpt.manifest["parameters"] != shapes:
+        raise ZerotopoError(f"{mpath}: parameter shapes differ from the model's; the manifest is damaged")
+    expected = {
+        f"{kind}/{n}": math_prod(s) for n, s in shapes.items() for kind in ("param", "exp_avg", "exp_avg_sq")
+    }
+    stored = ckpt.metadata.state_dict_metadata
+    missing = sorted(set(expected) - set(stored))
+    if missing:
+        raise ZerotopoError(
+            f"{ckpt.path}: the checkpoint has no {missing[0]}"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; it is incomplete or of another model"
+        )
+    allowed = re.compile(r"^(scaler/[A-Za-z0-9_]+|rng/\d+/(torch|cuda))$")
+    extra = sorted(k for k in stored if k not in expected and not allowed.match(k))
+    if extra:
+        raise ZerotopoError(
+            f"{ckpt.path}: unexpected tensor {extra[0]!r}{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; "
+            "the checkpoint was not written by zerotopo for this model"
+        )
+    index = {(i.fqn, tuple(i.offset or ())) for i in ckpt.metadata.storage_data}
+    for key, numel in expected.items():
+        md = stored[key]
+        if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != (numel,):
+            got = tuple(md.size) if isinstance(md, TensorStorageMetadata) else "not a tensor"
+            raise ZerotopoError(f"{ckpt.path}: {key} has shape {got}, this model needs ({numel},)")
+        if md.properties.dtype != torch.float32:
+            raise ZerotopoError(f"{ckpt.path}: {key} is {md.properties.dtype}, expected torch.float32")
+        pos = 0
+        for c in sorted(md.chunks, key=lambda c: c.offsets[0]):
+            if c.offsets[0] != pos:
+                raise ZerotopoError(
+                    f"{ckpt.path}: {key}: elements {pos}..{c.offsets[0]} are in no shard (or shards overlap)"
+                )
+            if (key, (c.offsets[0],)) not in index:
+                raise ZerotopoError(f"{ckpt.path}: {key}: the shard at {c.offsets[0]} is in no file")
+            pos += c.sizes[0]
+        if pos != numel:
+            raise ZerotopoError(f"{ckpt.path}: {key}: shards cover {pos} of {numel} elements")
+
+
+def math_prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def preflight_load(path: str | os.PathLike, cfg: NeoXConfig) -> Checkpoint | None:
+    """Check what ``load:`` names before any rank starts: None when it holds no checkpoint yet (the run
+    starts from step 0), else the checked checkpoint. Hugging Face directories are checked by
+    :func:`zerotopo.models.hf_load.check_hf_directory`."""
+    step_dir = find_checkpoint(path)
+    if step_dir is None:
+        return None
+    ckpt = open_checkpoint(step_dir)
+    check_compatible(ckpt, cfg)
+    return ckpt
+
+
+def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Whole tensors ``{name: shape}`` from a checkpoint, in this process alone (no process group):
+    each assembled from the pieces every writing rank stored."""
+    import torch.distributed.checkpoint as dcp
+
+    from zerotopo.trainer.dcpio import FlatLoadPlanner, SafeReader, read_metadata_file
+
+    stored = read_metadata_file(Path(step_dir)).state_dict_metadata
+    state = {}
+    for name, shape in wanted.items():
+        md = stored.get(name)
+        if md is None:
+            raise ZerotopoError(f"{step_dir}: the checkpoint has no tensor {name!r}")
+        state[name] = torch.empty(shape, dtype=md.properties.dtype)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        _run_dcp(
+            lambda: dcp.load(
+                state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner(), no_dist=True
+            ),
+            f"reading {step_dir}",
+        )
+    return state
+
+
+# -- load ---------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(
+    path: str | os.PathLike, model, optimizer, *, cfg: NeoXConfig, seed: int = 0
+) -> ResumeState:
+    """Collective: load the checkpoint ``path`` names into a wrapped model, resharding as needed."""
+    import torch.distributed.checkpoint as dcp
+
+    from zerotopo.trainer.dcpio import FlatLoadPlanner, SafeReader
+
+    step_dir = find_checkpoint(path)
+    if step_dir is None:
+        raise ZerotopoError(f"no checkpoint at {path}")
+    ckpt = open_checkpoint(step_dir)
+    check_compatible(ckpt, cfg)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    state = _shard_state(model, optimizer)  # views: DCP reads straight into the optimizer's buffers
+    stored = ckpt.metadata.state_dict_metadata
+    scaler_keys = [k for k in stored if k.startswith("scaler/")]
+    if model.scaler is not None:
+        for k in scaler_keys:
+            state[k] = torch.zeros(tuple(stored[k].size), dtype=torch.float64)
+    same_world = ckpt.manifest["world_size"] == world and f"rng/{rank}/torch" in stored
+    if same_world:
+        state[f"rng/{rank}/torch"] = torch.empty(tuple(stored[f"rng/{rank}/torch"].size), dtype=torch.uint8)
+        if f"rng/{rank}/cuda" in stored and torch.cuda.is_available():
+            state[f"rng/{rank}/cuda"] = torch.empty(tuple(stored[f"rng/{rank}/cuda"].size), dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        _run_dcp(
+            lambda: dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner()),
+            f"loading {step_dir}",
+        )
+    group = optimizer.param_groups[0]
+    optimizer.load_state_dict(
+        {
+            "step": int(ckpt.manifest["optimizer_steps"]),
+            "param_groups": [{k: v for k, v in group.items() if k != "params"}],
+            "loss_scaler": None,
+            "units": {
+                u.name: {
+                    "range": u.o_range,
+                    "master": optimizer.master[i],
+                    "exp_avg": optimizer.exp_avg[i],
+                    "exp_avg_sq": optimizer.exp_avg_sq[i],
+                }
+                for i, u in enumerate(model.units)
+            },
+        }
+    )
+    if model.scaler is not None and scaler_keys:
+        _restore_scaler(model.scaler, {k: state[k] for k in scaler_keys})
+    step = ckpt.step
+    if same_world:
+        torch.set_rng_state(state[f"rng/{rank}/torch"])
+        if f"rng/{rank}/cuda" in state:
+            torch.cuda.set_rng_state(state[f"rng/{rank}/cuda"])
+    else:
+        torch.manual_seed(seed + step)
+        if rank == 0:
+            warnings.warn(
+                f"{step_dir} was written by {ckpt.manifest['world_size']} ranks, this run has {world}: "
+                "the weights and optimizer states are resharded; random states restart from the seed",
+                stacklevel=2,
+            )
+    return ResumeState(step=step, consumed_samples=int(ckpt.manifest["consumed_samples"]), source=step_dir)

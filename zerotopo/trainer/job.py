@@ -52,6 +52,8 @@ class TrainJob:
     network_mbit: float | None = None
     """Local runs only: put each emulated node in its own network namespace, nodes joined by links
     shaped to this many Mbit/s (root; see :mod:`zerotopo.netem`)."""
+    from_hf: str | None = None
+    """A Hugging Face GPT-NeoX directory to start from (its config.json sets the architecture)."""
 
     def config_paths(self) -> list[str]:
         """The config files, built-in names (``neox-125m``) resolved to their paths."""

@@ -160,6 +160,48 @@ def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
     return cfg
 
 
+def hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
+    """The Hugging Face directory the run starts from: ``--from-hf``, or ``load:`` naming one."""
+    from zerotopo.trainer.checkpoint import is_hf_directory
+
+    if args.load and is_hf_directory(Path(args.load)):
+        return args.load
+    return getattr(job, "from_hf", None)
+
+
+def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
+    """The run's model: the config's, or a Hugging Face directory's architecture (see ``hf_source``)."""
+    cfg = check_vocab(args, tokenizer)
+    hf = hf_source(args, job)
+    if hf:
+        from zerotopo.models.hf_shards import merge_hf_config
+
+        cfg = merge_hf_config(hf, args, cfg)
+        if tokenizer.vocab_size > cfg.vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens but the model in {hf} only "
+                f"{cfg.vocab_size} embedding rows; use the tokenizer the model was trained with",
+                key="tokenizer_type",
+            )
+    return cfg
+
+
+def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig) -> None:
+    """Pre-flight of what the run loads (no process group): a zerotopo checkpoint in ``load:`` is read
+    and checked against the model (manifest, metadata, every shard file present and long enough), a
+    Hugging Face directory has every tensor with its shape."""
+    from zerotopo.trainer.checkpoint import find_checkpoint, preflight_load
+
+    if args.load and find_checkpoint(args.load) is not None:
+        preflight_load(args.load, cfg)
+        return
+    hf = hf_source(args, job)
+    if hf:
+        from zerotopo.models.hf_shards import check_hf_directory
+
+        check_hf_directory(hf, cfg)
+
+
 def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     """Run the job as one rank; returns the run summary on rank 0 (None elsewhere)."""
     setup_console(verbose=rank == 0)
@@ -186,7 +228,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
-    cfg = check_vocab(args, tokenizer)
+    cfg = model_config(args, job, tokenizer)
     precision = args.resolved_precision
     param_dtype = DTYPES[precision]
     micro, accum, global_batch = args.batch_sizes(ctx.world)
@@ -230,22 +272,8 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     )
 
     run_dir = job.resolve_run_dir(plan.name)
-    start_step = 0
-    if args.load and not has_checkpoint(Path(args.load)):
-        if ctx.is_main:
-            log.warning(
-                f"load: {args.load} holds no checkpoint yet; training starts from step 0 "
-                f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"
-            )
-    elif args.load:
-        start_step = load_checkpoint(
-            Path(args.load), model, optimizer, rank=ctx.rank, cfg=cfg, plan_label=plan.label(topology)
-        )
-        if ctx.is_main:
-            log.info(f"resumed from the checkpoint of step {start_step} in {args.load}")
-    train_batches = iter(
-        DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=start_step * global_batch)
-    )
+    start_step, consumed = resume(args, job, model, optimizer, cfg, ctx)
+    train_batches = iter(DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=consumed))
     writer = None
     if ctx.is_main:
         log_copies = (Path(args.log_dir) / f"{run_dir.name}.log",) if args.log_dir else ()
@@ -278,6 +306,20 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     flops_per_step = shape.step_flops(global_batch, checkpoint_activations=args.checkpoint_activations)
     tokens_per_step = global_batch * args.seq_length
     peak = topology.device.peak_tflops
+
+    def save(at_step: int) -> None:
+        save_checkpoint(
+            Path(args.save),
+            model,
+            optimizer,
+            step=at_step,
+            consumed_samples=consumed + (at_step - start_step) * global_batch,
+            cfg=cfg,
+            plan_name=plan.name,
+            plan_label=plan.label(topology),
+            seed=args.seed,
+            tokenizer=tokenizer_info(args, tokenizer),
+        )
 
     bar = None
     if ctx.is_main and job.progress and on_terminal():
@@ -373,29 +415,13 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     f"step {step + 1:>5}/{iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}",
                 )
         if args.save and step + 1 in save_steps and not last_step:
-            save_checkpoint(
-                Path(args.save),
-                model,
-                optimizer,
-                step=step + 1,
-                rank=ctx.rank,
-                cfg=cfg,
-                plan_label=plan.label(topology),
-            )
+            save(step + 1)
             _retain(args, ctx)
         ledger.reset()
     if bar is not None:
         bar.close()
-    if args.save:
-        save_checkpoint(
-            Path(args.save),
-            model,
-            optimizer,
-            step=iters,
-            rank=ctx.rank,
-            cfg=cfg,
-            plan_label=plan.label(topology),
-        )
+    if args.save and start_step < iters:
+        save(iters)
         _retain(args, ctx)
     wall = time.perf_counter() - t_run
     memory = model.memory_report()
@@ -472,6 +498,39 @@ def peak_report(
     }
 
 
+def resume(
+    args: NeoXArgs, job: TrainJob, model, optimizer, cfg: NeoXConfig, ctx: RankContext
+) -> tuple[int, int]:
+    """``(step, samples consumed)`` to start from: a zerotopo checkpoint (any plan, any world size), a
+    Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
+    from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory
+
+    hf_dir = hf_source(args, job)
+    if args.load and not is_hf_directory(Path(args.load)) and find_checkpoint(args.load) is not None:
+        state = load_checkpoint(args.load, model, optimizer, cfg=cfg, seed=args.seed)
+        if ctx.is_main:
+            log.info(f"resumed from the checkpoint of step {state.step} in {state.source}")
+        return state.step, state.consumed_samples
+    elif args.load and ctx.is_main:
+        log.warning(
+            f"load: {args.load} holds no checkpoint yet; training starts from step 0 "
+            f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"
+        )
+    if hf_dir:
+        from zerotopo.models.hf_shards import load_hf_shards
+
+        load_hf_shards(hf_dir, model, optimizer, cfg)
+        if ctx.is_main:
+            log.info(f"weights from the Hugging Face model {hf_dir}")
+    return 0, 0
+
+
+def tokenizer_info(args: NeoXArgs, tokenizer) -> dict[str, Any]:
+    """What a checkpoint records of the run's tokenizer (its files are copied beside the shards)."""
+    files = [getattr(args, k, None) for k in ("vocab_file", "merge_file")]
+    return {"type": args.tokenizer_type, "eod": tokenizer.eod, "files": [f for f in files if f]}
+
+
 def _say(bar, msg: str) -> None:
     """A log line that does not tear the progress bar."""
     if bar is None:
@@ -497,14 +556,6 @@ def _retain(args: NeoXArgs, ctx: RankContext) -> None:
     if args.keep_last_n_checkpoints and ctx.is_main:
         for path in prune_checkpoints(Path(args.save), args.keep_last_n_checkpoints):
             log.debug(f"deleted checkpoint {path} (keep_last_n_checkpoints {args.keep_last_n_checkpoints})")
-
-
-def has_checkpoint(path: Path) -> bool:
-    """Whether ``path`` holds a checkpoint to resume from: a ``latest`` pointer, or a step directory
-    itself. A missing or empty directory (or one with only an unfinished save) holds none."""
-    if not path.exists():
-        return False
-    return (path / "latest").exists() or (path / "trainer_state.json").exists()
 
 
 def _mean_over_ranks(values: torch.Tensor) -> list[float]:

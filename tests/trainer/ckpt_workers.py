@@ -1,0 +1,74 @@
+"""Rank functions for the checkpoint tests: train a tiny NeoX model under a plan and save it, or load a
+checkpoint under another plan and save it again (so the two can be compared tensor by tensor)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+CFG_KW = dict(vocab_size=64, hidden_size=16, num_layers=2, num_attention_heads=2, max_position_embeddings=16)
+
+
+def cfg():
+    from zerotopo.models.neox import NeoXConfig
+
+    return NeoXConfig(**CFG_KW)
+
+
+def checkpoint_worker(
+    rank: int,
+    world: int,
+    out: str,
+    plan_name: str,
+    nodes: int,
+    steps: int,
+    load_from: str | None = None,
+    fp16: bool = False,
+    tokenizer: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    from zerotopo.comm.mesh import build_mesh
+    from zerotopo.engine import parallelize
+    from zerotopo.models.neox import GPTNeoX
+    from zerotopo.plan import load_plan
+    from zerotopo.topology import load_topology
+    from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    topo = load_topology("emulated-4node", nodes=nodes)
+    plan = load_plan(plan_name)
+    mesh = build_mesh(topo, plan, topo_index=rank)
+    torch.manual_seed(0)
+    model, opt = parallelize(
+        GPTNeoX(cfg()),
+        mesh=mesh,
+        param_dtype=torch.float16 if fp16 else torch.float32,
+        lr=1e-2,
+        weight_decay=0.1,
+        loss_scale="dynamic",
+        loss_scale_options={"init_scale": 2.0**8, "growth_interval": 2},
+    )
+    step = 0
+    losses = []
+    if load_from:
+        step = load_checkpoint(load_from, model, opt, cfg=cfg()).step
+    for s in range(step, steps):
+        g = torch.Generator().manual_seed(100 * s + rank % 4)
+        x = torch.randint(0, CFG_KW["vocab_size"], (2, 9), generator=g)
+        logits = model(x[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        model.scale_loss(loss).backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    save_checkpoint(
+        out,
+        model,
+        opt,
+        step=steps,
+        consumed_samples=steps * 2 * world,
+        cfg=cfg(),
+        plan_name=plan.name,
+        tokenizer=tokenizer,
+    )
+    return {"losses": losses, "scale": model.scaler.state_dict() if model.scaler is not None else None}

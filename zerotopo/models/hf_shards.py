@@ -1,0 +1,410 @@
+"""Hugging Face GPT-NeoX directories in and out, one parameter slice at a time.
+
+In: ``config.json`` (transformers <5 ``rotary_pct``/``rotary_emb_base`` or >=5 ``rope_parameters``)
+becomes a :class:`NeoXConfig`; weights come from ``model.safetensors`` or the shards an index
+(``model.safetensors.index.json``) names, and each rank reads only the elements of each parameter its
+optimizer chunk holds (``safe_open(...).get_slice``: a few rows, never a whole file).
+
+Out: :func:`export_hf` writes a zerotopo checkpoint as safetensors, assembling each output file's
+parameters from the DCP shards (no process ever holds more than one output file), split into
+``model-0000k-of-0000N.safetensors`` with an index past ``max_shard_bytes``, with ``config.json``
+(``bos``/``eos`` ids) and the run's tokenizer files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerotopo.errors import ZerotopoError
+from zerotopo.models.config import NeoXConfig
+
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"
+_APPROX_GELU = {"gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_accurate"}
+# NeoX YAML key, NeoXConfig field, Hugging Face name (for messages)
+ARCH_KEYS = [
+    ("num_layers", "num_layers", "num_hidden_layers"),
+    ("hidden_size", "hidden_size", "hidden_size"),
+    ("num_attention_heads", "num_attention_heads", "num_attention_heads"),
+    ("intermediate_size", "intermediate_size", "intermediate_size"),
+    ("rotary_pct", "rotary_pct", "partial_rotary_factor / rotary_pct"),
+    ("rotary_emb_base", "rotary_emb_base", "rope_theta / rotary_emb_base"),
+    ("gpt_j_residual", "gpt_j_residual", "use_parallel_residual"),
+    ("layernorm_epsilon", "layernorm_epsilon", "layer_norm_eps"),
+    ("use_bias_in_attn_linear", "use_bias_in_attn_linear", "attention_bias"),
+    ("bias_gelu_fusion", "gelu_approximate", "hidden_act"),
+    ("no_weight_tying", "tie_embeddings", "tie_word_embeddings"),
+]
+
+
+# -- config -------------------------------------------------------------------------------------------
+
+
+def read_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise ZerotopoError(f"{path} is missing: a Hugging Face model directory needs its config.json")
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ZerotopoError(f"{path}: not valid JSON ({str(exc)[:120]})") from None
+    if not isinstance(raw, dict):
+        raise ZerotopoError(f"{path}: expected a JSON object")
+    if raw.get("model_type", "gpt_neox") != "gpt_neox":
+        raise ZerotopoError(
+            f"{path}: model_type is {raw.get('model_type')!r}; zerotopo trains GPT-NeoX models"
+        )
+    return raw
+
+
+def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXConfig:
+    """The model a ``GPTNeoXConfig`` dict describes (both the <5 and the >=5 transformers layouts)."""
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ZerotopoError(f"{source}: rope_parameters must be an object")
+    if rope.get("rope_type", "default") not in ("default", None):
+        raise ZerotopoError(
+            f"{source}: rope_type {rope.get('rope_type')!r} is not supported (only default rotary)"
+        )
+    pct = rope.get("partial_rotary_factor", raw.get("rotary_pct", raw.get("partial_rotary_factor", 0.25)))
+    base = rope.get("rope_theta", raw.get("rotary_emb_base", raw.get("rope_theta", 10000)))
+    act = raw.get("hidden_act", "gelu")
+    if act != "gelu" and act not in _APPROX_GELU:
+        raise ZerotopoError(f"{source}: hidden_act {act!r} is not supported (gelu or gelu_new)")
+    try:
+        base_f = float(base)
+        return NeoXConfig(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=int(raw["num_attention_heads"]),
+            intermediate_size=int(raw.get("intermediate_size") or 4 * int(raw["hidden_size"])),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            rotary_pct=float(pct),
+            rotary_emb_base=int(base_f) if base_f.is_integer() else base_f,
+            gpt_j_residual=bool(raw.get("use_parallel_residual", True)),
+            layernorm_epsilon=float(raw.get("layer_norm_eps", 1e-5)),
+            use_bias_in_attn_linear=bool(raw.get("attention_bias", True)),
+            gelu_approximate=act in _APPROX_GELU,
+            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            init_std=float(raw.get("initializer_range", 0.02)),
+        )
+    except KeyError as exc:
+        raise ZerotopoError(f"{source}: missing {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ZerotopoError(f"{source}: {exc}") from None
+
+
+def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> NeoXConfig:
+    """The run's model from a Hugging Face directory: its architecture, with the run's own training
+    settings (init, activation checkpointing). A key the run's config sets explicitly to another value
+    is refused, naming both; the tokenizer's vocabulary must fit the model's embedding."""
+    path = Path(directory) / "config.json"
+    hf = hf_to_neox_config(read_hf_config(directory), source=str(path))
+    sources = getattr(args, "sources", {}) or {}
+    diffs = []
+    for key, field, hf_name in ARCH_KEYS:
+        ours, theirs = getattr(run_cfg, field), getattr(hf, field)
+        if field == "intermediate_size":
+            ours, theirs = run_cfg.ffn_size, hf.ffn_size
+        if key in sources and ours != theirs:
+            shown_ours = (not ours) if key == "no_weight_tying" else ours
+            shown_theirs = (not theirs) if key == "no_weight_tying" else theirs
+            diffs.append(
+                f"{key}: {shown_ours!r} in {sources[key]}, the model has {hf_name} = {shown_theirs!r}"
+            )
+    if diffs:
+        raise ZerotopoError(
+            f"{directory} is another architecture than the config asks for: {'; '.join(diffs)}; remove "
+            "those keys from the config (the model's config.json decides) or load a matching model"
+        )
+    merged = asdict(hf)
+    for keep in ("init_method", "output_layer_init_method", "checkpoint_activations"):
+        merged[keep] = getattr(run_cfg, keep)
+    return NeoXConfig(**merged)
+
+
+# -- weights in ---------------------------------------------------------------------------------------
+
+
+class HFWeights:
+    """Tensor names and shapes of a Hugging Face directory's safetensors files, read lazily by slice."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        from safetensors import safe_open
+
+        self.directory = Path(directory)
+        index = self.directory / INDEX_FILE
+        files: list[str]
+        self.where: dict[str, str] = {}
+        if index.is_file():
+            try:
+                raw = json.loads(index.read_bytes().decode("utf-8"))
+                weight_map = raw["weight_map"]
+                assert isinstance(weight_map, dict)
+            except Exception:  # noqa: BLE001
+                raise ZerotopoError(
+                    f'{index}: not a safetensors index (needs a "weight_map" object)'
+                ) from None
+            for name, f in weight_map.items():
+                if not isinstance(f, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+\.safetensors", f):
+                    raise ZerotopoError(
+                        f"{index}: {name!r} maps to {str(f)[:60]!r}, not a .safetensors file here"
+                    )
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in self.directory.glob("*.safetensors"))
+            if not files:
+                raise ZerotopoError(f"{self.directory} holds no .safetensors file and no {INDEX_FILE}")
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self._handles: dict[str, Any] = {}
+        for f in files:
+            p = self.directory / f
+            if not p.is_file():
+                raise ZerotopoError(f"{p} is missing (named by {INDEX_FILE})")
+            try:
+                h = safe_open(os.fspath(p), framework="pt")
+                keys = list(h.keys())
+                shapes = {k: tuple(h.get_slice(k).get_shape()) for k in keys}
+            except Exception as exc:  # noqa: BLE001 - the Rust reader raises its own error types
+                raise ZerotopoError(f"{p}: not a readable safetensors file ({str(exc)[:160]})") from None
+            self._handles[f] = h
+            for k in keys:
+                if k in self.where:
+                    raise ZerotopoError(f"{p}: tensor {k!r} is also in {self.where[k]}")
+                self.where[k] = f
+                self.shapes[k] = shapes[k]
+        if index.is_file():
+            for name, f in weight_map.items():
+                if self.where.get(name) != f:
+                    raise ZerotopoError(
+                        f"{self.directory / f}: has no tensor {name!r}, which {INDEX_FILE} puts there"
+                    )
+
+    def read_flat(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Elements ``[start, stop)`` of tensor ``name`` flattened, as fp32, reading only the rows
+        that hold them."""
+        sl = self._handles[self.where[name]].get_slice(name)
+        shape = self.shapes[name]
+        if len(shape) <= 1:
+            return sl[start:stop].to(torch.float32).reshape(-1)
+        row = 1
+        for s in shape[1:]:
+            row *= s
+        r0, r1 = start // row, -(-stop // row)
+        rows = sl[r0:r1].to(torch.float32).reshape(-1)
+        return rows[start - r0 * row : stop - r0 * row]
+
+
+def check_hf_directory(directory: str | os.PathLike, cfg: NeoXConfig) -> HFWeights:
+    """Every tensor of ``cfg``'s model is in the directory with its shape, and nothing else but HF's
+    buffers; returns the opened weights."""
+    from zerotopo.models.hf import _hf_name
+    from zerotopo.trainer.checkpoint import parameter_shapes
+
+    weights = HFWeights(directory)
+    want = {_hf_name(n): tuple(s) for n, s in parameter_shapes(cfg).items()}
+    if cfg.tie_embeddings:
+        want.pop("embed_out.weight", None)
+    ignorable = (".attention.bias", ".attention.masked_bias", ".inv_freq")
+    missing = sorted(set(want) - set(weights.shapes))
+    extra = sorted(k for k in weights.shapes if k not in want and not k.endswith(ignorable))
+    if missing or extra:
+        raise ZerotopoError(
+            f"{directory} does not hold this GPT-NeoX model: missing {missing[:4]}, unexpected {extra[:4]}; "
+            "check num_layers, tied embeddings and biases against its config.json"
+        )
+    for k, shape in want.items():
+        if weights.shapes[k] != shape:
+            raise ZerotopoError(
+                f"{directory / weights.where[k]}: {k} has shape {weights.shapes[k]}, the model needs {shape}"
+            )
+    return weights
+
+
+def load_hf_shards(directory: str | os.PathLike, model, optimizer, cfg: NeoXConfig) -> None:
+    """Collective: fill the optimizer's fp32 master chunks from a Hugging Face directory, each rank reading
+    only its own elements of each parameter, then rebuild the parameter shards (moments start at zero)."""
+    from zerotopo.models.hf import _hf_name
+    from zerotopo.trainer.checkpoint import _pieces
+
+    weights = check_hf_directory(directory, cfg)
+    with torch.no_grad():
+        for i, u in enumerate(model.units):
+            for s, off, view in _pieces(u, optimizer.master[i]):
+                view.copy_(weights.read_flat(_hf_name(s.name), off, off + view.numel()))
+    group = optimizer.param_groups[0]
+    optimizer.load_state_dict(
+        {
+            "step": 0,
+            "param_groups": [{k: v for k, v in group.items() if k != "params"}],
+            "loss_scaler": None,
+            "units": {
+                u.name: {
+                    "range": u.o_range,
+                    "master": optimizer.master[i],
+                    "exp_avg": torch.zeros_like(optimizer.exp_avg[i]),
+                    "exp_avg_sq": torch.zeros_like(optimizer.exp_avg_sq[i]),
+                }
+                for i, u in enumerate(model.units)
+            },
+        }
+    )
+
+
+# -- weights out --------------------------------------------------------------------------------------
+
+
+def parse_size(text: str | int) -> int:
+    """``"5GB"``, ``"500MB"``, ``"2GiB"`` or a byte count."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ZerotopoError(f"size {text!r}: expected a byte count or e.g. 500MB, 5GB, 2GiB")
+    unit = (m.group(2) or "B").upper()
+    base = 1024 if "I" in unit else 1000
+    power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
+    size = int(float(m.group(1)) * base**power)
+    if size < 1:
+        raise ZerotopoError(f"size {text!r} must be positive")
+    return size
+
+
+_OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def export_hf(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    dtype: str = "fp32",
+) -> list[Path]:
+    """Write a zerotopo checkpoint as a Hugging Face GPT-NeoX directory; returns the files written.
+
+    Parameters are read from the DCP shards one output file at a time; ``out`` must not exist or be
+    empty (nothing is overwritten), and appears complete or not at all (written next to it, renamed)."""
+    from safetensors.torch import save_file
+
+    from zerotopo.models.hf import _hf_name, hf_config_dict
+    from zerotopo.trainer.checkpoint import check_compatible, find_checkpoint, open_checkpoint, read_tensors
+
+    if dtype not in _OUT_DTYPES:
+        raise ZerotopoError(f"dtype {dtype!r}: expected one of {', '.join(_OUT_DTYPES)}")
+    step_dir = find_checkpoint(checkpoint)
+    if step_dir is None:
+        raise ZerotopoError(
+            f"no checkpoint at {checkpoint}: expected a step directory or a save: directory with latest"
+        )
+    ckpt = open_checkpoint(step_dir)
+    try:
+        cfg = NeoXConfig(**ckpt.manifest["model"])
+    except (TypeError, ValueError) as exc:
+        raise ZerotopoError(f"{step_dir / 'checkpoint.json'}: bad model config ({exc})") from None
+    check_compatible(ckpt, cfg)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ZerotopoError(
+            f"{out} exists and is not empty; export into a new directory (nothing is overwritten)"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shapes: dict[str, list[int]] = ckpt.manifest["parameters"]
+    torch_dtype = _OUT_DTYPES[dtype]
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = itemsize * int(torch.Size(shape).numel())
+        if groups[-1] and size + nbytes > max_shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        weight_map: dict[str, str] = {}
+        total = 0
+        n = len(groups)
+        for k, names in enumerate(groups):
+            fname = "model.safetensors" if n == 1 else f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+            flat = read_tensors(step_dir, {f"param/{m}": (torch.Size(shapes[m]).numel(),) for m in names})
+            tensors = {}
+            for m in names:
+                t = flat.pop(f"param/{m}").reshape(shapes[m]).to(torch_dtype).contiguous()
+                tensors[_hf_name(m)] = t
+                weight_map[_hf_name(m)] = fname
+                total += t.numel() * t.element_size()
+            save_file(tensors, os.fspath(tmp / fname), metadata={"format": "pt"})
+            del tensors
+        if n > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        config = hf_config_dict(cfg)
+        saved_cfg = step_dir / "config.json"
+        if saved_cfg.is_file():
+            try:
+                saved = json.loads(saved_cfg.read_text())
+                for key in ("bos_token_id", "eos_token_id"):
+                    if type(saved.get(key)) is int:
+                        config[key] = saved[key]
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                pass
+        tok = ckpt.manifest.get("tokenizer") or {}
+        if type(tok.get("eod")) is int:
+            config["bos_token_id"] = config["eos_token_id"] = tok["eod"]
+        config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _write_tokenizer(step_dir, tmp, tok, config)
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(out.iterdir())
+
+
+def _write_tokenizer(step_dir: Path, out: Path, tok: dict[str, Any], config: dict[str, Any]) -> None:
+    """Copy the run's tokenizer files and describe them for ``AutoTokenizer``."""
+    files = [
+        f for f in tok.get("files") or [] if isinstance(f, str) and "/" not in f and (step_dir / f).is_file()
+    ]
+    if not files:
+        return
+    for f in files:
+        shutil.copyfile(step_dir / f, out / f)
+    eos = None
+    if "eos_token_id" in config:
+        eos_id = config["eos_token_id"]
+        try:
+            if tok.get("type") == "HFTokenizer" and files:
+                from tokenizers import Tokenizer
+
+                eos = Tokenizer.from_file(os.fspath(out / files[0])).id_to_token(eos_id)
+        except Exception:  # noqa: BLE001 - the token name is a convenience
+            eos = None
+    tc: dict[str, Any] = {"model_max_length": config.get("max_position_embeddings")}
+    if tok.get("type") == "HFTokenizer" and files:
+        if files[0] != "tokenizer.json":
+            shutil.copyfile(out / files[0], out / "tokenizer.json")
+        tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    elif tok.get("type") == "GPT2BPETokenizer" and len(files) == 2:
+        vocab = next((f for f in files if f.endswith(".json")), files[0])
+        merges = next(f for f in files if f != vocab)
+        for src, dst in ((vocab, "vocab.json"), (merges, "merges.txt")):
+            if src != dst:
+                shutil.copyfile(out / src, out / dst)
+        tc["tokenizer_class"] = "GPT2Tokenizer"
+    if eos:
+        tc["eos_token"] = tc["bos_token"] = eos
+    (out / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")
