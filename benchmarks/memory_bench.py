@@ -4,7 +4,7 @@ model's per-device total.
 
 ::
 
-    python benchmarks/memory_bench.py                       # 24 x 768 NeoX, zero3, 3 steps
+    python benchmarks/memory_bench.py                       # 40 x 512 NeoX (127M), zero3, 3 steps
     python benchmarks/memory_bench.py --layers 12 --hidden 512 --plan zerotopo
 
 Each run is ``zerotopo train`` in a subprocess (8 ranks on the emulated 2-node cluster, gloo). The
@@ -88,9 +88,9 @@ def train(workdir: Path, name: str, text: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--hidden", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--plan", default="zero3")

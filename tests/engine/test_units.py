@@ -173,7 +173,7 @@ def _bare_adamw(n: int, seed: int, frozen: bool = False):
     opt.master = [torch.randn(n, generator=g)]
     opt.exp_avg = [torch.randn(n, generator=g) * 0.1]
     opt.exp_avg_sq = [torch.rand(n, generator=g) * 0.01]
-    opt.decay_mask = [(torch.arange(n) % 3 != 0).float()]
+    opt.decay_runs = [[(k + 1, min(k + 3, n)) for k in range(0, n, 3) if k + 1 < n]]  # i % 3 != 0 decays
     train = torch.ones(n, dtype=torch.bool)
     if frozen:
         train[: n // 4] = False

@@ -177,11 +177,13 @@ class ShardedAdamW:
             del u.initial_master
         self.exp_avg = [torch.zeros_like(m) for m in self.master]
         self.exp_avg_sq = [torch.zeros_like(m) for m in self.master]
-        masks = [u.masks() for u in units]
-        self.decay_mask = [m[0] for m in masks]
-        self.trainable = [m[1].bool() for m in masks]
+        # Weight decay as runs of the chunk (no per-element mask: that would cost 4 bytes per element);
+        # a trainable mask is kept only for chunks with frozen parameters or padding.
+        self.decay_runs = [u.decay_runs() for u in units]
+        trainable = [u.masks()[1].bool() for u in units]
         # Decided once here: a per-step ``train.all()`` would make the host wait on the device.
-        self.all_trainable = [bool(t.all()) for t in self.trainable]
+        self.all_trainable = [bool(t.all()) for t in trainable]
+        self.trainable = [None if every else t for t, every in zip(trainable, self.all_trainable)]
         self.pg_order = layout.param_gather_order(self.degrees)
         self.os_order = layout.optim_scatter_order(self.degrees)
 
@@ -233,7 +235,7 @@ class ShardedAdamW:
         sq = torch.zeros(1, dtype=torch.float32, device=self.mesh.device)
         for g, t in zip(grads, self.trainable):
             g.mul_(inv)
-            sq += (g * t).pow(2).sum()
+            sq += (g if t is None else g * t).pow(2).sum()
         if self.degrees.optim > 1:
             C.all_reduce(sq, self.mesh.group("optim"), ledger=self.ledger, tag="grad_norm")
         # The norm and the clipping factor stay on the device: no host wait per step.
@@ -267,7 +269,7 @@ class ShardedAdamW:
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale)
         sq = torch.zeros(1, dtype=torch.float32, device=device)
         for g, t in zip(grads, self.trainable):
-            sq += (g * t).pow(2).sum()
+            sq += (g if t is None else g * t).pow(2).sum()
         if self.degrees.optim > 1:
             C.all_reduce(sq, self.mesh.group("optim"), ledger=self.ledger, tag="grad_norm")
         # Finite gradients whose squares overflow fp32 count as an overflow too.
@@ -308,7 +310,8 @@ class ShardedAdamW:
         p, m, v = self.master[i], self.exp_avg[i], self.exp_avg_sq[i]
         old = p.clone() if not self.all_trainable[i] else None
         if wd:
-            p.mul_(1 - lr * wd * self.decay_mask[i])
+            # the same fp32 factor 1 - lr*wd as a per-element mask would give, on the decayed runs only
+            self._decay(i, 1 - torch.tensor(lr * wd, dtype=torch.float32, device=p.device))
         m.lerp_(grad, 1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
         t = self._host_steps
@@ -324,7 +327,7 @@ class ShardedAdamW:
         p, m, v = self.master[i], self.exp_avg[i], self.exp_avg_sq[i]
         old = p.clone() if not self.all_trainable[i] else None
         if wd:
-            p.mul_(1 - (lr * wd) * keep * self.decay_mask[i])
+            self._decay(i, 1 - (lr * wd) * keep)
         m.lerp_(grad, (1 - b1) * keep)
         v.mul_(torch.where(keep > 0, b2, 1.0)).addcmul_(grad, grad, value=1 - b2)  # grad is 0 when skipped
         t = self._device_steps.clamp(min=1)  # a first step that overflows has t = 0: keep is 0 anyway
@@ -332,6 +335,12 @@ class ShardedAdamW:
         denom = (v.sqrt() / (1 - b2**t).sqrt().to(v.dtype)).add_(eps)
         p.addcdiv_(m * (-step_size).to(m.dtype), denom)
         self._freeze(i, old)
+
+    def _decay(self, i: int, factor: torch.Tensor) -> None:
+        """Multiply the decayed runs of master chunk ``i`` by ``factor`` (a 0-d fp32 tensor)."""
+        p = self.master[i]
+        for a, b in self.decay_runs[i]:
+            p[a:b].mul_(factor)
 
     def _freeze(self, i: int, old: torch.Tensor | None) -> None:
         if old is not None:

@@ -180,6 +180,20 @@ class FlatUnit:
                     trainable[a - lo : b - lo] = 1.0
         return decay, trainable
 
+    def decay_runs(self) -> list[tuple[int, int]]:
+        """The runs of this rank's optimizer chunk that get weight decay, as ``(start, end)`` offsets in
+        the chunk (merged; a few per unit, so the optimizer keeps no per-element decay mask)."""
+        lo, hi = self.o_range
+        runs: list[tuple[int, int]] = []
+        for s in self.slots:
+            a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
+            if a < b and s.decay:
+                if runs and runs[-1][1] == a - lo:
+                    runs[-1] = (runs[-1][0], b - lo)
+                else:
+                    runs.append((a - lo, b - lo))
+        return runs
+
     # -- relative offsets --------------------------------------------------------------------------------
     @property
     def optim_in_param(self) -> tuple[int, int]:

@@ -42,7 +42,7 @@ def _reset_hwm() -> bool:
 _M_MMAP_THRESHOLD = -3
 
 
-def unmap_large_frees(threshold: int = 1 << 20) -> bool:
+def unmap_large_frees(threshold: int = 1 << 16) -> bool:
     """Serve every allocation of ``threshold`` bytes or more with its own mapping, returned to the OS when
     freed (glibc; returns False elsewhere).
 
@@ -50,7 +50,9 @@ def unmap_large_frees(threshold: int = 1 << 20) -> bool:
     threshold is dynamic: once a mapped block is freed it rises to that block's size (up to 32 MiB), so
     later unit-sized buffers come from the heap, whose freed holes stay resident. A CPU rank's resident
     set then grows well past what it holds (measured: 3-4x the live model state of a 76M-parameter NeoX
-    under zero3 on 8 ranks). Setting the threshold fixes it and turns that adjustment off."""
+    under zero3 on 8 ranks). Setting the threshold turns that adjustment off; 64 KiB also maps the
+    activations of small models (benchmarks/memory_bench.py: a 1 MiB threshold left the resident peak
+    16-18% above the cost model, 64 KiB 6-7%)."""
     name = ctypes.util.find_library("c")
     if not name:
         return False
