@@ -171,7 +171,7 @@ def test_from_hf_starts_from_the_model_weights(tmp, hf_model, capfd):
 
     src, params = hf_model
     save = tmp / "from-hf"
-    # an update of 1e-30 is below fp32 resolution: the saved weights are the loaded ones, bit for bit
+    # a learning rate of 1e-30 leaves the weights as loaded (below fp32 resolution except at zeros)
     code, text, run = train(
         tmp, "from-hf", "--nodes", "2", "--plan", "zero3", "--from-hf", str(src), "--set", "train_iters=1",
         "--set", "optimizer.params.lr=1e-30", "--set", "min_lr=0", "--set", "weight_decay=0",
@@ -187,7 +187,8 @@ def test_from_hf_starts_from_the_model_weights(tmp, hf_model, capfd):
             got.update(load_file(f))
     params.setdefault("embed_out.weight", params.get("lm_head.weight"))
     for name, t in got.items():
-        assert torch.equal(t, params[name]), name
+        # zero biases move by the 1e-30 step; every other element is the model's own value
+        assert torch.allclose(t, params[name], rtol=0, atol=1e-29), name
 
 
 def test_from_hf_refuses_another_architecture(tmp, hf_model, capfd):
