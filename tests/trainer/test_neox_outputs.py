@@ -29,7 +29,7 @@ def args_of(tmp_path, text):
         ("checkpoint_factor: 2\ncheckpoint_scale: log\n", 20, [2, 4, 8, 16]),
         ("checkpoint_factor: 4\nextra_save_iters: [1, 6, 40]\n", 10, [1, 4, 6, 8]),
         ("extra_save_iters: [3]\n", 10, [3]),
-        ("", 10, []),
+        ("seed: 1\n", 10, []),
     ],
 )
 def test_save_iters_as_neox_derives_them(tmp_path, text, iters, want):
@@ -129,3 +129,12 @@ def test_log_file_and_log_dir_copy_get_buffered_records_and_warnings_once(tmp_pa
         text = target.read_text()
         assert text.count("same thing twice") == 1 and "after the directory exists" in text
     logging.getLogger("zerotopo").handlers.clear()
+
+
+def test_what_counts_as_a_checkpoint_to_load(tmp_path):
+    from zerotopo.trainer.checkpoint import find_checkpoint
+
+    assert find_checkpoint(tmp_path / "missing") is None
+    assert find_checkpoint(tmp_path) is None  # empty: training starts at step 0
+    (tmp_path / ".step_2.tmp-x1y2").mkdir()
+    assert find_checkpoint(tmp_path) is None  # only an unfinished (hidden) save
