@@ -840,6 +840,168 @@ for _name in ("slurm-nodeid-negative", "slurm-master-port-high", "rocr-garbage",
 # -- more classes are appended here (checkpoint cases, ...) ---------------------------------------------------
 
 EXTRA_CASES: list[Case] = []
+
+# -- checkpoints (load: and export-hf), built synthetically: no training run needed -------------------------
+
+_CKPT_MANIFEST = {
+    "format": "zerotopo-checkpoint", "version": 1, "step": 1, "consumed_samples": 64, "optimizer_steps": 1,
+    "world_size": 8, "plan": "zerotopo", "degrees": "", "seed": 1234, "loss_scaler": None,
+    "model": {
+        "vocab_size": 384, "hidden_size": 64, "num_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": None, "max_position_embeddings": 128, "rotary_pct": 0.25, "rotary_emb_base": 10000,
+        "gpt_j_residual": True, "layernorm_epsilon": 1e-05, "use_bias_in_attn_linear": True,
+        "use_bias_in_mlp": True, "gelu_approximate": False, "tie_embeddings": False, "init_method": "normal",
+        "output_layer_init_method": "scaled_normal", "init_std": 0.02, "checkpoint_activations": False,
+    },
+    "parameters": {}, "tokenizer": None,
+}  # fmt: skip
+_CKPT_METADATA = {"format": "zerotopo-dcp-metadata", "dcp_version": "1", "tensors": {}, "storage": []}
+_PICKLE = "cos\nsystem\n(S'touch {marker}'\ntR."
+
+
+def _checkpoint_case(name: str, edit: Callable[[Path, Path], None], *, export: bool = False) -> None:
+    """A save directory with ``latest`` -> ``step_1`` (a plausible manifest and metadata), changed by
+    ``edit(save, step_dir)``; run as ``train --set load=...`` (or ``export-hf``)."""
+
+    def build(tmp: Path) -> Invocation:
+        import json
+
+        save, step = tmp / "save", tmp / "save" / "step_1"
+        step.mkdir(parents=True)
+        (save / "latest").write_text("step_1\n")
+        (step / "checkpoint.json").write_text(json.dumps(_CKPT_MANIFEST))
+        (step / "dcp_metadata.json").write_text(json.dumps(_CKPT_METADATA))
+        edit(save, step)
+        if export:
+            return Invocation(["export-hf", str(save), str(tmp / "out")], marker=tmp / "EXECUTED")
+        return Invocation(["train", TINY, "--set", f"load={save}", "--no-progress"], marker=tmp / "EXECUTED")
+
+    add(f"checkpoint-{name}" + ("-export" if export else ""), "checkpoint", build)
+
+
+def _json_edit(name: str, change: Callable[[dict], None]) -> Callable[[Path, Path], None]:
+    def edit(save: Path, step: Path) -> None:
+        import json
+
+        obj = json.loads((step / name).read_text())
+        change(obj)
+        (step / name).write_text(json.dumps(obj))
+
+    return edit
+
+
+def _pickle_into(name: str) -> Callable[[Path, Path], None]:
+    return lambda save, step: (step / name).write_text(_PICKLE.format(marker=save.parent / "EXECUTED"))
+
+
+def _shard(size: int, length: int, file: str = "__0_0.distcp") -> Callable[[Path, Path], None]:
+    def edit(save: Path, step: Path) -> None:
+        import json
+
+        md = dict(_CKPT_METADATA)
+        md["tensors"] = {
+            "param/x": {"dtype": "float32", "size": [4], "chunks": [{"offsets": [0], "sizes": [4]}]}
+        }
+        md["storage"] = [{"fqn": "param/x", "offset": [0], "file": file, "byte_offset": 0, "length": length}]
+        (step / "dcp_metadata.json").write_text(json.dumps(md))
+        if size >= 0:
+            (step / "__0_0.distcp").write_bytes(b"\0" * size)
+
+    return edit
+
+
+CHECKPOINT_DEFECTS: dict[str, Callable[[Path, Path], None]] = {
+    "latest-names-nothing": lambda save, step: (save / "latest").write_text("step_99\n"),
+    "latest-negative": lambda save, step: (save / "latest").write_text("step_-5\n"),
+    "latest-binary": lambda save, step: (save / "latest").write_bytes(b"\x89PNG\xff\xfe\x00"),
+    "latest-traversal": lambda save, step: (save / "latest").write_text("../../etc\n"),
+    "latest-empty": lambda save, step: (save / "latest").write_text(""),
+    "latest-directory": lambda save, step: ((save / "latest").unlink(), (save / "latest").mkdir()),
+    "no-latest": lambda save, step: (save / "latest").unlink(),
+    "manifest-missing": lambda save, step: (step / "checkpoint.json").unlink(),
+    "manifest-binary": lambda save, step: (step / "checkpoint.json").write_bytes(bytes(range(256))),
+    "manifest-pickle": _pickle_into("checkpoint.json"),
+    "manifest-list": lambda save, step: (step / "checkpoint.json").write_text("[1, 2]"),
+    "manifest-wrong-format": _json_edit("checkpoint.json", lambda m: m.update(format="safetensors")),
+    "manifest-negative-step": _json_edit("checkpoint.json", lambda m: m.update(step=-1)),
+    "manifest-step-text": _json_edit("checkpoint.json", lambda m: m.update(step="one")),
+    "manifest-step-mismatch": _json_edit("checkpoint.json", lambda m: m.update(step=7)),
+    "manifest-negative-samples": _json_edit("checkpoint.json", lambda m: m.update(consumed_samples=-64)),
+    "manifest-model-not-object": _json_edit("checkpoint.json", lambda m: m.update(model=[1])),
+    "manifest-model-field-missing": _json_edit("checkpoint.json", lambda m: m["model"].pop("hidden_size")),
+    "manifest-model-bad-value": _json_edit(
+        "checkpoint.json", lambda m: m["model"].update(num_attention_heads=7)
+    ),
+    "another-model": lambda save, step: None,  # the manifest's model is not the tiny config's
+    "metadata-missing": lambda save, step: (step / "dcp_metadata.json").unlink(),
+    "metadata-binary": lambda save, step: (step / "dcp_metadata.json").write_bytes(b"\x00\xff" * 50),
+    "metadata-pickle": _pickle_into("dcp_metadata.json"),
+    "metadata-wrong-format": _json_edit("dcp_metadata.json", lambda m: m.update(format="dcp")),
+    "metadata-bad-dtype": _json_edit(
+        "dcp_metadata.json",
+        lambda m: m["tensors"].update(x={"dtype": "object", "size": [1], "chunks": []}),
+    ),
+    "metadata-chunk-outside": _json_edit(
+        "dcp_metadata.json",
+        lambda m: m["tensors"].update(
+            x={"dtype": "float32", "size": [4], "chunks": [{"offsets": [3], "sizes": [9]}]}
+        ),
+    ),
+    "metadata-negative-size": _json_edit(
+        "dcp_metadata.json", lambda m: m["tensors"].update(x={"dtype": "float32", "size": [-4], "chunks": []})
+    ),
+    "shard-missing": _shard(-1, 100),
+    "shard-truncated": _shard(10, 100),
+    "shard-path-traversal": _shard(100, 10, file="../../../etc/passwd.distcp"),
+    "shard-absolute-path": _shard(100, 10, file="/etc/passwd"),
+    "dcp-pickle-metadata-only": lambda save, step: (
+        (step / "dcp_metadata.json").unlink(),
+        (step / ".metadata").write_text(_PICKLE.format(marker=save.parent / "EXECUTED")),
+    ),
+}
+
+for _name, _edit in CHECKPOINT_DEFECTS.items():
+    _checkpoint_case(_name, _edit)
+for _name in (
+    "latest-names-nothing",
+    "manifest-pickle",
+    "metadata-pickle",
+    "shard-truncated",
+    "another-model",
+):
+    _checkpoint_case(_name, CHECKPOINT_DEFECTS[_name], export=True)
+
+
+def _load_is_a_file(tmp: Path) -> Invocation:
+    (tmp / "ckpt.pt").write_text(_PICKLE.format(marker=tmp / "EXECUTED"))
+    return Invocation(
+        ["train", TINY, "--set", f"load={tmp / 'ckpt.pt'}", "--no-progress"], marker=tmp / "EXECUTED"
+    )
+
+
+def _export_into_busy_dir(tmp: Path) -> Invocation:
+    (tmp / "out").mkdir()
+    (tmp / "out" / "mine.txt").write_text("keep")
+    return Invocation(["export-hf", str(tmp / "nothing"), str(tmp / "out")])
+
+
+add("checkpoint-load-is-a-pickle-file", "checkpoint", _load_is_a_file)
+add(
+    "checkpoint-export-nothing",
+    "checkpoint",
+    lambda tmp: Invocation(["export-hf", str(tmp / "x"), str(tmp / "o")]),
+)
+add("checkpoint-export-busy-dir", "checkpoint", _export_into_busy_dir)
+add(
+    "checkpoint-export-bad-shard-size",
+    "checkpoint",
+    lambda tmp: Invocation(["export-hf", str(tmp), str(tmp / "o"), "--max-shard-size", "lots"]),
+)
+add(
+    "hf-from-missing-dir",
+    "checkpoint",
+    lambda tmp: Invocation(["train", TINY, "--from-hf", str(tmp / "none")]),
+)
 CASES.extend(EXTRA_CASES)
 
 

@@ -42,10 +42,10 @@ def small_config(path: Path) -> Path:
     return path
 
 
-def train(tmp: Path, name: str, *extra: str, capsys) -> tuple[int, str, Path]:
+def train(tmp: Path, name: str, *extra: str, capfd) -> tuple[int, str, Path]:
     run = tmp / f"run-{name}"
     code = main(["train", str(tmp / "small.yml"), "--run-dir", str(run), "--no-progress", *extra])
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()
     return code, out + err, run
 
 
@@ -91,21 +91,21 @@ def test_checkpoint_layout(reference):
     )
 
 
-def test_killed_save_resumes_from_previous_checkpoint_bit_exact(tmp, reference, capsys, monkeypatch):
+def test_killed_save_resumes_from_previous_checkpoint_bit_exact(tmp, reference, capfd, monkeypatch):
     _, ref = reference
     save = tmp / "fault-write"
     monkeypatch.setenv(FAULT_ENV, "4:write")  # rank 0 dies once its shards of step 4 are on disk
     code, text, _ = train(
         tmp, "fault-write", "--plan", EXACT_ZEROTOPO, "--set", f"save={save}", "--set", "save_interval=2",
-        capsys=capsys,
+        capfd=capfd,
     )  # fmt: skip
-    assert code != 0 and "saving checkpoint" in text, text
+    assert code != 0 and "rank 0 of 8 exited with signal 9" in text, text
     assert (save / "latest").read_text().strip() == "step_2"
     assert not (save / "step_4").exists() and list(save.glob(".step_4.tmp-*"))  # the partial save is hidden
     monkeypatch.delenv(FAULT_ENV)
     code, text, run = train(
         tmp, "resume", "--plan", EXACT_ZEROTOPO, "--set", f"load={save}", "--set", f"save={save}",
-        "--set", "save_interval=2", capsys=capsys,
+        "--set", "save_interval=2", capfd=capfd,
     )  # fmt: skip
     assert code == 0, text
     assert "resumed from" in text and "step_2" in text
@@ -115,12 +115,12 @@ def test_killed_save_resumes_from_previous_checkpoint_bit_exact(tmp, reference, 
     assert (save / "latest").read_text().strip() == "step_6" and not list(save.glob(".step_*"))
 
 
-def test_kill_after_rename_leaves_latest_on_previous(tmp, capsys, monkeypatch):
+def test_kill_after_rename_leaves_latest_on_previous(tmp, capfd, monkeypatch):
     save = tmp / "fault-rename"
     monkeypatch.setenv(FAULT_ENV, "4:rename")  # rank 0 dies after step_4 is in place, before latest moves
     code, text, _ = train(
         tmp, "fault-rename", "--plan", EXACT_ZEROTOPO, "--set", "train_iters=4", "--set", f"save={save}",
-        "--set", "save_interval=2", capsys=capsys,
+        "--set", "save_interval=2", capfd=capfd,
     )  # fmt: skip
     assert code != 0
     assert (save / "step_4" / "checkpoint.json").is_file()
@@ -135,9 +135,9 @@ def test_kill_after_rename_leaves_latest_on_previous(tmp, capsys, monkeypatch):
         ("hsdp-8ranks", ["--plan", "hsdp"]),
     ],
 )
-def test_reshard_continues_within_1e5(tmp, reference, capsys, name, flags):
+def test_reshard_continues_within_1e5(tmp, reference, capfd, name, flags):
     save, ref = reference
-    code, text, run = train(tmp, name, *flags, "--set", f"load={save / 'step_4'}", capsys=capsys)
+    code, text, run = train(tmp, name, *flags, "--set", f"load={save / 'step_4'}", capfd=capfd)
     assert code == 0, text
     got = losses(run)
     assert sorted(got) == [5, 6]
@@ -163,7 +163,7 @@ def hf_model(tmp):
     return d, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def test_from_hf_starts_from_the_model_weights(tmp, hf_model, capsys):
+def test_from_hf_starts_from_the_model_weights(tmp, hf_model, capfd):
     import torch
     from safetensors.torch import load_file
 
@@ -171,11 +171,11 @@ def test_from_hf_starts_from_the_model_weights(tmp, hf_model, capsys):
 
     src, params = hf_model
     save = tmp / "from-hf"
-    # an update of 1e-30 is below fp32 resolution: the saved weights are the loaded ones, bit for bit
+    # a learning rate of 1e-30 leaves the weights as loaded (below fp32 resolution except at zeros)
     code, text, run = train(
         tmp, "from-hf", "--nodes", "2", "--plan", "zero3", "--from-hf", str(src), "--set", "train_iters=1",
         "--set", "optimizer.params.lr=1e-30", "--set", "min_lr=0", "--set", "weight_decay=0",
-        "--set", f"save={save}", capsys=capsys,
+        "--set", f"save={save}", capfd=capfd,
     )  # fmt: skip
     assert code == 0, text
     assert "weights from the Hugging Face model" in text
@@ -187,10 +187,11 @@ def test_from_hf_starts_from_the_model_weights(tmp, hf_model, capsys):
             got.update(load_file(f))
     params.setdefault("embed_out.weight", params.get("lm_head.weight"))
     for name, t in got.items():
-        assert torch.equal(t, params[name]), name
+        # zero biases move by the 1e-30 step; every other element is the model's own value
+        assert torch.allclose(t, params[name], rtol=0, atol=1e-29), name
 
 
-def test_from_hf_refuses_another_architecture(tmp, hf_model, capsys):
+def test_from_hf_refuses_another_architecture(tmp, hf_model, capfd):
     src, _ = hf_model
     code, text, _ = train(
         tmp,
@@ -201,7 +202,7 @@ def test_from_hf_refuses_another_architecture(tmp, hf_model, capsys):
         str(src),
         "--set",
         "gpt_j_residual=false",
-        capsys=capsys,
+        capfd=capfd,
     )
     assert code == 2
     assert "gpt_j_residual: False in --set, the model has use_parallel_residual = True" in text, text

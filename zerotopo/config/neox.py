@@ -317,7 +317,8 @@ class NeoXArgs:
     save: str | None = _key(c.optional(c.text))
     """Directory to save checkpoints to."""
     load: str | None = _key(c.optional(c.text))
-    """Directory to load a checkpoint from."""
+    """Directory to resume from (a ``save:`` directory or one ``step_<N>`` in it, any plan or world size), or
+    a Hugging Face GPT-NeoX directory to start from; a directory with no checkpoint yet starts at step 0."""
     save_interval: int | None = _key(c.optional(c.integer(1, 10**9)))
     """Steps between checkpoints (the older name of ``checkpoint_factor``)."""
     checkpoint_factor: float | None = _key(c.optional(c.number(1.0)))

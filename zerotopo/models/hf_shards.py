@@ -307,10 +307,7 @@ def export_hf(
             f"no checkpoint at {checkpoint}: expected a step directory or a save: directory with latest"
         )
     ckpt = open_checkpoint(step_dir)
-    try:
-        cfg = NeoXConfig(**ckpt.manifest["model"])
-    except (TypeError, ValueError) as exc:
-        raise ZerotopoError(f"{step_dir / 'checkpoint.json'}: bad model config ({exc})") from None
+    cfg = ckpt.manifest["config"]
     check_compatible(ckpt, cfg)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

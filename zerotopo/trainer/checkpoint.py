@@ -451,6 +451,21 @@ def _int_field(manifest: dict, key: str, path: Path) -> int:
     return v
 
 
+def _model_config(model: dict[str, Any], mpath: Path) -> NeoXConfig:
+    from dataclasses import fields
+
+    names = [f.name for f in fields(NeoXConfig)]
+    missing = [n for n in names if n not in model]
+    extra = [k for k in model if k not in names]
+    if missing or extra:
+        what = f"lacks {missing[0]!r}" if missing else f"has an unknown field {str(extra[0])[:40]!r}"
+        raise ZerotopoError(f"{mpath}: the model config {what}; the manifest is damaged")
+    try:
+        return NeoXConfig(**model)
+    except (TypeError, ValueError) as exc:
+        raise ZerotopoError(f"{mpath}: bad model config ({str(exc)[:200]})") from None
+
+
 def open_checkpoint(step_dir: Path) -> Checkpoint:
     """Read and check ``checkpoint.json`` and the DCP metadata of a step directory; every data file the
     metadata names must exist and be long enough."""
@@ -472,6 +487,7 @@ def open_checkpoint(step_dir: Path) -> Checkpoint:
         raise ZerotopoError(f"{mpath}: step {manifest['step']} does not match its directory {step_dir.name}")
     if not isinstance(manifest.get("model"), dict) or not isinstance(manifest.get("parameters"), dict):
         raise ZerotopoError(f'{mpath}: "model" and "parameters" must be objects')
+    manifest["config"] = _model_config(manifest["model"], mpath)
     md = read_metadata_file(step_dir)
     sizes: dict[str, int] = {}
     for info in md.storage_data.values():
