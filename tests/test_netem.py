@@ -244,3 +244,22 @@ def test_stale_namespaces_of_a_dead_launcher_are_removed():
         assert our_namespaces(dead.pid) == []
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _fails(rank: int, world: int) -> None:
+    if rank == 1:
+        raise ValueError("rank 1 breaks")
+    time.sleep(300)  # the others would wait forever in a collective
+
+
+def test_an_error_in_a_rank_tears_everything_down():
+    from pathlib import Path
+
+    from zerotopo.errors import ZerotopoError
+    from zerotopo.netem import emulated_cluster, our_namespaces
+    from zerotopo.topology import load_topology
+
+    topo = load_topology(Path(__file__).parent / "bench" / "mini-frontier.yaml")  # 4 ranks
+    with pytest.raises(ZerotopoError, match="rank 1 breaks"), emulated_cluster(topo, network_mbit=10) as net:
+        spawn(_fails, 4, ranks_per_node=2, network=net, timeout_s=120)
+    assert not set(our_namespaces(os.getpid())) & set(net.namespaces)

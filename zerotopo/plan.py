@@ -84,9 +84,11 @@ class Plan:
     grad_reduce: str = "reduce_scatter"
     """Cross-replica gradient reduction: ``reduce_scatter`` inside the optimizer group then all-reduce
     across optimizer replicas, or ``allreduce`` of the whole gradient shard then select (the papers)."""
-    grad_dtype: str = "fp32"
+    grad_dtype: str | None = None
     """Gradients' width, in the per-micro-batch reduction and in the accumulated shard: ``fp32``, or
-    ``param`` (the parameter dtype, 2 bytes for fp16/bf16, as DeepSpeed ZeRO and papers/003 Tables V-VI)."""
+    ``param`` (the parameter dtype, 2 bytes for fp16/bf16, as DeepSpeed ZeRO and papers/003 Tables V-VI).
+    Unset: the caller's default (``parallelize``: fp32; ``zerotopo train``/``plan`` on a NeoX config:
+    DeepSpeed's, whose ``data_types.grad_accum_dtype`` defaults to the model dtype, i.e. ``param``)."""
     description: str = field(default="", compare=False)
 
     def degrees(self, topology: Topology) -> Degrees:
@@ -123,7 +125,7 @@ class Plan:
                 f"grad_reduce must be one of {', '.join(GRAD_REDUCE_MODES)}, got {self.grad_reduce!r}",
             ),
             (
-                self.grad_dtype in GRAD_DTYPES,
+                self.grad_dtype is None or self.grad_dtype in GRAD_DTYPES,
                 f"grad_dtype must be one of {', '.join(GRAD_DTYPES)}, got {self.grad_dtype!r}",
             ),
             (

@@ -99,12 +99,20 @@ def test_buffers_prefetch_and_activations():
     t = load_topology("frontier", nodes=1)
     units = [800, 1600, 400]
     zero3 = get_preset("zero3")
-    # gathered weights of the unit in use and one prefetched, plus one full unit gradient, at 2 bytes
-    assert memory_per_device(units, t, zero3).buffers == 1600 * 2 * 2 + 1600 * 2
+    # gathered weights of the unit in use and one prefetched at 2 bytes, plus the full unit gradient as
+    # autograd's .grad (2 bytes) and as the flat fp32 reduce-scatter input (4 bytes)
+    assert memory_per_device(units, t, zero3).buffers == 1600 * 2 * 2 + 1600 * (2 + 4)
     deeper = Plan("z", params="world", grads="world", optim="world", prefetch=3)
-    assert memory_per_device(units, t, deeper).buffers == 1600 * 4 * 2 + 1600 * 2
+    assert memory_per_device(units, t, deeper).buffers == 1600 * 4 * 2 + 1600 * (2 + 4)
     # ddp gathers nothing: only the full gradient is a temporary
-    assert memory_per_device(units, t, get_preset("ddp")).buffers == 1600 * 2
+    assert memory_per_device(units, t, get_preset("ddp")).buffers == 1600 * (2 + 4)
+    # the step copies the gradient chunks to fp32 only where they are not already fp32 slices
+    assert memory_per_device(units, t, zero3).step_buffers == 0
+    half = Plan("h", params="world", grads="world", optim="world", grad_dtype="param")
+    assert (
+        memory_per_device(units, t, half).step_buffers
+        == sum(padded_numel(n, half.degrees(t)) for n in units) // 8 * 4
+    )
     shape = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=128)
     # no recompute: 34·s·b·h bytes per layer at 16 bits (flash attention: no s² term), all layers kept
     full = activation_bytes(shape, 2, checkpoint_activations=False)
@@ -115,6 +123,7 @@ def test_buffers_prefetch_and_activations():
         shape.unit_params(), t, zero3, shape=shape, micro_batch=2, checkpoint_activations=False
     )
     assert m.activations == full and m.total == pytest.approx(m.model_states + m.buffers + full)
+    assert m.total == m.model_states + max(m.buffers + m.activations, m.step_buffers)
 
 
 def test_which_plans_fit_neox_20b_on_48_frontier_nodes():

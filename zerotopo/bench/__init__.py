@@ -6,3 +6,9 @@ cost model's prediction, the bytes that really crossed each shaped tier, peak me
 final loss. :mod:`zerotopo.bench.rows` builds each row's model and step; :mod:`zerotopo.bench.measure`
 holds the probes (timing, memory high-water mark, per-tier link counters).
 """
+
+FRAMEWORK_ROWS = ("deepspeed-zero3", "deepspeed-hpz", "fsdp2-hsdp", "fsdp2-hpz")
+"""Rows that run another framework (:mod:`zerotopo.bench.rows`)."""
+FLOOR_ROW = "no-comm"
+"""Every rank steps its own unsharded replica, no communication at all: the compute floor of a step on
+these ranks (its loss is not comparable: nothing is averaged)."""

@@ -32,10 +32,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from zerotopo.bench import FLOOR_ROW, FRAMEWORK_ROWS
 from zerotopo.errors import ConfigError, ZerotopoError
 
 ZEROTOPO_ROWS = ("zerotopo", "planner", "zero3", "zeropp", "mics")
-DEFAULT_ROWS = ZEROTOPO_ROWS + ("deepspeed-zero3", "deepspeed-hpz", "fsdp2-hsdp", "fsdp2-hpz")
+DEFAULT_ROWS = (FLOOR_ROW,) + ZEROTOPO_ROWS + FRAMEWORK_ROWS
 EXACT_RTOL = 2e-3
 """Relative loss tolerance between rows that all communicate in fp32 (summation order differs)."""
 QUANTIZED_RTOL = 3e-2
@@ -75,6 +76,8 @@ class CompareOptions:
     rates: dict[str, float] = field(default_factory=dict)
     """Per-tier rate overrides, Mbit/s (``--shape``)."""
     timeout_s: float = 3600.0
+    profile_dir: str | None = None
+    """Profile one extra step per row (torch.profiler, rank 0) into this directory."""
 
 
 # -- model and data ---------------------------------------------------------------------------------
@@ -164,6 +167,11 @@ def _worker(
                 times.append(time.perf_counter() - t0)
             losses.append(loss)
         sent1 = link_tier_bytes(tier_classes)
+        peak = memory.peak_bytes()
+        if opts.profile_dir:
+            profile_step(
+                row, batches(opts, cfg.vocab_size, seq, rank, step + 1), opts.profile_dir, name, rank
+            )
         row.close()
         out.append(
             {
@@ -172,12 +180,33 @@ def _worker(
                 "step_times_s": times,
                 "losses": losses,
                 "tier_bytes": {t: (sent1[t] - sent0.get(t, 0)) / opts.steps for t in sent1},
-                "peak_memory_bytes": memory.peak_bytes(),
+                "peak_memory_bytes": peak,
                 "setup_s": setup_s,
             }
         )
         del row
     return out
+
+
+def profile_step(row: Any, data: list, directory: str, name: str, rank: int) -> None:
+    """One more step under ``torch.profiler`` (every rank steps, rank 0 records): a table of the ops by
+    self CPU time in ``<directory>/<name>.txt`` and a Chrome trace ``<name>.json``."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    dist.barrier()
+    if rank:
+        row.step(data)
+        dist.barrier()
+        return
+    os.makedirs(directory, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        row.step(data)
+    dist.barrier()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    with open(os.path.join(directory, f"{name}.txt"), "w") as f:
+        f.write(table + "\n")
+    prof.export_chrome_trace(os.path.join(directory, f"{name}.json"))
 
 
 # -- the launcher -----------------------------------------------------------------------------------
@@ -190,7 +219,6 @@ def _quantized(plan: Any) -> bool:
 def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
     """(name, plan or None) of every row to run, and per-row metadata (kind, prediction, quantized,
     same_as for a planner pick that equals a preset already in the list)."""
-    from zerotopo.bench.rows import FRAMEWORK_ROWS
     from zerotopo.cost.planner import CostOptions, best_plan, estimate, placement, plan_candidates
     from zerotopo.plan import get_preset
 
@@ -203,6 +231,10 @@ def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tupl
     specs: list[tuple[str, Any]] = []
     meta: dict[str, Any] = {}
     for name in opts.rows:
+        if name == FLOOR_ROW:
+            specs.append((name, None))
+            meta[name] = {"kind": "floor", "quantized": False, "predicted": None, "plan": None}
+            continue
         if name in FRAMEWORK_ROWS:
             kind = name.split("-")[0]
             specs.append((name, None))
@@ -217,7 +249,7 @@ def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tupl
             try:
                 plan = get_preset(name)
             except ConfigError:
-                known = ", ".join(ZEROTOPO_ROWS + FRAMEWORK_ROWS)
+                known = ", ".join(DEFAULT_ROWS)
                 raise ConfigError(
                     f"unknown row {name!r}; rows are {known} or a zerotopo preset", key="--rows"
                 ) from None
@@ -229,6 +261,7 @@ def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tupl
             "predicted": est.time.step_time_s,
             "predicted_tier_bytes": {k: v for k, v in est.comm_bytes.items()},
             "placement": placement(plan, topo),
+            "plan_object": plan,
         }
         twin = next(
             (n for n, p in specs if p is not None and meta[n]["placement"] == meta[name]["placement"]), None
@@ -238,6 +271,29 @@ def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tupl
         else:
             specs.append((name, plan))
     return specs, meta
+
+
+def repredict(rows: list[dict], meta: dict[str, Any], opts: CompareOptions, topo: Any, shape: Any) -> str:
+    """With a ``no-comm`` row, price the zerotopo rows again at the compute rate it measured (the
+    topology's ``peak_tflops`` is a guess for CPU ranks sharing cores): the device's peak becomes the
+    floor's FLOPs per second at efficiency 1. Returns which compute figure the predictions use."""
+    from dataclasses import replace as dc_replace
+
+    from zerotopo.cost.planner import CostOptions, estimate
+
+    floor = next((r for r in rows if r["kind"] == "floor" and r.get("step_time_s")), None)
+    if floor is None:
+        return f"topology file: {topo.device.peak_tflops:g} TFLOPS at efficiency 0.5"
+    flops = shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=False)
+    tflops = flops / floor["step_time_s"] / 1e12
+    measured = dc_replace(topo, device=dc_replace(topo.device, peak_tflops=tflops))
+    cost = CostOptions(micro_batch=opts.batch, grad_accum=opts.micro_batches, param_bytes=4,
+                       checkpoint_activations=False, efficiency=1.0)  # fmt: skip
+    for r in rows:
+        plan = meta[r["name"]].get("plan_object")
+        if plan is not None and r.get("step_time_s"):
+            r["predicted_step_time_s"] = estimate(plan, shape, measured, cost).time.step_time_s
+    return f"measured by the no-comm row: {tflops * 1e3:.3f} GFLOPS per rank"
 
 
 def _mean_dict(dicts: list[dict[str, float]]) -> dict[str, float]:
@@ -290,7 +346,7 @@ def assemble(
 def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     """(reference row, why the comparison is void or None). Each row's final loss must lie within the
     tolerance of the reference's: the first full-precision row that ran."""
-    ran = [r for r in rows if r.get("final_loss") is not None]
+    ran = [r for r in rows if r.get("final_loss") is not None and r.get("kind") != "floor"]
     exact = [r for r in ran if not r["quantized"]]
     if not ran:
         return None, "no row ran"
@@ -304,6 +360,8 @@ def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
         if not r["loss_ok"]:
             bad.append(f"{r['name']} {r['final_loss']:.5f} ({delta:.2%} > {tol:.1%})")
     failed = [r["name"] for r in rows if r.get("error")]
+    for r in rows:
+        r.setdefault("loss_ok", r.get("final_loss") is not None)  # the floor row: not compared
     why = []
     if bad:
         why.append(f"final losses disagree with {ref['name']} {ref['final_loss']:.5f}: " + ", ".join(bad))
@@ -314,7 +372,7 @@ def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
 
 def ratios(rows: list[dict[str, Any]], base: str = "zerotopo") -> dict[str, float]:
     """tokens/s of ``base`` over every other row's."""
-    by = {r["name"]: r for r in rows if r.get("tokens_per_s")}
+    by = {r["name"]: r for r in rows if r.get("tokens_per_s") and r["kind"] != "floor"}
     if base not in by:
         return {}
     return {f"{base}/{n}": by[base]["tokens_per_s"] / r["tokens_per_s"] for n, r in by.items() if n != base}
@@ -358,8 +416,12 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     wall = time.perf_counter() - t0
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
     rows = assemble(opts, per_rank, meta, tokens)
+    compute = repredict(rows, meta, opts, topo, shape)
     reference, void = check_losses(rows)
     zt = [r for r in rows if r["kind"] == "zerotopo" and r.get("tokens_per_s") and not r.get("same_as")]
+    for r in rows:
+        if r.get("predicted_step_time_s") and r.get("step_time_s"):
+            r["predicted_over_measured"] = r["predicted_step_time_s"] / r["step_time_s"]
     planner = next((r for r in rows if r["name"] == "planner"), None)
     return {
         "command": command,
@@ -385,6 +447,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         "warmup": opts.warmup,
         "lr": opts.lr,
         "wall_s": wall,
+        "predicted_compute": compute,
         "reference": reference,
         "losses_agree": void is None,
         "void": void,
@@ -434,6 +497,7 @@ def format_report(report: dict[str, Any]) -> str:
             + (f"  (= {r['same_as']})" if r.get("same_as") else "")
         )
     lines.append("")
+    lines.append(f"predictions: compute {report['predicted_compute']}")
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
     if report["planner_pick"]:
@@ -529,6 +593,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--plot", metavar="PNG", help="write a bar chart (tokens/s, bytes per tier) to PNG")
+    p.add_argument(
+        "--profile", metavar="DIR", help="profile one extra step per row on rank 0 (torch.profiler) into DIR"
+    )
     p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds before the ranks are killed")
 
 
@@ -556,6 +623,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         network_mbit=args.network_mbit,
         rates=parse_rates(args.shape),
         timeout_s=args.timeout,
+        profile_dir=os.path.abspath(args.profile) if args.profile else None,
     )
 
 

@@ -14,6 +14,7 @@ runs one optimizer step over ``M`` micro-batches with the loss divided by ``M``:
   node every micro-batch and all-reduced across nodes on the last one (``set_requires_all_reduce``).
 - ``fsdp2-hpz``: ``fully_shard`` over the whole job with ``reshard_after_forward=<node size>``: after
   the forward each weight stays gathered over a node, so the backward gathers only inside the node.
+- ``no-comm``: each rank steps its own replica without any communication, the compute floor.
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from zerotopo.bench import FLOOR_ROW
 from zerotopo.models.config import NeoXConfig
 
 BETAS = (0.9, 0.95)
 EPS = 1e-8
-
-FRAMEWORK_ROWS = ("deepspeed-zero3", "deepspeed-hpz", "fsdp2-hsdp", "fsdp2-hpz")
 
 
 @dataclass
@@ -179,8 +179,27 @@ def warm_up(cfg: NeoXConfig) -> None:
     optim.step()
 
 
+def floor_row(cfg: NeoXConfig, lr: float) -> Row:
+    model = build_model(cfg)
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
+
+    def step(batches):
+        total = 0.0
+        for x, y in batches:
+            loss = _loss(model(x), y)
+            (loss / len(batches)).backward()
+            total += loss.item()
+        optim.step()
+        optim.zero_grad()
+        return total / len(batches)
+
+    return Row(step, info={"degrees": "replica per rank, no sync"})
+
+
 def build_row(name: str, plan: Any, cfg: NeoXConfig, topo: Any, rank: int, opts: Any) -> Row:
     """The row called ``name`` (``plan``: the zerotopo plan of a zerotopo row, else None)."""
+    if name == FLOOR_ROW:
+        return floor_row(cfg, opts.lr)
     if plan is not None:
         return zerotopo_row(cfg, topo, plan, rank, opts.lr)
     if name in ("deepspeed-zero3", "deepspeed-hpz"):

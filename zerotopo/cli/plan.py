@@ -35,15 +35,21 @@ def resolve_model_paths(specs: list[str]) -> list[str]:
 
 
 def tokenizer_vocab(path: str | None) -> int | None:
-    """Token count of a Hugging Face tokenizers JSON file, if it exists (vocabulary + added tokens)."""
+    """Token count of a Hugging Face tokenizers JSON file (vocabulary + added tokens) or a GPT-2
+    ``vocab.json``, if it exists."""
     if not path or not Path(path).is_file():
         return None
     try:
         raw = json.loads(Path(path).read_text())
+        if isinstance(raw, dict) and "model" not in raw and all(isinstance(v, int) for v in raw.values()):
+            return len(raw)  # a GPT-2 vocab.json (GPT2BPETokenizer)
         ids = set(raw["model"]["vocab"].values()) | {t["id"] for t in raw.get("added_tokens", [])}
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
-    return max(ids) + 1 if ids else None
+    # Ids that are not non-negative integers (a hostile or broken file) say nothing about the vocabulary.
+    if not ids or not all(type(i) is int and 0 <= i < 1 << 24 for i in ids):
+        return None
+    return max(ids) + 1
 
 
 def load_model(specs: list[str], vocab_size: int | None) -> tuple[ModelShape, NeoXArgs]:
@@ -85,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory-gib", type=float, default=None, help="device memory budget (default: device's)"
     )
+    parser.add_argument(
+        "--grad-dtype",
+        choices=("param", "fp32"),
+        default=None,
+        help="gradient width for plans that do not set it: param (the parameter dtype, DeepSpeed's "
+        "default) or fp32 (default: the config's data_types.grad_accum_dtype, else param)",
+    )
     parser.add_argument("--top", type=int, default=None, help="print only the first N rows")
     parser.add_argument(
         "--all-degrees", action="store_true", help="search degrees that are not tier-aligned too"
@@ -113,7 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
     if value is not None and not (math.isfinite(value) and 0 < value <= maximum):
-        raise ConfigError(f"expected a positive number up to {maximum:g}, found {value}", source=name)
+        bound = int(maximum) if float(maximum).is_integer() else maximum
+        raise ConfigError(f"expected a positive number up to {bound}, found {value}", source=name)
 
 
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:
@@ -153,6 +167,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         checkpoint_activations=bool(neox.checkpoint_activations),
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
+        grad_dtype=args.grad_dtype or neox.grad_dtype,
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
         unit_layers=unit_layers,
         **measured,
@@ -178,6 +193,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
         "grads",
         "optim",
         "total",
+        "max B",
         "intra GB",
         "inter GB",
         "step s",
@@ -192,6 +208,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
                 "lins" if e.name == e.plan.label() else e.name,  # enumerated plans are named by label
                 e.plan.label(topo) + (f" u={e.unit_layers}" if e.unit_layers not in (None, 1) else ""),
                 *(f"{x / GIB:.2f}" for x in (m.params, m.secondary, m.grads, m.optim, m.total)),
+                f"{e.max_params / 1e9:.1f}",
                 f"{intra / 1e9:.1f}",
                 f"{inter / 1e9:.1f}",
                 f"{e.time.step_time_s:.3f}",
@@ -202,7 +219,12 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = [head, "memory per device in GiB; bytes each device sends per step in GB", ""]
+    lines = [
+        head,
+        "memory per device in GiB; max B: the largest model (billions of parameters) whose model states "
+        "fit a device (no buffers or activations); bytes each device sends per step in GB",
+        "",
+    ]
     for r in rows:
         lines.append(
             "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))

@@ -177,6 +177,9 @@ _FP16_CHECKS = {
 }
 
 
+_DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
 @dataclass(frozen=True)
 class NeoXArgs:
     """Everything a NeoX-style config file can set that zerotopo uses, validated."""
@@ -271,6 +274,14 @@ class NeoXArgs:
     """The ``fp16`` block."""
     bf16_enabled: bool = _key(c.boolean, False, neox="bf16.enabled")
     """The ``bf16: {enabled: true}`` block."""
+    grad_accum_dtype: str | None = _key(
+        c.optional(c.choice("fp32", "fp16", "bf16", aliases=_DTYPE_ALIASES)),
+        None,
+        neox="data_types.grad_accum_dtype",
+    )
+    """DeepSpeed's ``data_types: {grad_accum_dtype: ...}``: the gradients' dtype (reduction and accumulated
+    shard). DeepSpeed's default is the model dtype, and so is zerotopo's (plan ``grad_dtype: param``);
+    ``fp32`` keeps fp32 gradients (plan ``grad_dtype: fp32``). A plan's own ``grad_dtype`` wins."""
     # --- data --------------------------------------------------------------------------------------------
     data_path: tuple[str, ...] | None = _key(c.optional(c.str_or_list))
     """Prefix (or list of prefixes) of mmap indexed datasets, without ``.bin``/``.idx``; the bundled
@@ -371,6 +382,14 @@ class NeoXArgs:
             return self.precision
         return "fp16" if self.fp16.enabled else "bf16" if self.bf16_enabled else "fp32"
 
+    @property
+    def grad_dtype(self) -> str:
+        """The plan ``grad_dtype`` a DeepSpeed user of this config gets: ``param`` unless
+        ``data_types.grad_accum_dtype`` asks for fp32 under fp16/bf16 training."""
+        if self.grad_accum_dtype == "fp32" and self.resolved_precision != "fp32":
+            return "fp32"
+        return "param"
+
     def padded_vocab(self, vocab_size: int) -> int:
         """The tokenizer's vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by``."""
         m = self.make_vocab_size_divisible_by
@@ -464,6 +483,7 @@ class NeoXArgs:
             "params": {k: v for k, v in optim.items() if v is not None},
         }
         out["bf16"] = {"enabled": out.pop("bf16_enabled")}
+        out["data_types"] = {"grad_accum_dtype": out.pop("grad_accum_dtype")}
         out["split"] = ",".join(f"{x:g}" for x in self.split)
         return out
 
@@ -579,6 +599,11 @@ def build_args(values: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[N
         elif key == "bf16":
             block = _block("bf16", value, {"enabled": c.boolean, "bf16": c.boolean}, sources, unknown)
             kwargs["bf16_enabled"] = block.get("enabled", block.get("bf16", True))
+        elif key == "data_types":
+            check = fields["grad_accum_dtype"].metadata["check"]
+            block = _block("data_types", value, {"grad_accum_dtype": check}, sources, unknown)
+            if "grad_accum_dtype" in block:
+                kwargs["grad_accum_dtype"] = block["grad_accum_dtype"]
         elif key in ("attention_config", "sparsity_config"):
             _unsupported(key, value, values, sources)
         elif key not in NO_EFFECT_KEYS:
@@ -663,6 +688,14 @@ def _cross_check(a: NeoXArgs) -> None:
             source=src("hidden_size") or src("num_attention_heads"),
             key="hidden_size",
         )
+    acc, prec = a.grad_accum_dtype, a.resolved_precision
+    if acc is not None and acc not in ("fp32", prec):
+        raise ConfigError(
+            f"{acc} gradients with {prec} parameters: gradients are kept in the parameter dtype or in fp32 "
+            f"(DeepSpeed rejects this mix too); set grad_accum_dtype to {prec} or fp32",
+            source=src("grad_accum_dtype") or src("data_types"),
+            key="data_types.grad_accum_dtype",
+        )
     head_dim = a.hidden_size // a.num_attention_heads
     if int(head_dim * a.rotary_pct) % 2:
         raise ConfigError(
@@ -703,12 +736,6 @@ def _cross_check(a: NeoXArgs) -> None:
             f"checkpoint_factor {a.checkpoint_factor} with checkpoint_scale log never grows; use a factor above 1",
             source=src("checkpoint_factor"),
             key="checkpoint_factor",
-        )
-    if a.tokenizer_type == "GPT2BPETokenizer" and a.vocab_file and not a.merge_file:
-        raise ConfigError(
-            "GPT2BPETokenizer needs merge_file (GPT-2's merges.txt) next to vocab_file (vocab.json)",
-            source=src("vocab_file"),
-            key="merge_file",
         )
     if a.min_lr > a.lr:
         raise ConfigError(

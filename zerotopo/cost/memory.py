@@ -38,9 +38,13 @@ class MemoryBreakdown:
     optim: float
     """Optimizer shard: fp32 master weights and Adam moments (``optim_bytes_per_param`` per element)."""
     buffers: float
-    """Full-unit temporaries: gathered weights (current + prefetched) and one full unit gradient."""
+    """Full-unit temporaries of the backward: gathered weights (current + prefetched), and the unit's
+    gradient twice (autograd's ``.grad`` in the parameter width and the flat reduce-scatter input)."""
     activations: float
     """Activations of one micro-batch (all layers, or checkpoints + one layer when recomputing)."""
+    step_buffers: float = 0
+    """The optimizer step's fp32 copy of every optimizer chunk of the gradient, where the step makes one
+    (gradient shards narrower than fp32, or a reduce-scatter into a separate optimizer chunk)."""
 
     @property
     def model_states(self) -> float:
@@ -48,7 +52,8 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return self.model_states + self.buffers + self.activations
+        """The peak: model states plus the larger of the backward's and the step's temporaries."""
+        return self.model_states + max(self.buffers + self.activations, self.step_buffers)
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -58,6 +63,7 @@ class MemoryBreakdown:
             "optim": self.optim,
             "buffers": self.buffers,
             "activations": self.activations,
+            "step_buffers": self.step_buffers,
             "total": self.total,
         }
 
@@ -87,14 +93,14 @@ def memory_per_device(
 ) -> MemoryBreakdown:
     """Memory one device holds for ``plan`` (see the module note); ``shape`` adds activations.
 
-    ``grad_bytes`` follows ``plan.grad_dtype`` when not given: 4 for the engine's fp32 gradient shards,
-    ``param_bytes`` for ``param`` (the papers' tables count fp16 gradients, 2). ``optim_bytes_per_param``
-    is 12 (fp32 master + Adam m and v) as in both papers.
+    ``grad_bytes`` follows ``plan.grad_dtype`` when not given: 4 for fp32 gradient shards (``fp32`` or
+    unset), ``param_bytes`` for ``param`` (the 2 bytes the papers' tables count).
+    ``optim_bytes_per_param`` is 12 (fp32 master + Adam m and v) as in both papers.
     """
     if not unit_numels:
         raise ValueError("a model needs at least one unit")
     if grad_bytes is None:
-        grad_bytes = param_bytes if getattr(plan, "grad_dtype", "fp32") == "param" else 4
+        grad_bytes = param_bytes if getattr(plan, "grad_dtype", None) == "param" else 4
     return _memory(
         unit_numels,
         plan,
@@ -149,8 +155,15 @@ def _memory(
             secondary = total(lambda x: x / s + x / s * volume.SCALE_BYTES / block)
     largest = max(size(n) for n in counts)
     gathers = d.params > 1 or d.secondary is not None
-    # gathered weights of the unit in use plus those prefetched, and the unit's full gradient
-    buffers = (largest * (1 + plan.prefetch) * param_bytes if gathers else 0) + largest * param_bytes
+    # gathered weights of the unit in use plus those prefetched; the unit's gradient as autograd leaves it
+    # (parameter width) and as the flat reduce-scatter input (gradient width) exist together while it is
+    # flattened (on gloo the ring's staged copy then replaces autograd's, freed by then)
+    buffers = (largest * (1 + plan.prefetch) * param_bytes if gathers else 0) + largest * (
+        param_bytes + grad_bytes
+    )
+    # the step's fp32 gradient chunks: a copy unless the chunk is an fp32 slice of the gradient shard
+    copied = grad_bytes != 4 or (plan.grad_reduce != "allreduce" and d.optim > d.grads)
+    step_buffers = total(lambda x: div(x, d.optim)) * 4 if copied else 0
     activations = (
         activation_bytes(shape, micro_batch, checkpoint_activations=checkpoint_activations) if shape else 0.0
     )
@@ -165,6 +178,7 @@ def _memory(
         optim=out(optim),
         buffers=out(buffers),
         activations=activations,
+        step_buffers=out(step_buffers),
     )
 
 

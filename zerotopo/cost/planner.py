@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from zerotopo.cost.bandwidth import BandwidthTable, default_table
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
-from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory
+from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, max_model_params
 from zerotopo.cost.presets import resolve
 from zerotopo.cost.time import OverlapModel, StepTime, collective_time, step_time
 from zerotopo.errors import PlanError
@@ -50,6 +50,9 @@ class CostOptions:
     """Width of the accumulated gradient shard; None: the plan's ``grad_dtype`` (fp32: 4, param: 2)."""
     reduce_bytes: int | None = None
     """Width of the per-micro-batch gradient reduce-scatter; None: the plan's ``grad_dtype``."""
+    grad_dtype: str | None = None
+    """``param`` or ``fp32`` for plans that leave ``grad_dtype`` unset (``zerotopo plan`` passes a NeoX
+    config's default, ``NeoXArgs.grad_dtype``: DeepSpeed's, the model dtype); a plan's own wins."""
     optim_bytes_per_param: int = 12
     """fp32 master + Adam m, v."""
     fp16: bool = False
@@ -86,6 +89,9 @@ class PlanEstimate:
     fits: bool
     schedule: StepSchedule | None = field(default=None, repr=False, compare=False)
     """The per-unit schedule that was costed."""
+    max_params: float = 0.0
+    """The largest parameter count whose model states fit the device memory under this plan
+    (:func:`~zerotopo.cost.memory.max_model_params`: no buffers or activations, as papers/003 §I counts)."""
 
     @property
     def name(self) -> str:
@@ -119,6 +125,7 @@ class PlanEstimate:
             "mfu": self.time.mfu,
             "fits": self.fits,
             "unit_layers": self.unit_layers,
+            "max_params": self.max_params,
         }
 
 
@@ -163,6 +170,8 @@ def _prepare(
     plan, sched = resolve(plan)
     if unit_layers is not None and sched.granularity == "unit":
         sched = replace(sched, unit_layers=unit_layers)
+    if plan.grad_dtype is None and options.grad_dtype is not None:
+        plan = replace(plan, grad_dtype=options.grad_dtype)
     d = degrees or plan.degrees(topology)
     o = options
     units = (
@@ -219,7 +228,13 @@ def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOption
         table=o.table(topology),
         overlap=o.overlap,
     )
-    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, fits, schedule)
+    limit = o.memory_limit_bytes if o.memory_limit_bytes is not None else topology.device.memory_gib * GIB
+    grad_bytes = grad_width(plan, o.param_bytes) if o.grad_bytes is None else o.grad_bytes
+    biggest = max_model_params(
+        topology, plan, param_bytes=o.param_bytes, grad_bytes=grad_bytes,
+        optim_bytes_per_param=o.optim_bytes_per_param, memory_bytes=limit,
+    )  # fmt: skip
+    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, fits, schedule, biggest)
 
 
 def estimate(

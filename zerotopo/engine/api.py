@@ -28,11 +28,12 @@ from zerotopo.engine.runtime import Runtime
 from zerotopo.engine.streams import Sanitizer, Streams, emulated_delay_s
 from zerotopo.engine.units import (
     FlatUnit,
-    UnitState,
     assign_params,
     collect_units,
     default_no_decay,
+    materialize_meta,
     memory_bytes,
+    reset_by_modules,
 )
 from zerotopo.errors import ZerotopoError
 
@@ -133,7 +134,8 @@ def parallelize(
     mesh: Mesh,
     units: list[tuple[str, nn.Module]] | None = None,
     param_dtype: torch.dtype = torch.float32,
-    reduce_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype | None = None,
+    init: Callable[[nn.Module], None] | None = None,
     lr: float = 1e-3,
     betas: tuple[float, float] = (0.9, 0.95),
     eps: float = 1e-8,
@@ -150,15 +152,31 @@ def parallelize(
     """Shard ``module`` by ``mesh.plan`` and return ``(model, optimizer)``.
 
     ``units``: ``(name, module)`` pairs; by default each child of every ``nn.ModuleList`` and every other
-    top-level child with parameters, plus a root unit for parameters owned by none of them. Every rank
-    must start from the same parameter values. ``loss_scale_options``: :class:`LossScaler` keywords
+    top-level child with parameters, plus a root unit for parameters owned by none of them.
+
+    [Note: shard-only start-up] ``module`` may be built on the meta device (``with torch.device("meta"):``).
+    Its units are then materialized one at a time, in unit order: the unit's padded fp32 buffer is
+    allocated on the CPU, ``init(unit_module)`` fills it in place (default: the model's own
+    ``init_unit(module)`` method, else ``reset_parameters()`` of every submodule), this rank keeps its
+    parameter, master and optimizer slices on ``mesh.device``, and the full buffer is dropped before the
+    next unit (with ``params == 1`` the full buffer is the rank's own shard and stays). No rank holds more
+    than one full unit at a time. ``init`` draws from the CPU's default generator in unit order, so a
+    model whose eager construction draws in the same order (as :class:`~zerotopo.models.neox.GPTNeoX`
+    and stock torch layers do) gets exactly the values an eager build after the same ``torch.manual_seed``
+    gets. An already materialized model is flattened unit by unit the same way (every rank must pass the
+    same values).
+
+    Gradients: ``mesh.plan.grad_dtype`` ``"param"`` keeps the per-micro-batch reduction and the gradient
+    shard in ``param_dtype``; ``"fp32"`` or unset keeps the shard in fp32 and reduces in ``reduce_dtype``
+    (default fp32). ``loss_scale_options``: :class:`LossScaler` keywords
     for dynamic fp16 scaling (``init_scale``, ``growth_interval``, ``hysteresis``, ``min_scale``).
-    ``copy_delay_ms`` delays the CPU emulated copy engine
+    ``copy_delay_ms`` delays the CPU emulated copy engine (on a device: a spin kernel before each copy)
     (default ``$ZEROTOPO_EMULATED_COPY_DELAY_MS`` or 0). ``sanitize`` checks the ordering rules on every
     collective that reads a buffer another stream wrote. ``unordered_secondary`` is a test and
     benchmark hook that reproduces the stock hpZ race (papers/000): the backward all-gather does not
     wait for the secondary partition's copy. No plan or CLI option selects it.
     """
+    grad_dtype, reduce_dtype = resolve_grad_dtypes(mesh.plan.grad_dtype, param_dtype, reduce_dtype)
     if param_dtype not in _DTYPES or reduce_dtype not in _DTYPES:
         raise ZerotopoError(
             f"param_dtype and reduce_dtype must be torch.float32, bfloat16 or float16, got {param_dtype} "
@@ -167,15 +185,20 @@ def parallelize(
     if isinstance(module, ShardedModule) or getattr(module, "_zerotopo_wrapped", False):
         raise ZerotopoError("this module was already parallelized; wrap the original model once")
     device = mesh.device
-    module.to(device)
+    _move_buffers(module, device)
     pairs, stray = assign_params(module, collect_units(module, units))
     pairs = [(n, m, p) for n, m, p in pairs if p]
     if stray:
         pairs.append(("<root>", None, stray))
     if not pairs:
         raise ZerotopoError("the model has no parameters to shard")
-    flat_units = [
-        FlatUnit(
+    init_fn = init or getattr(module, "init_unit", None) or reset_by_modules
+    flat_units = []
+    for i, (name, mod, params) in enumerate(pairs):
+        # one unit at a time: its full buffer is dropped before the next one is built
+        padded = layout.padded_numel(sum(p.numel() for _, p in params), mesh.degrees)
+        flat32, params = materialize_meta(module, name, mod, params, padded, init_fn)
+        u = FlatUnit(
             name,
             mod,
             params,
@@ -185,9 +208,13 @@ def parallelize(
             param_dtype=param_dtype,
             device=device,
             no_decay=no_decay,
+            grad_dtype=grad_dtype,
+            flat32=flat32,
         )
-        for i, (name, mod, params) in enumerate(pairs)
-    ]
+        del flat32
+        if u.sharded:
+            u.free_full()
+        flat_units.append(u)
     streams = Streams(device, copy_delay_s=emulated_delay_s(copy_delay_ms))
     runtime = Runtime(
         flat_units,
@@ -211,10 +238,6 @@ def parallelize(
         scaler=scaler,
         ledger=ledger,
     )
-    for u in flat_units:
-        if u.sharded:
-            u.free_full()
-            u.state = UnitState.SHARDED
     model = ShardedModule(module, flat_units, runtime, mesh)
     model.scaler = scaler
     model._optimizer = optimizer  # full_state_dict reads the fp32 master shards
@@ -222,6 +245,37 @@ def parallelize(
     if dist.is_initialized():
         dist.barrier()
     return model, optimizer
+
+
+def resolve_grad_dtypes(
+    grad_dtype: str | None, param_dtype: torch.dtype, reduce_dtype: torch.dtype | None
+) -> tuple[torch.dtype, torch.dtype]:
+    """(gradient shard dtype, reduce-scatter dtype) for a plan's ``grad_dtype``: ``"param"`` keeps both in
+    the parameter dtype (DeepSpeed's default, ``grad_accum_dtype`` = the model dtype); ``"fp32"`` or
+    ``None`` keeps an fp32 shard and reduces in ``reduce_dtype`` (fp32 when not given)."""
+    if grad_dtype == "param":
+        if reduce_dtype is not None and reduce_dtype != param_dtype:
+            raise ZerotopoError(
+                f"plan grad_dtype 'param' reduces gradients in the parameter dtype {param_dtype}, but "
+                f"reduce_dtype={reduce_dtype} was passed; drop reduce_dtype or use grad_dtype: fp32"
+            )
+        return param_dtype, param_dtype
+    return torch.float32, reduce_dtype or torch.float32
+
+
+def _move_buffers(module: nn.Module, device: torch.device) -> None:
+    """Put the module's buffers on ``device`` (parameters are copied unit by unit by ``FlatUnit``)."""
+    for m in module.modules():
+        for name, b in m._buffers.items():
+            if b is None:
+                continue
+            if b.is_meta:
+                raise ZerotopoError(
+                    f"buffer {name!r} of {type(m).__name__} is on the meta device; the engine materializes "
+                    f"parameters only: build buffers on a real device or compute them in forward"
+                )
+            if b.device != device:
+                m._buffers[name] = b.to(device)
 
 
 class Engine:

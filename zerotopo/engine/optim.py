@@ -187,17 +187,23 @@ class ShardedAdamW:
 
     # -- the step ---------------------------------------------------------------------------------------
     def _replica_reduce(self, u: FlatUnit) -> torch.Tensor:
-        """This rank's optimizer chunk of the gradient summed over the whole world (fp32)."""
+        """This rank's optimizer chunk of the gradient summed over the whole world, as fp32 (the reduction
+        runs in the gradient shard's dtype: fp32, or the parameter dtype under ``grad_dtype: param``).
+
+        An fp32 chunk that is the gradient shard or a slice of it is returned as is, not copied (the step
+        scales and clips it in place, as ``clip_grad_norm_`` does ``.grad``; ``zero_grad`` clears it), so
+        the step holds no second copy of the gradients; the cost model counts a copy only where one is
+        made (``zerotopo.cost.memory``: ``step_buffers``)."""
         d, plan, mesh = self.degrees, self.plan, self.mesh
         tag = f"replicas {u.name}"
         if plan.grad_reduce == "allreduce":
             if d.world // d.grads > 1:
                 C.all_reduce(u.grad_shard, mesh.group("grad_replicas"), ledger=self.ledger, tag=tag)
             lo, hi = u.optim_in_grad
-            return u.grad_shard[lo:hi].clone()
+            return u.grad_shard[lo:hi].to(torch.float32)
         k = d.optim // d.grads
         if k > 1:
-            chunk = torch.empty(u.grad_shard.numel() // k, dtype=torch.float32, device=u.device)
+            chunk = torch.empty(u.grad_shard.numel() // k, dtype=u.grad_shard.dtype, device=u.device)
             C.reduce_scatter(
                 chunk,
                 u.grad_shard,
@@ -207,10 +213,10 @@ class ShardedAdamW:
                 tag=tag,
             )
         else:
-            chunk = u.grad_shard.clone()
+            chunk = u.grad_shard
         if d.world // d.optim > 1:
             C.all_reduce(chunk, mesh.group("optim_replicas"), ledger=self.ledger, tag=tag)
-        return chunk
+        return chunk.to(torch.float32)
 
     @torch.no_grad()
     def step(self) -> dict[str, Any]:

@@ -72,6 +72,8 @@ class FlatUnit:
         param_dtype: torch.dtype,
         device: torch.device,
         no_decay: Any = default_no_decay,
+        grad_dtype: torch.dtype = torch.float32,
+        flat32: torch.Tensor | None = None,
     ) -> None:
         self.name = name
         self.module = module
@@ -97,20 +99,25 @@ class FlatUnit:
         self.trainable_count = sum(1 for s in self.slots if s.trainable)
 
         # The full flat buffer: its storage is allocated while the unit is FULL and resized to 0 otherwise.
-        flat32 = torch.zeros(self.padded, dtype=torch.float32, device=device)
-        with torch.no_grad():
-            for s in self.slots:
-                flat32[s.offset : s.offset + s.numel].copy_(s.param.detach().reshape(-1))
+        # ``flat32`` (the unit's fp32 values, padded, on any device) is read once: this rank keeps its
+        # slices; ``parallelize`` frees the full buffer of a sharded unit before it builds the next one.
+        if flat32 is None:
+            flat32 = flatten_params(self.slots, self.padded, device)
+        elif flat32.numel() != self.padded or flat32.dtype != torch.float32:
+            raise ZerotopoError(
+                f"unit {name!r}: flat buffer has {flat32.numel()} {flat32.dtype} elements, need {self.padded} fp32"
+            )
         # The fp32 master chunk comes from the module's own values, before any cast to param_dtype.
-        self.initial_master = flat32[self.o_range[0] : self.o_range[1]].clone()
-        full = flat32.to(param_dtype) if param_dtype != torch.float32 else flat32
-        self.full = full
+        self.initial_master = flat32[self.o_range[0] : self.o_range[1]].to(device, copy=True)
+        # (no copy when flat32 already is fp32 on the device)
+        self.full = flat32.to(device=device, dtype=param_dtype)
         self.sharded = degrees.params > 1
         if self.sharded:
-            self.param_shard = full[self.p_range[0] : self.p_range[1]].clone()
+            self.param_shard = self.full[self.p_range[0] : self.p_range[1]].clone()
         else:
-            self.param_shard = full  # p == 1: the shard is the full buffer; it is never freed
-        self.grad_shard = torch.zeros(self.g_range[1] - self.g_range[0], dtype=torch.float32, device=device)
+            self.param_shard = self.full  # p == 1: the shard is the full buffer; it is never freed
+        self.grad_dtype = grad_dtype
+        self.grad_shard = torch.zeros(self.g_range[1] - self.g_range[0], dtype=grad_dtype, device=device)
         self.set_views()
         self.state = UnitState.FULL
         self.secondary: Any = None  # a streams.Ready holding the secondary partition, or None
@@ -161,15 +168,17 @@ class FlatUnit:
 
     def masks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-element (decay, trainable) masks of this rank's optimizer chunk, as fp32 0/1."""
-        decay = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
-        trainable = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
-        for s in self.slots:
-            if s.decay:
-                decay[s.offset : s.offset + s.numel] = 1.0
-            if s.trainable:
-                trainable[s.offset : s.offset + s.numel] = 1.0
         lo, hi = self.o_range
-        return decay[lo:hi].clone(), trainable[lo:hi].clone()
+        decay = torch.zeros(hi - lo, dtype=torch.float32, device=self.device)
+        trainable = torch.zeros(hi - lo, dtype=torch.float32, device=self.device)
+        for s in self.slots:
+            a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
+            if a < b:
+                if s.decay:
+                    decay[a - lo : b - lo] = 1.0
+                if s.trainable:
+                    trainable[a - lo : b - lo] = 1.0
+        return decay, trainable
 
     # -- relative offsets --------------------------------------------------------------------------------
     @property
@@ -249,9 +258,81 @@ def assign_params(
     return result, stray
 
 
+def flatten_params(slots: list[ParamSlot], padded: int, device: torch.device) -> torch.Tensor:
+    """The parameters' values as one padded fp32 buffer on ``device`` (zeros in the padding)."""
+    flat = torch.zeros(padded, dtype=torch.float32, device=device)
+    with torch.no_grad():
+        for s in slots:
+            flat[s.offset : s.offset + s.numel].copy_(s.param.detach().reshape(-1))
+    return flat
+
+
+def reset_by_modules(module: nn.Module) -> None:
+    """Initialize a unit as its modules' constructors do: ``reset_parameters()`` of each submodule, in
+    registration order (for torch layers this consumes the random generator exactly as building them
+    eagerly did)."""
+    covered: set[int] = set()
+    for m in module.modules():
+        if callable(getattr(m, "reset_parameters", None)):
+            m.reset_parameters()
+            covered.update(id(p) for p in m.parameters())
+    for name, p in module.named_parameters():
+        if id(p) not in covered:
+            raise ZerotopoError(
+                f"parameter {name!r} was built on the meta device and no module of its unit has "
+                f"reset_parameters() to initialize it; give the model an init_unit(module) method or pass "
+                f"init= to parallelize"
+            )
+
+
+def materialize_meta(
+    root: nn.Module,
+    unit_name: str,
+    module: nn.Module | None,
+    params: list[tuple[str, nn.Parameter]],
+    padded: int,
+    init: Any,
+) -> tuple[torch.Tensor, list[tuple[str, nn.Parameter]]]:
+    """Give a unit built on the meta device its values: one padded fp32 buffer on the CPU, whose slices
+    become the unit's parameters (new ``nn.Parameter`` objects set on their modules), filled in place by
+    ``init(module)``. Only this unit is allocated; the CPU's default generator is consumed as ``init``
+    consumes it, so materializing units in order reproduces an eager build with the same seed."""
+    metas = [p.is_meta for _, p in params]
+    if not any(metas):
+        return None, params  # type: ignore[return-value]
+    if not all(metas):
+        raise ZerotopoError(
+            f"unit {unit_name!r} mixes parameters on the meta device with materialized ones; build the whole "
+            f"unit on the meta device or not at all"
+        )
+    if module is None:
+        raise ZerotopoError(
+            f"parameters {', '.join(n for n, _ in params)} were built on the meta device but belong to no "
+            f"unit module, so nothing can initialize them; materialize them before parallelize"
+        )
+    owners = {id(p): (m, attr) for m in root.modules() for attr, p in m._parameters.items() if p is not None}
+    flat = torch.zeros(padded, dtype=torch.float32)
+    out: list[tuple[str, nn.Parameter]] = []
+    offset = 0
+    for name, p in params:
+        n = p.numel()
+        # A fresh parameter whose .data is set to the view: it keeps its own version counter (one made
+        # from the view would share the buffer's, and every later all-gather into it would look to
+        # autograd like an in-place change of saved weights).
+        real = nn.Parameter(torch.empty(0), requires_grad=p.requires_grad)
+        real.data = flat[offset : offset + n].view(p.shape)
+        owner, attr = owners[id(p)]
+        setattr(owner, attr, real)
+        out.append((name, real))
+        offset += n
+    with torch.no_grad():
+        init(module)
+    return flat, out
+
+
 def memory_bytes(units: list[FlatUnit], secondary_bytes: int) -> dict[str, int]:
     """Bytes this rank holds per state (the full, gathered buffers are transient and not counted)."""
     params = sum(u.param_shard.numel() * u.param_shard.element_size() for u in units)
-    grads = sum(u.grad_shard.numel() * 4 for u in units)
+    grads = sum(u.grad_shard.numel() * u.grad_shard.element_size() for u in units)
     optim = sum((u.o_range[1] - u.o_range[0]) * 12 for u in units)
     return {"params": params, "secondary": secondary_bytes, "grads": grads, "optim": optim}

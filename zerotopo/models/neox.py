@@ -156,15 +156,29 @@ class NeoXHead(nn.Module):
 
 
 class GPTNeoX(nn.Module):
-    """A GPT-NeoX causal language model: ``embed_in`` → ``layers`` → ``head``."""
+    """A GPT-NeoX causal language model: ``embed_in`` → ``layers`` → ``head``.
+
+    [Note: NeoX init order] The modules are built without storage and then initialized by
+    :meth:`reset_parameters`, which draws from the default generator once per weight matrix in unit order
+    (``embed_in``, ``layers[0..L-1]``, ``head``) and nothing else. Built inside
+    ``with torch.device("meta"):`` the model stays storage-less; the sharding engine then calls
+    :meth:`init_unit` on each unit in the same order, so every rank reproduces the eager values of the same
+    seed while holding one unit at a time.
+    """
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
         self.config = cfg
-        self.embed_in = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(NeoXLayer(cfg) for _ in range(cfg.num_layers))
-        self.head = NeoXHead(cfg)
-        self.reset_parameters()
+        device = torch.get_default_device()
+        # torch layers draw their own default init when built; building on meta skips those draws, so
+        # the generator is consumed by NeoX's init alone (the same draws an engine replays per unit)
+        with torch.device("meta"):
+            self.embed_in = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.layers = nn.ModuleList(NeoXLayer(cfg) for _ in range(cfg.num_layers))
+            self.head = NeoXHead(cfg)
+        if device.type != "meta":
+            self.to_empty(device=device)
+            self.reset_parameters()
         if cfg.tie_embeddings:
             self.head.embed_out.weight = self.embed_in.weight
 
@@ -175,27 +189,43 @@ class GPTNeoX(nn.Module):
             x_BSH = layer(x_BSH)
         return self.head(x_BSH)
 
+    def unit_modules(self) -> list[nn.Module]:
+        """The modules :meth:`init_unit` initializes, in init order."""
+        return [self.embed_in, *self.layers, self.head]
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """NeoX init: weights normal with the configured std, biases zero, LayerNorms ones/zeros."""
+        for module in self.unit_modules():
+            self.init_unit(module)
+
+    @torch.no_grad()
+    def init_unit(self, module: nn.Module) -> None:
+        """Initialize one of :meth:`unit_modules` in place (see [Note: NeoX init order])."""
         cfg = self.config
         std_in, std_out = init_std(cfg.init_method, cfg), init_std(cfg.output_layer_init_method, cfg)
-        nn.init.normal_(self.embed_in.weight, std=std_in)
-        for layer in self.layers:
+        if module is self.embed_in:
+            nn.init.normal_(module.weight, std=std_in)
+        elif isinstance(module, NeoXLayer):
             for linear, std in (
-                (layer.attention.query_key_value, std_in),
-                (layer.attention.dense, std_out),
-                (layer.mlp.dense_h_to_4h, std_in),
-                (layer.mlp.dense_4h_to_h, std_out),
+                (module.attention.query_key_value, std_in),
+                (module.attention.dense, std_out),
+                (module.mlp.dense_h_to_4h, std_in),
+                (module.mlp.dense_4h_to_h, std_out),
             ):
                 nn.init.normal_(linear.weight, std=std)
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
-        nn.init.normal_(self.head.embed_out.weight, std=std_in)
-        for module in self.modules():
-            if isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        elif module is self.head:
+            nn.init.normal_(module.embed_out.weight, std=std_in)
+        else:
+            raise ValueError(
+                f"{type(module).__name__} is not a unit of this model (embed_in, a layer or head)"
+            )
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
 
     def num_parameters(self) -> int:
         """Distinct parameters (a tied embedding counts once)."""

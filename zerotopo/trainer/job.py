@@ -79,14 +79,17 @@ class TrainJob:
             )
         else:
             plan = load_plan("zerotopo")
-        if self.plan_overrides:
-            from dataclasses import replace
+        from dataclasses import replace
 
+        if self.plan_overrides:
             try:
                 plan = replace(plan, **self.plan_overrides)
                 plan._validate_options()
             except (TypeError, ValueError) as exc:
                 raise ConfigError(str(exc), source="plan flags") from None
+        if plan.grad_dtype is None:
+            # what DeepSpeed gives this config: gradients in the model dtype unless data_types says fp32
+            plan = replace(plan, grad_dtype=args.grad_dtype)
         return plan
 
     def resolve_run_dir(self, plan_name: str) -> Path:

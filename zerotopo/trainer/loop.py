@@ -36,6 +36,7 @@ from zerotopo.plan import PRESETS
 from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
+from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
 from zerotopo.trainer.retention import prune_checkpoints
 from zerotopo.trainer.schedule import schedule_for
 
@@ -118,6 +119,7 @@ def check_memory(
             plans="auto",
             param_bytes=param_bytes,
             checkpoint_activations=ckpt,
+            grad_dtype=args.grad_dtype,
         )
         if c.fits
     ]
@@ -179,6 +181,9 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     degrees = plan.degrees(topology)
     ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
+    if device.type == "cpu":
+        unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
+    probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
     cfg = check_vocab(args, tokenizer)
@@ -186,7 +191,10 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     param_dtype = DTYPES[precision]
     micro, accum, global_batch = args.batch_sizes(ctx.world)
     torch.manual_seed(args.seed)
-    model = GPTNeoX(cfg)
+    with torch.device("meta"):
+        # no storage: parallelize materializes each unit in turn and keeps this rank's shards only,
+        # drawing the init in the order an eager build with this seed would (engine/api.py)
+        model = GPTNeoX(cfg)
     unit_numels = [
         sum(p.numel() for p in m.parameters()) for m in [model.embed_in, *model.layers, model.head]
     ]
@@ -199,7 +207,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     if precision == "fp16":
         loss_scale = fp16.loss_scale if fp16.loss_scale else "dynamic"
     model, optimizer = parallelize(
-        model.to(device),
+        model,
         mesh=mesh,
         param_dtype=param_dtype,
         lr=args.lr,
@@ -391,6 +399,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         _retain(args, ctx)
     wall = time.perf_counter() - t_run
     memory = model.memory_report()
+    peak = peak_report(probe, ctx, args, shape, unit_numels, topology, plan, param_dtype.itemsize, micro)
     if writer is None:
         return None
     writer.close()
@@ -409,6 +418,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         "wall_s": wall,
         "tokens_per_s": (iters - start_step) * tokens_per_step / wall,
         "memory_bytes_rank0": memory,
+        "memory_peak": peak,
         "degrees_resolved": vars(degrees),
     }
     write_summary(run_dir, summary)
@@ -420,6 +430,46 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     )
     close_run_log()
     return summary
+
+
+def peak_report(
+    probe: PeakMemory,
+    ctx: RankContext,
+    args: NeoXArgs,
+    shape,
+    unit_numels,
+    topology,
+    plan,
+    param_bytes,
+    micro,
+) -> dict[str, Any]:
+    """Every rank's measured peak next to the cost model's per-device total (printed on rank 0)."""
+    from zerotopo.cost.memory import memory_per_device
+
+    mine = torch.tensor([probe.peak(), probe.baseline], dtype=torch.int64, device=ctx.device)
+    every = [torch.zeros_like(mine) for _ in range(ctx.world)]
+    dist.all_gather(every, mine)
+    measured = [int(t[0]) for t in every]
+    baseline = [int(t[1]) for t in every]
+    pred = memory_per_device(
+        unit_numels, topology, plan, param_bytes=param_bytes, padded=True, micro_batch=micro,
+        shape=shape, checkpoint_activations=args.checkpoint_activations,
+    )  # fmt: skip
+    if ctx.is_main:
+        g = 2**30
+        log.info(
+            f"peak memory per rank: measured {max(measured) / g:.3f} GiB (max over ranks; min "
+            f"{min(measured) / g:.3f}) above a baseline of {max(baseline) / g:.3f} GiB; cost model "
+            f"{pred.total / g:.3f} GiB per device (model states {pred.model_states / g:.3f}, buffers "
+            f"{pred.buffers / g:.3f}, activations {pred.activations / g:.3f}); {probe.method}"
+        )
+    return {
+        "method": probe.method,
+        "measured_bytes_per_rank": measured,
+        "baseline_bytes_per_rank": baseline,
+        "predicted_bytes": pred.total,
+        "predicted": pred.as_dict(),
+    }
 
 
 def _say(bar, msg: str) -> None:
@@ -450,11 +500,14 @@ def _retain(args: NeoXArgs, ctx: RankContext) -> None:
 
 
 def has_checkpoint(path: Path) -> bool:
-    """Whether ``path`` holds a checkpoint to resume from: a ``latest`` pointer, or a step directory
-    itself. A missing or empty directory (or one with only an unfinished save) holds none."""
+    """Whether ``path`` holds something to load: a ``latest`` pointer, or files of a checkpoint directory
+    itself (a step directory, a Hugging Face model). A missing directory, an empty one, or one holding
+    only subdirectories without ``latest`` (an unfinished first save) holds nothing yet."""
     if not path.exists():
         return False
-    return (path / "latest").exists() or (path / "trainer_state.json").exists()
+    if not path.is_dir() or (path / "latest").exists():
+        return True
+    return any(p.is_file() for p in path.iterdir())
 
 
 def _mean_over_ranks(values: torch.Tensor) -> list[float]:
