@@ -21,8 +21,11 @@ class BuildPyWithBuiltins(build_py):
             dest = Path(self.build_lib) / "zerotopo" / "builtin" / kind
             self.mkpath(str(dest))
             for pattern in patterns:
-                for src in sorted((ROOT / kind).glob(pattern)):
-                    self.copy_file(str(src), str(dest / src.name))
+                # Subdirectories too (topologies/bandwidth/ holds measured bandwidth tables).
+                for src in sorted((ROOT / kind).rglob(pattern)):
+                    target = dest / src.relative_to(ROOT / kind)
+                    self.mkpath(str(target.parent))
+                    self.copy_file(str(src), str(target))
 
 
 setup(cmdclass={"build_py": BuildPyWithBuiltins})

@@ -47,8 +47,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_carries_the_builtin_files(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for path in sorted((ROOT / "topologies").glob("*.yaml")):
-        assert f"zerotopo/builtin/topologies/{path.name}" in names
+    for path in sorted((ROOT / "topologies").rglob("*.yaml")):
+        assert f"zerotopo/builtin/topologies/{path.relative_to(ROOT / 'topologies').as_posix()}" in names
     for path in sorted((ROOT / "configs").glob("*.yml")):
         assert f"zerotopo/builtin/configs/{path.name}" in names
     assert "zerotopo/__main__.py" in names

@@ -92,8 +92,9 @@ def _tagged(logger: logging.Logger, tag: str) -> logging.Handler | None:
 
 
 def setup_console(*, verbose: bool = True) -> logging.Logger:
-    """Console output of the ``zerotopo`` logger (info to stdout when ``verbose``, warnings to stderr), warnings routed
-    through it once each. Idempotent: a second call changes the level only."""
+    """Console output of the ``zerotopo`` logger: info to stdout and warnings to stderr when ``verbose``,
+    errors only otherwise (the ranks other than 0, whose warnings would repeat rank 0's); Python warnings
+    are routed through it once each. Idempotent: a second call changes the level only."""
     logger = get_logger()
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
@@ -109,7 +110,7 @@ def setup_console(*, verbose: bool = True) -> logging.Logger:
         buffer = _Buffer()
         buffer._zerotopo = "buffer"  # type: ignore[attr-defined]
         logger.addHandler(buffer)
-    console.setLevel(logging.INFO if verbose else logging.WARNING)
+    console.setLevel(logging.INFO if verbose else logging.ERROR)
     capture_warnings()
     return logger
 

@@ -31,7 +31,7 @@ WORLD_NAMES = ("world", "job")
 INNER_NAMES = ("inner",)
 
 #: Bounds checked before anything is sized by them (the largest machines are far inside them).
-MAX_NODES = 1_000_000
+MAX_NODES = 100_000
 MAX_FANOUT = 4096
 MAX_DEVICES_PER_NODE = 4096
 MAX_TIERS = 16

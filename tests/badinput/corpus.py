@@ -719,6 +719,38 @@ for _name, _build in PREPROCESS.items():
     add(f"data-preprocess-{_name}", "data", _build)
 
 
+def _vocab(content: bytes | None) -> Callable[[Path], Invocation]:
+    def build(tmp: Path) -> Invocation:
+        argv = ["train", TINY, "--set", "tokenizer_type=HFTokenizer", "--no-progress"]
+        if content is not None:
+            (tmp / "tok.json").write_bytes(content)
+            argv += ["--set", f"vocab_file={tmp / 'tok.json'}"]
+        return Invocation(argv)
+
+    return build
+
+
+add("tokenizer-vocab-binary", "data", _vocab(b"\x00\x01\x02garbage"))
+add("tokenizer-vocab-wrong-json", "data", _vocab(b'{"model": {"vocab": 5}}'))
+add("tokenizer-vocab-empty", "data", _vocab(b""))
+add("tokenizer-vocab-missing", "data", _vocab(None))
+add(
+    "train-run-dir-unwritable",
+    "flag",
+    lambda tmp: Invocation(["train", TINY, "--run-dir", "/proc/zerotopo-run"]),
+)
+add(
+    "train-save-unwritable",
+    "flag",
+    lambda tmp: Invocation(["train", TINY, "--set", "save=/proc/zerotopo-save", "--no-progress"]),
+)
+add(
+    "train-run-dir-is-file",
+    "flag",
+    lambda tmp: (tmp / "f").write_text("x") and Invocation(["train", TINY, "--run-dir", str(tmp / "f")]),
+)
+
+
 # -- launcher environments (read by `zerotopo env`) -----------------------------------------------------------
 
 SLURM_OK = {
@@ -766,10 +798,23 @@ LAUNCH_ENVS: dict[str, dict[str, str]] = {
     "torchrun-local-world-zero": {**TORCHRUN_OK, "LOCAL_WORLD_SIZE": "0"},
     "rocr-garbage": {**SLURM_OK, "ROCR_VISIBLE_DEVICES": "gpu-please"},
     "cuda-garbage": {**SLURM_OK, "CUDA_VISIBLE_DEVICES": "0,x,1"},
-    "cuda-huge-list": {**SLURM_OK, "CUDA_VISIBLE_DEVICES": ",".join(["0"] * 100_000)},
+    "cuda-huge-list": {**SLURM_OK, "CUDA_VISIBLE_DEVICES": ",".join(["0"] * 10_000)},
     "emulated-nodes-zero": {**TORCHRUN_OK, "ZEROTOPO_EMULATED_NODES": "0"},
     "emulated-nodes-garbage": {**TORCHRUN_OK, "ZEROTOPO_EMULATED_NODES": "many"},
 }
+
+
+for _var, _value in (
+    ("ZEROTOPO_THREADS_PER_RANK", "lots"),
+    ("ZEROTOPO_THREADS_PER_RANK", "-4"),
+    ("ZEROTOPO_LOCAL_TIMEOUT_S", "nan"),
+    ("ZEROTOPO_LOCAL_TIMEOUT_S", "-1"),
+):
+    add(
+        f"train-env-{_var.lower()}-{_value}",
+        "launcher-env",
+        lambda tmp, v=_var, x=_value: Invocation(["train", TINY, "--no-progress"], env={v: x}),
+    )
 
 
 def _launch_env(env: dict[str, str], check: bool) -> Callable[[Path], Invocation]:

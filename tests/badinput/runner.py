@@ -103,6 +103,8 @@ def run_subprocess(case: Case, timeout_s: float = 120.0) -> tuple[str, str]:
             )
             code: int | None = proc.returncode
             output = proc.stdout + proc.stderr
+        except OSError as exc:  # the case could not even start (an environment too large for exec)
+            return "traceback", f"harness: {exc}"
         except subprocess.TimeoutExpired as exc:
             code = None
             output = (

@@ -219,8 +219,63 @@ def test_plan_models_by_name_and_vocabulary(tmp_path):
         (["--model", "neox-20b", "--nodes", "0"], "--nodes: expected a positive number"),
         (["--model", "neox-20b", "--efficiency", "2"], "--efficiency: expected a fraction"),
         (["--model", "neox-20b", "--calibration", "/nonexistent.yaml"], "does not exist"),
+        (["--model", "neox-20b", "--unit-layers", "0"], "--unit-layers: expected positive layer counts"),
+        (["--model", "neox-20b", "--plans", "deepspeed-zero9"], "for the cost model deepspeed-zero3"),
     ],
 )
 def test_plan_errors_exit_2(capsys, argv, words):
     rc, out, err = _run(capsys, "plan", *argv)
     assert rc == 2 and words in err
+
+
+def test_plan_explain(capsys, tmp_path):
+    model = _model(tmp_path)
+    rc, out, _ = _run(
+        capsys, "plan", "--topology", "frontier", "--nodes", "2", "--model", model,
+        "--plans", "zero3,zerotopo,deepspeed-zero3", "--explain", "zerotopo",
+    )  # fmt: skip
+    assert rc == 0
+    lines = out.splitlines()
+    head = lines[0]
+    assert head.startswith("zerotopo (p=2 s=8/int8 g=8 o=16 qw8 qg4) on frontier x 2 nodes: step ")
+    # step = compute + slowdown + exposed communication, as printed
+    nums = [float(x) for x in head.replace(" s", " ").split() if x.replace(".", "", 1).isdigit()]
+    step, compute, slow, exposed = nums[-4:]
+    assert step == pytest.approx(compute + slow + exposed, abs=2e-3)
+    table_head = next(i for i, x in enumerate(lines) if x.split()[:2] == ["phase", "collective"])
+    rows = lines[table_head + 1 : lines.index("", table_head)]
+    assert {r.split()[0] for r in rows} >= {
+        "forward",
+        "backward",
+        "grad_reduce",
+        "replica_reduce",
+        "param_gather",
+    }
+    for r in rows:  # hidden + exposed = total
+        total, hidden, exp = (float(x) for x in r.split()[-3:])
+        assert total == pytest.approx(hidden + exp, abs=2e-3)
+    assert sum(x.startswith("vs ") for x in lines) == 2 and any(
+        x.startswith("vs deepspeed-zero3 (") for x in lines
+    )
+
+
+def test_plan_scaling_and_plot(capsys, tmp_path):
+    model = _model(tmp_path)
+    png = tmp_path / "scaling.png"
+    rc, out, _ = _run(
+        capsys, "plan", "--topology", "frontier", "--model", model, "--plans", "zero3,zerotopo",
+        "--scaling", "1,2,4", "--plot", str(png),
+    )  # fmt: skip
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[1].split() == ["nodes", "zero3", "zerotopo"]
+    assert [x.split()[0] for x in lines[2:5]] == ["1", "2", "4"]
+    eff = lines[5].split()
+    assert eff[:2] == ["scaling", "eff."]
+    first, last = float(lines[2].split()[1]), float(lines[4].split()[1])
+    assert float(eff[2]) == pytest.approx(last / first, rel=0.02) and eff[3] == "(1->4)"
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc, _, err = _run(capsys, "plan", "--model", model, "--plot", str(png))
+    assert rc == 2 and "--plot" in err and "--scaling" in err
+    rc, _, err = _run(capsys, "plan", "--model", model, "--scaling", "1,x")
+    assert rc == 2 and "--scaling" in err

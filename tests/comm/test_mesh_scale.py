@@ -113,3 +113,24 @@ def test_mesh_without_sort_ranks_precomputes_permutations(fake, monkeypatch: pyt
     idx = node.index(node.pg_ranks, "cpu")
     assert idx.tolist() == list(node.pg_ranks) and node.index(node.pg_ranks, "cpu") is idx
     assert g.size == 2
+
+
+def test_mesh_falls_back_to_every_rank_creating_every_group(fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the ranks do not agree on how many groups they already have (torch hashes that count into a
+    locally created group's name), every rank creates every group instead, in the same order."""
+    topology, install = fake
+    f = install(0)
+    gather = f.all_gather_object
+
+    def uneven(out: list, obj: Any) -> None:
+        gather(out, obj)
+        out[1] = RankPlacement(
+            *[getattr(out[1], k) for k in ("rank", "topo_index", "hostname", "node")], 0, 99
+        )
+
+    monkeypatch.setattr(dist, "all_gather_object", uneven)
+    mesh = build_mesh(topology, get_preset("hsdp"), topo_index=f.topo_index(0))
+    assert all(kwargs["use_local_synchronization"] is False for _, kwargs in f.calls)
+    created = {ranks for ranks, _ in f.calls}
+    assert len(created) == len(f.calls)  # each member set once
+    assert mesh.group("params").ranks in created and len(f.calls) > 4096 // 8  # groups of other ranks too

@@ -60,16 +60,16 @@ def test_neox_20b_on_48_frontier_nodes_against_papers_003(capsys):
     eff = tf["zerotopo"] / at2["zerotopo"]["tflops_per_device"]
     # the paper's ranking holds: zerotopo > ZeRO++ > ZeRO-3
     assert topo > zpp > 1
-    # ZeRO++ over ZeRO-3: within 15% of the paper's 1.405 (the model gives 1.28, 9% low)
+    # ZeRO++ over ZeRO-3: within 15% of the paper's 1.405 (the model gives 1.26, 10% low)
     assert zpp == pytest.approx(PAPER_ZEROPP_OVER_ZERO3, rel=0.15)
-    assert zpp == pytest.approx(1.28, abs=0.03)
+    assert zpp == pytest.approx(1.26, abs=0.03)
     # zerotopo's 2 -> 48 node scaling efficiency: within 0.05 of the paper's 0.94 (the model gives 0.92)
     assert eff == pytest.approx(PAPER_SCALING_EFFICIENCY, abs=0.05)
     assert eff == pytest.approx(0.916, abs=0.02)
-    # zerotopo over ZeRO-3: the model MISSES the paper's 2.398 by about 45% (it gives 1.31): it predicts
-    # DeepSpeed ZeRO-3 at 22.4 s per step where 2.398x zerotopo's 17.1 s would be 41 s. Asserted as the
+    # zerotopo over ZeRO-3: the model MISSES the paper's 2.398 by about 46% (it gives 1.29): it predicts
+    # DeepSpeed ZeRO-3 at 22.1 s per step where 2.398x zerotopo's 17.1 s would be 41 s. Asserted as the
     # model's figure, and as a miss, so a fix shows up here.
-    assert topo == pytest.approx(1.31, abs=0.04)
+    assert topo == pytest.approx(1.29, abs=0.04)
     assert abs(topo / PAPER_TOPO_OVER_ZERO3 - 1) > 0.15
 
 
@@ -84,3 +84,40 @@ def test_secondary_partition_that_saves_nothing_is_flagged(capsys):
     assert "p=2 g=8 o=384 qw8 qg4 takes" in line
     rec = next(x for x in out.splitlines() if x.startswith("recommended: "))
     assert "zerotopo-nosec" in rec  # the planner recommends the plan without it
+
+
+def test_llama_7b_on_1024_a800_against_papers_004():
+    # papers/004 §VI-B: LLaMA-7B, sequence 4096, micro-batch 1, global batch 4M tokens (M = 128 on 8
+    # GPUs, 1 on 1024), bf16, no recomputation. MFU on 1024 GPUs: Lins 51%, ZeRO-1 36%, MiCS 35%; on 8
+    # GPUs ZeRO-1 reaches 63%, so the compute efficiency is set from that point (0.65), not from 1024.
+    from zerotopo.cost.planner import CostOptions, plan_candidates
+    from zerotopo.models.shape import ModelShape
+    from zerotopo.plan import Plan
+
+    shape = ModelShape(
+        num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096, vocab_size=32000
+    )
+    plans = [
+        Plan("lins", params=1, grads=1, optim="node", grad_reduce="allreduce", grad_dtype="param"),
+        Plan("zero1", params=1, grads=1, optim="world", grad_dtype="param"),
+        Plan("mics", params="node", grads="node", optim="node", grad_dtype="param"),
+    ]
+
+    def mfu(nodes, M):
+        o = CostOptions(micro_batch=1, grad_accum=M, efficiency=0.65, checkpoint_activations=False)
+        return {
+            e.name: e.time.mfu
+            for e in plan_candidates(shape, load_topology("a800", nodes=nodes), plans=plans, options=o)
+        }
+
+    assert mfu(1, 128)["zero1"] == pytest.approx(0.63, abs=0.03)
+    at1024 = mfu(128, 1)
+    # Only ZeRO-1 is within 20% of the paper (39% vs 36%). The model ranks the three in reverse: MiCS 47%
+    # (paper 35%), ZeRO-1 39%, Lins 37.5% (paper 51%). It runs Lins' cross-replica all-reduce after the
+    # backward (as zerotopo's engine does) where Lins issues it from backward hooks, and it times that
+    # all-reduce with ring latency over 1024 ranks (2·1023 steps of 5 us for each of 34 units: 0.35 s),
+    # with no measured NCCL curves of this cluster. Asserted as the model's figures and as misses.
+    assert at1024["zero1"] == pytest.approx(0.36, rel=0.2)
+    assert at1024 == pytest.approx({"lins": 0.375, "zero1": 0.387, "mics": 0.472}, abs=0.02)
+    assert at1024["mics"] > at1024["zero1"] > at1024["lins"]
+    assert at1024["lins"] < 0.51 * 0.8

@@ -161,3 +161,26 @@ def test_json_record_keys():
     assert {"params", "secondary", "grads", "optim", "total"} <= set(rec["memory_bytes"])
     assert set(rec["comm_bytes"]) == {"package", "node", "network"}
     assert rec["degrees"] == "p=2 s=4/int8 g=4 o=8 qw8 qg4"
+
+
+def test_planner_chooses_the_unit_size():
+    topo = load_topology("frontier", nodes=2)
+    base = CostOptions(micro_batch=2, grad_accum=2)
+    free = CostOptions(micro_batch=2, grad_accum=2, unit_layers=(1, 3))
+    for name in ("zero3", "zerotopo"):
+        one = plan_candidates(SHAPE, topo, plans=[name], options=base)[0]
+        three = plan_candidates(
+            SHAPE, topo, plans=[name], options=CostOptions(micro_batch=2, grad_accum=2, unit_layers=(3,))
+        )[0]
+        chosen = plan_candidates(SHAPE, topo, plans=[name], options=free)[0]
+        assert one.unit_layers == 1 and three.unit_layers == 3
+        # three layers per unit: one unit for the layers, larger messages and larger buffers
+        assert len(three.schedule.units) == 3 and three.memory.buffers > one.memory.buffers
+        assert three.comm_bytes == one.comm_bytes or name == "zerotopo"
+        best = min((one, three), key=lambda e: (not e.fits, e.time.step_time_s))
+        assert chosen.unit_layers == best.unit_layers and chosen.time.step_time_s == pytest.approx(
+            best.time.step_time_s
+        )
+        assert chosen.to_json(topo)["unit_layers"] == chosen.unit_layers
+    # DeepSpeed's per-module schedule has no unit size to choose
+    assert plan_candidates(SHAPE, topo, plans=["deepspeed-zero3"], options=free)[0].unit_layers is None

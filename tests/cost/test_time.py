@@ -200,3 +200,14 @@ def test_edge_costs_are_the_first_units_gather_and_reduce_scatter():
     full = comm_per_step(units, TOPO, plan, micro_batches=1)
     fwd_bytes = {c.bytes_sent for c in full if c.phase == "forward"}
     assert all(c.count == 1 and (c.phase != "forward" or c.bytes_sent in fwd_bytes) for c in edge)
+
+
+def test_network_alpha_beta_shares_the_injection_among_the_groups_leaving_a_node():
+    # TOPO: 4 devices per node, 2 GB/s injection. One rank per node: 0.5 GB/s each (4 groups share the
+    # NICs); all 4 ranks of each node in one ring: the ring leaves the node once, 2 GB/s
+    one = Collective(
+        "replica_reduce", "all_reduce", "grad_replicas", 2, "network", 10**8, 1, "fp32", 0, False, 2, 1
+    )
+    four = Collective("forward", "all_gather", "params", 8, "network", 10**8, 1, "bf16", 0, True, 2, 4)
+    assert collective_time(one, TOPO) == pytest.approx(2 * 100e-6 + 1e8 / 0.5e9)
+    assert collective_time(four, TOPO) == pytest.approx(7 * 100e-6 + 1e8 / 2e9)

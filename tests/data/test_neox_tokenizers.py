@@ -61,7 +61,15 @@ def test_default_tokenizer_is_neox_s(tmp_path):
     assert args.tokenizer_type == "GPT2BPETokenizer"
     tok = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
     assert tok.encode("the world") == reference_encode("the world")
-    # vocab.json without merges.txt is caught when the config is read
+    # vocab_file alone (say, a tokenizers JSON without tokenizer_type) is caught when the tokenizer is built
     cfg.write_text(f"vocab_file: {vocab}\n")
-    with pytest.raises(ConfigError, match="merge_file"):
-        load_neox_config([cfg])
+    args = load_neox_config([cfg])
+    with pytest.raises(ConfigError, match="merges.txt.*tokenizer_type: HFTokenizer"):
+        build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
+
+
+def test_plan_reads_the_vocabulary_size_of_a_gpt2_vocab(tmp_path):
+    from zerotopo.cli.plan import tokenizer_vocab
+
+    vocab, _ = write_gpt2_files(tmp_path)
+    assert tokenizer_vocab(vocab) == len(vocabulary())

@@ -29,7 +29,7 @@ def args_of(tmp_path, text):
         ("checkpoint_factor: 2\ncheckpoint_scale: log\n", 20, [2, 4, 8, 16]),
         ("checkpoint_factor: 4\nextra_save_iters: [1, 6, 40]\n", 10, [1, 4, 6, 8]),
         ("extra_save_iters: [3]\n", 10, [3]),
-        ("", 10, []),
+        ("seed: 1\n", 10, []),
     ],
 )
 def test_save_iters_as_neox_derives_them(tmp_path, text, iters, want):
@@ -129,3 +129,18 @@ def test_log_file_and_log_dir_copy_get_buffered_records_and_warnings_once(tmp_pa
         text = target.read_text()
         assert text.count("same thing twice") == 1 and "after the directory exists" in text
     logging.getLogger("zerotopo").handlers.clear()
+
+
+def test_what_counts_as_a_checkpoint_to_load(tmp_path):
+    from zerotopo.trainer.loop import has_checkpoint
+
+    assert not has_checkpoint(tmp_path / "missing")
+    assert not has_checkpoint(tmp_path)  # empty
+    (tmp_path / "step_2.tmp").mkdir()
+    assert not has_checkpoint(tmp_path)  # only an unfinished save
+    (tmp_path / "latest").write_text("step_2\n")
+    assert has_checkpoint(tmp_path)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"")
+    assert has_checkpoint(hf)  # a model directory goes to the loader, which checks it

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    prefix = f"zerotopo {args.command}"
+    prefix = f"zerotopo {args.command}" + _launched_rank(args.command)
     setup_console()
     old_term = _on_sigterm()
     try:
@@ -73,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prefix}: error: {_bounded(str(exc))}", file=sys.stderr)
         return int(getattr(exc, "exit_code", EXIT_BAD_INPUT))
     except KeyboardInterrupt:
-        print(f"{prefix}: interrupted; every rank was stopped", file=sys.stderr)
+        print(f"{prefix}: interrupted{_ranks_note(args.command)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except _Terminated:
-        print(f"{prefix}: stopped by SIGTERM; every rank was stopped", file=sys.stderr)
+        print(f"{prefix}: stopped by SIGTERM{_ranks_note(args.command)}", file=sys.stderr)
         return EXIT_TERMINATED
     except RecursionError:
         print(f"{prefix}: error: an input is nested too deeply to read; flatten it", file=sys.stderr)
@@ -92,6 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def _launched_rank(command: str) -> str:
+    """`` (rank N)`` when this process is one rank of an srun/mpiexec/torchrun job, so each rank's message
+    says which rank it is."""
+    if command not in ("train", "bench", "calibrate"):
+        return ""
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and len(value) <= 8:
+            return f" (rank {int(value)})"
+    return ""
+
+
+def _ranks_note(command: str) -> str:
+    return "; every rank was stopped" if command in ("train", "bench", "calibrate") else ""
 
 
 class _Terminated(BaseException):

@@ -35,15 +35,21 @@ def resolve_model_paths(specs: list[str]) -> list[str]:
 
 
 def tokenizer_vocab(path: str | None) -> int | None:
-    """Token count of a Hugging Face tokenizers JSON file, if it exists (vocabulary + added tokens)."""
+    """Token count of a Hugging Face tokenizers JSON file (vocabulary + added tokens) or a GPT-2
+    ``vocab.json``, if it exists."""
     if not path or not Path(path).is_file():
         return None
     try:
         raw = json.loads(Path(path).read_text())
+        if isinstance(raw, dict) and "model" not in raw and all(isinstance(v, int) for v in raw.values()):
+            return len(raw)  # a GPT-2 vocab.json (GPT2BPETokenizer)
         ids = set(raw["model"]["vocab"].values()) | {t["id"] for t in raw.get("added_tokens", [])}
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
-    return max(ids) + 1 if ids else None
+    # Ids that are not non-negative integers (a hostile or broken file) say nothing about the vocabulary.
+    if not ids or not all(type(i) is int and 0 <= i < 1 << 24 for i in ids):
+        return None
+    return max(ids) + 1
 
 
 def load_model(specs: list[str], vocab_size: int | None) -> tuple[ModelShape, NeoXArgs]:
@@ -102,11 +108,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated node counts: predicted TFLOPS per device of the chosen plans at each",
     )
     parser.add_argument("--plot", metavar="PNG", default=None, help="with --scaling: draw the chart to PNG")
+    parser.add_argument(
+        "--unit-layers",
+        metavar="K",
+        default="1",
+        help="layers per gather unit the planner may choose from, comma-separated (default 1, the "
+        "engine's; larger units send larger messages and hold larger buffers)",
+    )
 
 
 def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
     if value is not None and not (math.isfinite(value) and 0 < value <= maximum):
-        raise ConfigError(f"expected a positive number up to {maximum:g}, found {value}", source=name)
+        bound = int(maximum) if float(maximum).is_integer() else maximum
+        raise ConfigError(f"expected a positive number up to {bound}, found {value}", source=name)
 
 
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:
@@ -129,6 +143,14 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
             default_bandwidth=False,
             overlap=cal.get("overlap") or OverlapModel(),
         )
+    try:
+        unit_layers = tuple(sorted({int(x) for x in str(args.unit_layers).split(",") if x.strip()}))
+    except ValueError:
+        unit_layers = ()
+    if not unit_layers or min(unit_layers) < 1:
+        raise ConfigError(
+            f"expected positive layer counts, found {args.unit_layers!r}", source="--unit-layers"
+        )
     shape, neox = load_model(args.model, args.vocab_size)
     precision = neox.resolved_precision
     options = CostOptions(
@@ -139,6 +161,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
+        unit_layers=unit_layers,
         **measured,
     )
     est = plan_candidates(shape, topo, plans=args.plans, aligned=not args.all_degrees, options=options)
@@ -174,7 +197,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
         rows.append(
             [
                 "lins" if e.name == e.plan.label() else e.name,  # enumerated plans are named by label
-                e.plan.label(topo),
+                e.plan.label(topo) + (f" u={e.unit_layers}" if e.unit_layers not in (None, 1) else ""),
                 *(f"{x / GIB:.2f}" for x in (m.params, m.secondary, m.grads, m.optim, m.total)),
                 f"{intra / 1e9:.1f}",
                 f"{inter / 1e9:.1f}",
@@ -192,6 +215,10 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
             "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
         )
     return "\n".join(lines)
+
+
+def _tflops(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
 
 def _fmt_s(x: float) -> str:
@@ -281,7 +308,7 @@ def scaling(args: argparse.Namespace) -> tuple[list[int], dict[str, list[float]]
     name = shape.name
     rows = [["nodes", *series]]
     for i, n in enumerate(counts):
-        rows.append([str(n), *(f"{v[i]:.1f}" if v[i] == v[i] else "OOM" for v in series.values())])
+        rows.append([str(n), *(_tflops(v[i]) if v[i] == v[i] else "OOM" for v in series.values())])
     eff = ["scaling eff."]
     for v in series.values():
         ok = [i for i, x in enumerate(v) if x == x and x > 0]  # NaN: did not fit

@@ -292,7 +292,13 @@ def reduce_scatter(
         me = group.pg_ranks[group.position]
 
         def native() -> tuple[Any, list[Finish]]:
-            if op == "sum" and d > 2 and str(dist.get_backend(group.pg)) == "gloo":
+            # gloo moves host memory only: the ring is for CPU tensors (CUDA tensors take gloo's own path).
+            if (
+                op == "sum"
+                and d > 2
+                and send.device.type == "cpu"
+                and str(dist.get_backend(group.pg)) == "gloo"
+            ):
                 _ring_reduce_scatter(out_f, send, group, owned=send.data_ptr() != inp2.data_ptr())
                 return None, []
             return _REDUCE_SCATTER(out_f, send, op=red, group=group.pg, async_op=True), []

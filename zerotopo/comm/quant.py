@@ -1,8 +1,17 @@
 """Block-wise symmetric quantization: int8, and int4 packed two per byte, with one fp32 scale per block.
 
-Pure torch: the same code runs on CPU, CUDA and ROCm (faster kernels may replace it behind the same
-functions). A block of ``block`` consecutive elements gets ``scale = absmax / qmax`` (``qmax`` 127 for
-int8, 7 for int4) and codes ``round(x / scale)`` in ``[-qmax, qmax]``; ``x̂ = code · scale``. So:
+Pure torch: the same code runs on CPU, CUDA and ROCm. [Note: fused kernels] The reference code makes
+about ten passes over the data with fp32 temporaries of the padded input; :func:`quantize_rows` and
+:func:`dequantize` can instead run the same code through ``torch.compile`` (Inductor: Triton on a GPU,
+C++ on a CPU), which fuses it into a reduction and a pointwise pass for quantization and one pass for
+dequantization, with no temporary larger than the output. ``ZEROTOPO_QUANT_KERNELS`` picks: ``auto``
+(default: compiled on an accelerator, reference on CPU, where a compile costs more than it saves in
+the short tests), ``compiled`` or ``reference``. When compiling fails (no compiler, an unsupported
+platform) the reference runs instead, with one warning. Both give bit-identical results (every number
+the same bits, NaN in the same places; a NaN's payload bits may differ), tested on CPU.
+
+A block of ``block`` consecutive elements gets ``scale = absmax / qmax`` (``qmax`` 127 for int8, 7 for
+int4) and codes ``round(x / scale)`` in ``[-qmax, qmax]``; ``x̂ = code · scale``. So:
 
 - every element is within half a step of its block, ``|x - x̂| ≤ scale / 2`` (plus one fp32 rounding);
 - a zero block has scale 0 and comes back as exact zeros (no 0/0);
@@ -25,7 +34,11 @@ collectives) quantizes each row on its own, so no block straddles two ranks' chu
 
 from __future__ import annotations
 
+import os
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -98,13 +111,22 @@ def _unpack4(data: torch.Tensor, n: int) -> torch.Tensor:
     return torch.stack((lo, hi), dim=-1).view(data.shape[0], -1)[:, :n]
 
 
-def quantize_rows(x2: torch.Tensor, bits: int, block: int) -> Quantized:
-    """Quantize each row of a 2-D tensor on its own (blocks restart at every row)."""
+def _quantize_ref(x2: torch.Tensor, bits: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference quantizer: ``(data, scales)`` of each row of ``x2``."""
+    codes, scales = _codes_and_scales(x2, bits, block)
+    data = codes.contiguous() if bits == 8 else _pack4(codes)
+    return data, scales
+
+
+def quantize_rows(x2: torch.Tensor, bits: int, block: int, *, kernels: str | None = None) -> Quantized:
+    """Quantize each row of a 2-D tensor on its own (blocks restart at every row).
+
+    ``kernels``: ``reference``, ``compiled`` or ``auto`` (default ``$ZEROTOPO_QUANT_KERNELS`` or
+    ``auto``; see [Note: fused kernels])."""
     _check(x2, block, bits)
     if x2.dim() != 2:
         raise ValueError(f"quantize_rows expects a 2-D tensor, got shape {tuple(x2.shape)}")
-    codes, scales = _codes_and_scales(x2, bits, block)
-    data = codes.contiguous() if bits == 8 else _pack4(codes)
+    data, scales = _run("quantize", _quantize_ref, x2.device, kernels)(x2, bits, block)
     return Quantized(data, scales, x2.numel(), bits, block, x2.dtype, rows=x2.shape[0])
 
 
@@ -129,21 +151,98 @@ def codes(q: Quantized) -> torch.Tensor:
     return data[:, :n] if q.bits == 8 else _unpack4(data, n)
 
 
-def dequantize(q: Quantized, out: torch.Tensor | None = None) -> torch.Tensor:
+def _dequantize_ref(
+    data: torch.Tensor, scales: torch.Tensor, rows: int, n: int, bits: int, block: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The reference dequantizer: ``(rows, n)`` values of ``dtype``."""
+    c = data.view(rows, -1)[:, :n] if bits == 8 else _unpack4(data.view(rows, -1), n)
+    nblocks = scales.numel() // rows
+    c_RNB = F.pad(c.float(), (0, nblocks * block - n)).view(rows, nblocks, block)
+    return (c_RNB * scales.view(rows, nblocks, 1)).view(rows, -1)[:, :n].to(dtype)
+
+
+def _dequantize_into_ref(
+    out2: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, rows: int, n: int, bits: int, block: int
+) -> None:
+    """:func:`_dequantize_ref` written into ``out2`` (``(rows, n)``, contiguous): the compiled version
+    writes the output in its one pass, with no temporary."""
+    out2.copy_(_dequantize_ref(data, scales, rows, n, bits, block, torch.float32))
+
+
+def dequantize(q: Quantized, out: torch.Tensor | None = None, *, kernels: str | None = None) -> torch.Tensor:
     """Back to floating point: ``q.dtype`` by default, or written into ``out`` (any float dtype,
-    ``numel`` elements, any shape). Row-batched inputs come back as ``(rows, numel // rows)``."""
+    ``numel`` elements, any shape). Row-batched inputs come back as ``(rows, numel // rows)``.
+    ``kernels`` as for :func:`quantize_rows`."""
     n = q.numel // q.rows
-    c = codes(q)
-    nblocks = q.scales.numel() // q.rows
-    c_RNB = F.pad(c.float(), (0, nblocks * q.block - n)).view(q.rows, nblocks, q.block)
-    x = (c_RNB * q.scales.view(q.rows, nblocks, 1)).view(q.rows, -1)[:, :n]
+    args = (q.data, q.scales, q.rows, n, q.bits, q.block)
     if out is None:
-        x = x.to(q.dtype)
+        x = _run("dequantize", _dequantize_ref, q.data.device, kernels)(*args, q.dtype)
         return x.reshape(-1) if q.rows == 1 and q.data.dim() == 1 else x
     if out.numel() != q.numel:
         raise ValueError(f"dequantize: out has {out.numel()} elements, the quantized tensor {q.numel}")
-    out.copy_(x.reshape(out.shape))
+    if out.is_contiguous():
+        _run("dequantize_into", _dequantize_into_ref, q.data.device, kernels)(out.view(q.rows, n), *args)
+    else:
+        out.copy_(_dequantize_ref(*args, torch.float32).reshape(out.shape))
     return out
+
+
+# -- kernel selection (see [Note: fused kernels]) ------------------------------------------------------
+
+KERNELS_ENV = "ZEROTOPO_QUANT_KERNELS"
+KERNEL_CHOICES = ("auto", "compiled", "reference")
+_compiled: dict[str, Any] = {}  # name -> compiled function, or None once compiling failed
+
+
+def kernels_for(device: torch.device, kernels: str | None = None) -> str:
+    """``compiled`` or ``reference``: what :func:`quantize_rows` and :func:`dequantize` run on ``device``."""
+    choice = kernels or os.environ.get(KERNELS_ENV, "") or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(
+            f"quantization kernels {choice!r} (argument or ${KERNELS_ENV}) is not one of {', '.join(KERNEL_CHOICES)}"
+        )
+    if choice == "auto":
+        choice = "compiled" if device.type != "cpu" else "reference"
+    return choice
+
+
+def compiled_available(name: str = "quantize") -> bool:
+    """False once compiling ``name`` failed in this process (the reference runs instead)."""
+    return _compiled.get(name, True) is not None
+
+
+def _run(
+    name: str, reference: Callable[..., Any], device: torch.device, kernels: str | None
+) -> Callable[..., Any]:
+    if kernels_for(device, kernels) == "reference" or _compiled.get(name, True) is None:
+        return reference
+    fn = _compiled.get(name)
+    if fn is None:
+        try:
+            fn = torch.compile(reference, dynamic=True, fullgraph=True)
+        except Exception as exc:  # noqa: BLE001 - no compiler backend on this platform
+            return _give_up(name, reference, exc)
+        _compiled[name] = fn
+
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a compile failure surfaces at the first call
+            _give_up(name, reference, exc)
+            return reference(*args)
+
+    return call
+
+
+def _give_up(name: str, reference: Callable[..., Any], exc: BaseException) -> Callable[..., Any]:
+    _compiled[name] = None
+    warnings.warn(
+        f"torch.compile of the {name} kernel failed ({type(exc).__name__}: {str(exc)[:200]}); the reference "
+        f"quantization code runs instead (bit-identical, slower). Set {KERNELS_ENV}=reference to skip the attempt.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return reference
 
 
 def payload_bytes(q: Quantized) -> int:

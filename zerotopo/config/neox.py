@@ -704,12 +704,6 @@ def _cross_check(a: NeoXArgs) -> None:
             source=src("checkpoint_factor"),
             key="checkpoint_factor",
         )
-    if a.tokenizer_type == "GPT2BPETokenizer" and a.vocab_file and not a.merge_file:
-        raise ConfigError(
-            "GPT2BPETokenizer needs merge_file (GPT-2's merges.txt) next to vocab_file (vocab.json)",
-            source=src("vocab_file"),
-            key="merge_file",
-        )
     if a.min_lr > a.lr:
         raise ConfigError(
             f"{a.min_lr} is above the peak learning rate {a.lr}; expected min_lr <= optimizer.params.lr",

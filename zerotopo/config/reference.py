@@ -13,7 +13,17 @@ import inspect
 import textwrap
 from typing import Any
 
-from zerotopo.config.neox import FP16Args, NeoXArgs, OptimizerArgs
+from zerotopo.config.neox import (
+    EQUIVALENT_VALUES,
+    NO_EFFECT_KEYS,
+    UNSUPPORTED_KEYS,
+    ZERO_OFFLOAD_KEYS,
+    ZERO_PLAN_KEYS,
+    ZERO_TUNING_KEYS,
+    FP16Args,
+    NeoXArgs,
+    OptimizerArgs,
+)
 
 
 def field_docstrings(cls: type) -> dict[str, str]:
@@ -68,14 +78,19 @@ def render() -> str:
         "key in two files is an error naming both; `-` and `_` are the same in keys (`num-layers` = `num_layers`);",
         "keys zerotopo does not know are listed in one warning; a bad value is an error naming the file, key,",
         "value and what is allowed. `--set` overrides win over files, and dotted keys reach into blocks",
-        "(`--set optimizer.params.lr=3e-4`). NeoX keys for things zerotopo does its own way (kernel fusions,",
-        "`data_impl`, logging backends) are accepted without effect; `pipe_parallel_size` / `model_parallel_size`",
-        "above 1 are reported, since zerotopo shards data-parallel only.",
+        "(`--set optimizer.params.lr=3e-4`). Every key below is used by the trainer; NeoX keys that select",
+        "kernels or bookkeeping are accepted without effect, and those zerotopo cannot honour are refused when",
+        "they would change the result and reported when they would not (tables at the end). A test checks that",
+        "no field is parsed and then ignored.",
         "",
-        "Shipped configs in `configs/`: `tiny.yml` (the CPU default), `neox-125m.yml`, `neox-1-3b.yml`,",
-        "`neox-10b.yml`, `neox-20b.yml` (NeoX shapes, fp16, `topology: frontier`, `plan: zerotopo`), and",
-        "`llama-7b-shape.yml`, `llama-13b-shape.yml`, `llama-30b-shape.yml` (Llama depths and widths on the NeoX",
-        "architecture).",
+        "Built-in configs (inside the package, so a name works from any directory: `zerotopo train neox-125m`,",
+        "`zerotopo plan --model neox-20b`): `tiny` (the CPU default), `neox-125m`, `neox-1-3b`, `neox-10b`,",
+        "`neox-20b` (NeoX shapes, fp16, `topology: frontier`, `plan: zerotopo`), and `llama-7b-shape`,",
+        "`llama-13b-shape`, `llama-30b-shape` (Llama depths and widths on the NeoX architecture); in a checkout",
+        "they are the files in `configs/`.",
+        "",
+        "A run's `config.yml` (in its run directory) holds every key of this reference as resolved, the plan",
+        "written out, `topology` and `num_nodes`; passed back to `zerotopo train` it trains the same run.",
         "",
         "Derived values: `train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps ×",
         "data-parallel ranks` (give any two, or micro alone for accumulation 1); the model's vocabulary is the",
@@ -98,6 +113,38 @@ def render() -> str:
         "DeepSpeed's block, as NeoX configs write it; `enabled: true` turns fp16 on.",
         "",
         *_table(FP16Args, prefix="fp16."),
+        "",
+        "## `scheduler` block",
+        "",
+        "DeepSpeed's `scheduler: {type: WarmupLR | WarmupDecayLR, params: {...}}` with DeepSpeed's parameters",
+        "(`warmup_min_lr`, `warmup_max_lr`, `warmup_num_steps`, `warmup_type: log | linear`, and",
+        "`total_num_steps` for `WarmupDecayLR`) and formulas; when present it sets the learning rate instead of",
+        "`lr_decay_style` / `warmup` / `min_lr`, as in DeepSpeed. Other scheduler types are refused.",
+        "",
+        "## `zero_optimization` block",
+        "",
+        "Mapped to a plan by " + ", ".join(f"`{k}`" for k in sorted(ZERO_PLAN_KEYS)) + " (see plans.md).",
+        "Offload settings ("
+        + ", ".join(f"`{k}`" for k in sorted(ZERO_OFFLOAD_KEYS))
+        + ") warn once: zerotopo",
+        "keeps every state on the device, which changes memory, not the result. DeepSpeed's tuning keys are",
+        "accepted without effect: "
+        + ", ".join(f"`{k}`" for k in sorted(ZERO_TUNING_KEYS))
+        + ". Any other key",
+        "is reported as unknown, with the key it most likely misspells.",
+        "",
+        "## Keys zerotopo cannot honour",
+        "",
+        "| key | what happens |",
+        "| --- | --- |",
+        *(f"| `{k}` | {v} |" for k, v in UNSUPPORTED_KEYS.items()),
+        *(f"| `{k}` | {v} |" for k, v in EQUIVALENT_VALUES.items()),
+        "",
+        "## NeoX keys accepted without effect",
+        "",
+        "| key | why it changes nothing here |",
+        "| --- | --- |",
+        *(f"| `{k}` | {v} |" for k, v in NO_EFFECT_KEYS.items()),
         "",
     ]
     return "\n".join(lines)

@@ -62,6 +62,9 @@ class CostOptions:
     """Use ``topologies/bandwidth/<topology>.yaml`` when ``bandwidth`` is None (False: alpha-beta only)."""
     overlap: OverlapModel = field(default_factory=OverlapModel)
     """Overlap parameters (compute slowdown, concurrent collectives, step-end overlap)."""
+    unit_layers: tuple[int, ...] = (1,)
+    """Layers per unit the planner may choose from for engine plans (the engine runs 1; larger units
+    send larger messages and hold larger buffers). Each plan keeps its fastest fitting choice."""
 
     def table(self, topology: Topology) -> BandwidthTable | None:
         if self.bandwidth is not None:
@@ -88,6 +91,13 @@ class PlanEstimate:
     def name(self) -> str:
         return self.plan.name
 
+    @property
+    def unit_layers(self) -> int | None:
+        """Layers per unit of the schedule costed (None for DeepSpeed's per-module schedule)."""
+        if self.schedule is None or self.schedule.options.granularity != "unit":
+            return None
+        return self.schedule.options.unit_layers
+
     def to_json(self, topology: Topology) -> dict:
         m = self.memory
         return {
@@ -108,6 +118,7 @@ class PlanEstimate:
             "tflops_per_device": self.time.tflops_per_device,
             "mfu": self.time.mfu,
             "fits": self.fits,
+            "unit_layers": self.unit_layers,
         }
 
 
@@ -141,16 +152,23 @@ def in_search_space(
 
 
 def _prepare(
-    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, degrees: Degrees | None
+    plan: Plan,
+    shape: ModelShape,
+    topology: Topology,
+    options: CostOptions,
+    degrees: Degrees | None,
+    unit_layers: int | None = None,
 ):
     """Everything but the step time: (plan, degrees, memory, schedule, fits)."""
     plan, sched = resolve(plan)
+    if unit_layers is not None and sched.granularity == "unit":
+        sched = replace(sched, unit_layers=unit_layers)
     d = degrees or plan.degrees(topology)
     o = options
     units = (
         module_units(shape, sched.persistence_threshold)
         if sched.granularity == "module"
-        else engine_units(shape)
+        else engine_units(shape, sched.unit_layers)
     )
     gw = grad_width(plan, o.param_bytes)
     grad_bytes = gw if o.grad_bytes is None else o.grad_bytes
@@ -210,7 +228,12 @@ def estimate(
     """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
     cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
     engine's."""
-    return _finish(_prepare(plan, shape, topology, options, degrees), shape, topology, options)
+    choices = options.unit_layers if resolve(plan)[1].granularity == "unit" else (None,)
+    out = [
+        _finish(_prepare(plan, shape, topology, options, degrees, k), shape, topology, options)
+        for k in choices
+    ]
+    return min(out, key=_sort_key)
 
 
 def _lower_bound(
@@ -309,10 +332,15 @@ def plan_candidates(
             in_search_space(p, topology, aligned=aligned, degrees=d)
             and placement(p, topology, d) not in taken
         ):
-            prepared.append(_prepare(p, shape, topology, opts, d))
+            prepared.extend(_prepare(p, shape, topology, opts, d, k) for k in opts.unit_layers)
     if plans == "all":
-        lins = [_finish(x, shape, topology, opts) for x in prepared]
-        return sorted(out + lins, key=_sort_key)
+        best: dict[tuple, PlanEstimate] = {}
+        for x in prepared:  # each plan with its best unit size
+            e = _finish(x, shape, topology, opts)
+            key = placement(e.plan, topology, e.degrees)
+            if key not in best or _sort_key(e) < _sort_key(best[key]):
+                best[key] = e
+        return sorted(out + list(best.values()), key=_sort_key)
     # auto: the AUTO_TOP fastest fitting plans, simulating candidates in order of a lower bound on their
     # step time and stopping once the bound passes the AUTO_TOP-th best simulated time (exact)
     bounded = sorted(
@@ -323,7 +351,14 @@ def plan_candidates(
     for bound, _, x in bounded:
         if len(lins) >= AUTO_TOP and bound > lins[AUTO_TOP - 1].time.step_time_s:
             break
-        lins.append(_finish(x, shape, topology, opts))
+        e = _finish(x, shape, topology, opts)
+        key = placement(e.plan, topology, e.degrees)
+        same = [i for i, y in enumerate(lins) if placement(y.plan, topology, y.degrees) == key]
+        if same and _sort_key(lins[same[0]]) <= _sort_key(e):
+            continue  # the same plan with another unit size is already faster
+        if same:
+            lins.pop(same[0])
+        lins.append(e)
         lins.sort(key=_sort_key)
     return sorted(out + lins[:AUTO_TOP], key=_sort_key)
 
@@ -391,5 +426,7 @@ def recommendation(
         reason += f", {r.time.step_time_s / best.time.step_time_s:.2f}x the throughput of {r.name}"
     label = best.plan.label(topology)
     name = best.name if best.name == label else f"{best.name} ({label})"
+    if best.unit_layers not in (None, 1):
+        name += f" with {best.unit_layers} layers per unit"
     lines.insert(0, f"recommended: {name}: {reason}")
     return "\n".join(lines)

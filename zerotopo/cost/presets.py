@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from zerotopo.errors import ConfigError
 from zerotopo.plan import PRESETS, Plan, get_preset
 from zerotopo.spec.schedule import ENGINE, ScheduleOptions
 
@@ -72,7 +73,14 @@ def resolve(spec: str | Plan) -> tuple[Plan, ScheduleOptions]:
     key = spec.strip().lower().replace("_", "-")
     if key in COST_PRESETS:
         return COST_PRESETS[key]
-    return get_preset(spec), ENGINE
+    try:
+        return get_preset(spec), ENGINE
+    except ConfigError as exc:
+        raise ConfigError(
+            f"unknown plan preset {spec!r}; presets are {', '.join(PRESETS)}, and for the cost model "
+            f"{', '.join(COST_PRESETS)}",
+            key="plan",
+        ) from exc
 
 
 def schedule_options(plan: Plan) -> ScheduleOptions:

@@ -4,6 +4,9 @@
 table (:mod:`zerotopo.cost.bandwidth`: by collective, message size and group span, interpolated in log
 size); without a curve for it, the alpha-beta model of papers/004 §IV-A on the tier crossed:
 ``steps·latency(T) + bytes_sent / bandwidth(T)`` with ``steps = d-1`` (``2(d-1)`` for an all-reduce).
+Across nodes ``bandwidth`` is the node's injection bandwidth shared by the groups that leave it: a group
+with ``r`` ranks per node gets ``r/dpn`` of it per rank (a ring leaves each node once per group; the
+Frontier curves show it: 71 GB/s bus bandwidth across 2 nodes of 8 ranks against 100 GB/s injection).
 
 [Note: overlap] Compute is ``ModelShape.step_flops`` at ``peak × efficiency``, split over the units by
 their FLOPs (the backward is 2× the forward, 3× with activation recomputation). One micro-batch is
@@ -135,6 +138,10 @@ def collective_time(c: Collective, topology: Topology, table: BandwidthTable | N
         if bw:
             return c.bytes_sent / (bw * 1e9)
     bw = topology.bandwidth_gbps(c.tier) * 1e9
+    if c.tier == topology.network.name and c.ranks_per_node > 1:
+        # a ring leaves each node once per group: with r of a node's ranks in each group, the node's
+        # injection bandwidth is shared by dpn/r groups, not by its dpn devices
+        bw *= min(c.ranks_per_node, topology.devices_per_node)
     return c.latency_steps * topology.latency_us(c.tier) * 1e-6 + c.bytes_sent / bw
 
 
@@ -143,7 +150,7 @@ def _key(c: Collective) -> tuple[str, str, str, str]:
 
 
 def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_of, overlap: OverlapModel):
-    """One micro-batch (see the module note): (end, compute busy, slowdown, comm intervals, compute intervals)."""
+    """One micro-batch (see the module note): (end, slowdown, comm intervals, compute intervals)."""
     units = schedule.units
     U = len(units)
     free = {"gather": 0.0, "reduce": 0.0}
@@ -156,6 +163,8 @@ def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_o
     tier_of: dict[str, str] = {}
 
     def run(kind: str, at: float, colls) -> float:
+        if not colls:  # nothing to move: ready at once, the stream stays as it is
+            return at
         s = stream(kind)
         start = max(at, free[s])
         for c in colls:

@@ -145,7 +145,12 @@ class GPT2BPETokenizer(_TokenizersFile):
         tk = _tokenizers_module()
         hint = "(GPT-2's vocab.json; NeoX's GPT2BPETokenizer needs vocab_file and merge_file)"
         vocab = _need_file(vocab_file, "vocab_file", f"the path of a GPT-2 vocab.json {hint}")
-        merges = _need_file(merge_file, "merge_file", "the path of a GPT-2 merges.txt (merge_file)")
+        merges = _need_file(
+            merge_file,
+            "merge_file",
+            "the path of GPT-2's merges.txt, next to vocab_file (if vocab_file is a tokenizers JSON file, "
+            "set tokenizer_type: HFTokenizer)",
+        )
         try:
             model = tk.models.BPE.from_file(vocab, merges)
         except Exception as exc:  # the Rust side raises a plain Exception for any parse error

@@ -153,7 +153,7 @@ def parallelize(
     top-level child with parameters, plus a root unit for parameters owned by none of them. Every rank
     must start from the same parameter values. ``loss_scale_options``: :class:`LossScaler` keywords
     for dynamic fp16 scaling (``init_scale``, ``growth_interval``, ``hysteresis``, ``min_scale``).
-    ``copy_delay_ms`` delays the CPU emulated copy engine
+    ``copy_delay_ms`` delays the CPU emulated copy engine (on a device: a spin kernel before each copy)
     (default ``$ZEROTOPO_EMULATED_COPY_DELAY_MS`` or 0). ``sanitize`` checks the ordering rules on every
     collective that reads a buffer another stream wrote. ``unordered_secondary`` is a test and
     benchmark hook that reproduces the stock hpZ race (papers/000): the backward all-gather does not

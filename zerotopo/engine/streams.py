@@ -31,6 +31,8 @@ import torch
 from zerotopo.errors import ZerotopoError
 
 DELAY_ENV = "ZEROTOPO_EMULATED_COPY_DELAY_MS"
+#: Clock assumed to turn a copy delay into spin cycles on a device (about an H100's or MI250X's).
+DEVICE_CLOCK_HZ = 1.5e9
 
 
 class OrderingError(ZerotopoError):
@@ -154,6 +156,9 @@ class Streams:
     def __init__(self, device: torch.device, *, copy_delay_s: float = 0.0) -> None:
         self.device = device
         self.on_device = device.type == "cuda"
+        # On a device the delay is a spin kernel queued on the copy stream before each copy (the race
+        # reproduction of the gpu tests); its length in cycles assumes a clock of DEVICE_CLOCK_HZ.
+        self.copy_delay_cycles = int(copy_delay_s * DEVICE_CLOCK_HZ) if self.on_device else 0
         if self.on_device:
             self.all_gather = torch.cuda.Stream(device=device)
             self.reduce_scatter = torch.cuda.Stream(device=device)
@@ -184,6 +189,8 @@ class Streams:
         if self.on_device:
             self.copy.wait_stream(self.current())
             with torch.cuda.stream(self.copy):
+                if self.copy_delay_cycles:
+                    torch.cuda._sleep(self.copy_delay_cycles)
                 fn()
             src.record_stream(self.copy)
             for t in (dst.data, dst.scales) if hasattr(dst, "scales") else (dst,):

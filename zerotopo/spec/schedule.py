@@ -131,6 +131,8 @@ class ScheduleOptions:
     persistence_threshold: int = 0
     """Parameters with fewer elements stay whole on every rank and are never gathered (DeepSpeed
     ``stage3_param_persistence_threshold``)."""
+    unit_layers: int = 1
+    """Layers per unit with the ``unit`` granularity (the engine runs 1)."""
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -138,6 +140,8 @@ class ScheduleOptions:
             raise ValueError(
                 f"granularity must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}"
             )
+        if not isinstance(self.unit_layers, int) or self.unit_layers < 1:
+            raise ValueError(f"unit_layers must be a positive integer, got {self.unit_layers!r}")
         for k in ("reduce_bucket_elems", "prefetch_bucket_elems"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or v < 1):
@@ -284,12 +288,19 @@ def _layer_flops(shape: ModelShape) -> tuple[float, float]:
     return 24.0 * s * h * h + 4.0 * s * s * h, 1.5 * s * h * V
 
 
-def engine_units(shape: ModelShape) -> list[Unit]:
-    """The engine's units of ``shape`` with their forward FLOPs per sample."""
+def engine_units(shape: ModelShape, unit_layers: int = 1) -> list[Unit]:
+    """The engine's units of ``shape`` with their forward FLOPs per sample: the embedding, the layers in
+    groups of ``unit_layers`` (the engine runs 1; a larger unit means larger messages and buffers), the
+    head."""
+    if not isinstance(unit_layers, int) or unit_layers < 1:
+        raise ValueError(f"unit_layers must be a positive integer, got {unit_layers!r}")
     layer_f, head_f = _layer_flops(shape)
+    L = shape.num_layers
+    groups = [unit_layers] * (L // unit_layers) + ([L % unit_layers] if L % unit_layers else [])
+    name = "layer" if unit_layers == 1 else "layers"
     return (
         [Unit("embedding", shape.embedding_params())]
-        + [Unit("layer", shape.layer_params(), flops=layer_f)] * shape.num_layers
+        + [Unit(name, shape.layer_params() * k, flops=layer_f * k) for k in groups]
         + [Unit("head", shape.head_params(), flops=head_f)]
     )
 
@@ -500,12 +511,15 @@ def step_schedule(
         if options.reduce_bucket_elems is None:
             reduces[i] = reduce(sizes[i])
         else:
+            # DeepSpeed reduces the bucket before a gradient that would overflow it joins, and the
+            # remainder after the last one
+            out: tuple[Collective, ...] = ()
+            if bucket and bucket + sizes[i] > options.reduce_bucket_elems:
+                out, bucket = reduce(bucket), 0
             bucket += sizes[i]
-            if bucket >= options.reduce_bucket_elems or i == 0:
-                reduces[i] = reduce(bucket)
-                bucket = 0
-            else:
-                reduces[i] = ()
+            if i == 0:
+                out, bucket = out + reduce(bucket), 0
+            reduces[i] = out
     for i, u in enumerate(units):
         N, G = sizes[i], gathered[i]
         is_last = i == len(units) - 1

@@ -36,10 +36,13 @@ def preflight(job: TrainJob):
     from zerotopo.trainer.loop import DTYPES, check_memory, check_vocab, data_prefix
     from zerotopo.trainer.schedule import schedule_for
 
+    env_number("ZEROTOPO_THREADS_PER_RANK", 1, 1, 1024, integer=True)
+    env_number("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600, 1, 30 * 24 * 3600)
     args = job.load_args()
     topology = job.load_topology(args)
     plan = job.load_plan(args)
     plan.degrees(topology)
+    args.batch_sizes(topology.world_size)  # config errors before missing files
     if args.data_path:
         data_prefix(args)
     schedule_for(args, args.train_iters or 100)
@@ -52,6 +55,24 @@ def preflight(job: TrainJob):
         param_bytes=DTYPES[args.resolved_precision].itemsize, micro=micro,
     )  # fmt: skip
     return args, topology
+
+
+def env_number(name: str, default: float, lo: float, hi: float, *, integer: bool = False) -> float:
+    """A numeric ``ZEROTOPO_*`` environment variable, or ``default``; ConfigError naming it when it is
+    not a number in ``[lo, hi]``."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:  # NaN fails too
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(
+            f"expected {kind} from {lo:g} to {hi:g}, found {text[:40]!r}; fix or unset it", source=name
+        )
+    return value
 
 
 def check_writable_dir(path: str, source: str) -> None:
@@ -102,7 +123,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             topology.world_size,
             args=(job,),
             ranks_per_node=topology.devices_per_node,
-            timeout_s=float(os.environ.get("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600)),
+            timeout_s=env_number("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600, 1, 30 * 24 * 3600),
             network=network,
             log_dir=job.run_dir,
         )

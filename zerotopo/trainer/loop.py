@@ -450,11 +450,14 @@ def _retain(args: NeoXArgs, ctx: RankContext) -> None:
 
 
 def has_checkpoint(path: Path) -> bool:
-    """Whether ``path`` holds a checkpoint to resume from: a ``latest`` pointer, or a step directory
-    itself. A missing or empty directory (or one with only an unfinished save) holds none."""
+    """Whether ``path`` holds something to load: a ``latest`` pointer, or files of a checkpoint directory
+    itself (a step directory, a Hugging Face model). A missing directory, an empty one, or one holding
+    only subdirectories without ``latest`` (an unfinished first save) holds nothing yet."""
     if not path.exists():
         return False
-    return (path / "latest").exists() or (path / "trainer_state.json").exists()
+    if not path.is_dir() or (path / "latest").exists():
+        return True
+    return any(p.is_file() for p in path.iterdir())
 
 
 def _mean_over_ranks(values: torch.Tensor) -> list[float]:

@@ -1,0 +1,82 @@
+"""The DeepSpeed cost presets: DeepSpeed's own schedule (per-module gathers, prefetch and reduce buckets
+at its defaults, fp16 gradients) on the zero3/zeropp placements."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerotopo.cli.plan import load_model
+from zerotopo.cost.planner import CostOptions, plan_candidates
+from zerotopo.cost.presets import COST_PRESETS, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, resolve
+from zerotopo.models.shape import ModelShape
+from zerotopo.plan import get_preset
+from zerotopo.spec.schedule import module_units
+from zerotopo.topology import load_topology
+
+
+def test_deepspeed_defaults_are_deepspeeds():
+    cfg = pytest.importorskip("deepspeed.runtime.zero.config")
+    z = cfg.DeepSpeedZeroConfig()
+    assert z.reduce_bucket_size == DS_REDUCE_BUCKET and z.prefetch_bucket_size == DS_PREFETCH_BUCKET
+    assert z.allgather_bucket_size == 500_000_000 and z.param_persistence_threshold == 100_000
+
+
+def test_deepspeed_zero3_schedule_for_neox_20b_on_48_nodes():
+    shape, _ = load_model(["neox-20b"], None)
+    topo = load_topology("frontier", nodes=48)
+    (e,) = plan_candidates(
+        shape, topo, plans=["deepspeed-zero3"], options=CostOptions(micro_batch=4, fp16=True)
+    )
+    plan, sched = resolve("deepspeed-zero3")
+    assert e.plan == plan and plan.grad_dtype == "param" and e.degrees == get_preset("zero3").degrees(topo)
+    units = e.schedule.units
+    h, L = shape.hidden_size, shape.num_layers
+    # one gather per weight matrix: 4 per layer, the embedding and the head; biases and LayerNorms stay
+    assert len(units) == 4 * L + 2
+    fwd = [c for u in units for c in u.forward]
+    assert (
+        len(fwd) == 4 * L + 2
+        and {c.group_size for c in fwd} == {384}
+        and {c.tier for c in fwd} == {"network"}
+    )
+    qkv = units[1].forward[0]
+    assert units[1].unit.name == "layer.qkv" and units[1].unit.gathered == 3 * h * h
+    assert qkv.message_bytes == pytest.approx(3 * h * h * 2, rel=1e-4)  # 226 MB of fp16
+    assert units[2].forward[0].message_bytes == pytest.approx(h * h * 2, rel=1e-4)  # 75 MB: the slow band
+    # every module is over half the 5e7 prefetch bucket: one module in flight ahead
+    assert {u.prefetch for u in units[:-1]} == {1} and units[-1].prefetch == 0
+    # fp16 gradients reduced in buckets of at most 5e8 elements, every parameter once per micro-batch
+    red = [c for u in units for c in u.reduce]
+    assert all(c.message_bytes <= DS_REDUCE_BUCKET * 2 for c in red) and {c.dtype for c in red} == {"bf16"}
+    assert sum(c.message_bytes for c in red) == pytest.approx(2 * shape.param_count(), rel=1e-3)
+    assert len(red) == pytest.approx(2 * shape.param_count() / (DS_REDUCE_BUCKET * 2), rel=0.25)
+
+
+def test_deepspeed_zeropp_schedule():
+    shape, _ = load_model(["neox-20b"], None)
+    topo = load_topology("frontier", nodes=48)
+    (e,) = plan_candidates(
+        shape, topo, plans=["deepspeed-zeropp"], options=CostOptions(micro_batch=4, fp16=True)
+    )
+    units = e.schedule.units
+    fwd = {(c.op, c.group, c.tier) for u in units for c in u.forward}
+    bwd = {(c.op, c.group, c.tier, c.dtype) for u in units for c in u.backward}
+    red = {(c.op, c.group, c.tier) for u in units for c in u.reduce}
+    assert fwd == {("all_gather_int8", "params", "network")}
+    assert bwd == {("all_gather", "secondary", "node", "bf16")}  # the fp16 hpZ copy per node
+    assert red == {
+        ("reduce_scatter_int4", "grads_intra", "node"),
+        ("reduce_scatter_int4", "grads_inter", "network"),
+    }
+
+
+def test_prefetch_bucket_reaches_further_for_small_modules():
+    shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
+    units = module_units(shape, 0)
+    plan, sched = COST_PRESETS["deepspeed-zero3"]
+    topo = load_topology("emulated")
+    (e,) = plan_candidates(shape, topo, plans=["deepspeed-zero3"], micro_batch=1)
+    # all of this model fits in one 5e7-element prefetch bucket: every remaining unit is in flight
+    assert [u.prefetch for u in e.schedule.units] == [len(units) - 1 - i for i in range(len(units))]
+    # one reduce bucket: the whole model's gradients after the last backward unit
+    assert [bool(u.reduce) for u in e.schedule.units] == [True] + [False] * (len(units) - 1)
