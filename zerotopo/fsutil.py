@@ -9,6 +9,7 @@ temporary file is removed and the target is untouched.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -53,3 +54,24 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def read_json_object(
+    path: str | os.PathLike, missing: str, damaged: str = "the file is damaged"
+) -> dict[str, Any]:
+    """The JSON object in ``path``; a missing file, text that is not UTF-8 JSON, or another JSON value is
+    one error naming the file (``missing`` says what its absence means, ``damaged`` what to do)."""
+    from pathlib import Path
+
+    from zerotopo.errors import ZerotopoError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ZerotopoError(f"{path} is missing: {missing}")
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ZerotopoError(f"{path}: not valid JSON ({str(exc)[:120]}); {damaged}") from None
+    if not isinstance(raw, dict):
+        raise ZerotopoError(f"{path}: expected a JSON object; {damaged}")
+    return raw

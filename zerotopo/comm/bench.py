@@ -283,17 +283,32 @@ def _spawned(rank: int, world: int, task: str, spec: BenchSpec) -> Any:
 
 def run(task: str, spec: BenchSpec, *, ranks: int | None = None, emulate: dict | None = None) -> Any:
     """Run ``task`` (``bench`` or ``calibrate``) in the current job, or on local gloo ranks when this
-    process is not part of one. Returns rank 0's result (``None`` on other ranks of a job).
-    ``emulate``: keywords of :func:`zerotopo.netem.emulated_cluster`; the local ranks then run each in
-    its own network namespace with every tier shaped (root)."""
+    process is not part of one (see :func:`run_on_ranks`)."""
+    rank_fn = bench_rank if task == "bench" else calibrate_rank
+    return run_on_ranks(spec, rank_fn, _spawned, (task,), ranks=ranks, emulate=emulate)
+
+
+def run_on_ranks(
+    spec: Any,
+    rank_fn: Callable[[Any, int], Any],
+    spawned: Callable[..., Any],
+    spawned_args: tuple = (),
+    *,
+    ranks: int | None = None,
+    emulate: dict | None = None,
+) -> Any:
+    """``rank_fn(spec, topological index)`` on every rank of the current job, or ``spawned(rank, world,
+    *spawned_args, spec)`` on local gloo ranks (whole nodes of ``spec.topology``) when this process is not
+    part of one. Returns rank 0's result (``None`` on other ranks of a job). ``emulate``: keywords of
+    :func:`zerotopo.netem.emulated_cluster`; the local ranks then run each in its own network namespace
+    with every tier shaped (root)."""
     from zerotopo.launch.discovery import discover, init_distributed, topological_index
 
     info = discover(os.environ)
     if info.world_size > 1 or dist.is_initialized():
         topo = load_topology(spec.topology, nodes=spec.nodes or info.num_nodes)
         init_distributed(info)
-        index = topological_index(info, topo)
-        result = (bench_rank if task == "bench" else calibrate_rank)(spec, index)
+        result = rank_fn(replace(spec, nodes=topo.nodes), topological_index(info, topo))
         return result if dist.get_rank() == 0 else None
     from zerotopo.spawn import spawn
 
@@ -307,9 +322,8 @@ def run(task: str, spec: BenchSpec, *, ranks: int | None = None, emulate: dict |
         )
     spec = replace(spec, nodes=world // topo.devices_per_node)
 
-    # One thread per rank: the ranks already share the machine's cores.
     def go(network: Any = None) -> Any:
-        return spawn(_spawned, world, args=(task, spec), ranks_per_node=topo.devices_per_node,
+        return spawn(spawned, world, args=(*spawned_args, spec), ranks_per_node=topo.devices_per_node,
                      timeout_s=1800, network=network)[0]  # fmt: skip
 
     if emulate is not None:

@@ -20,10 +20,9 @@ one after the other, else 1).
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -208,30 +207,4 @@ def run(spec: MeasureSpec, *, ranks: int | None = None, emulate: dict | None = N
     Returns rank 0's table (``None`` on other ranks of a job). ``emulate``: keywords of
     :func:`zerotopo.netem.emulated_cluster`; the local ranks then run each in its own network namespace
     with every tier shaped (root)."""
-    from zerotopo.launch.discovery import discover, init_distributed, topological_index
-
-    info = discover(os.environ)
-    if info.world_size > 1 or dist.is_initialized():
-        topo = load_topology(spec.topology, nodes=spec.nodes or info.num_nodes)
-        init_distributed(info)
-        result = measure_rank(replace(spec, nodes=topo.nodes), topological_index(info, topo))
-        return result if dist.get_rank() == 0 else None
-    from zerotopo.spawn import spawn
-
-    topo = load_topology(spec.topology)
-    world = ranks or topo.world_size
-    if world % topo.devices_per_node:
-        raise ConfigError(
-            f"{world} ranks do not fill whole nodes of topology {topo.name!r} "
-            f"({topo.devices_per_node} devices per node); use a multiple of {topo.devices_per_node}",
-            key="--ranks",
-        )
-    spec = replace(spec, nodes=world // topo.devices_per_node)
-    if emulate is None:
-        return spawn(_spawned, world, args=(spec,), ranks_per_node=topo.devices_per_node, timeout_s=1800)[0]
-    from zerotopo.netem import emulated_cluster
-
-    with emulated_cluster(topo.with_nodes(spec.nodes), **emulate) as net:
-        return spawn(
-            _spawned, world, args=(spec,), ranks_per_node=topo.devices_per_node, timeout_s=1800, network=net
-        )[0]
+    return bench.run_on_ranks(spec, measure_rank, _spawned, ranks=ranks, emulate=emulate)

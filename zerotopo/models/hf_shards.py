@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from zerotopo.errors import ZerotopoError
+from zerotopo.fsutil import read_json_object
 from zerotopo.models.config import NeoXConfig
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -51,14 +52,9 @@ ARCH_KEYS = [
 
 def read_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise ZerotopoError(f"{path} is missing: a Hugging Face model directory needs its config.json")
-    try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ZerotopoError(f"{path}: not valid JSON ({str(exc)[:120]})") from None
-    if not isinstance(raw, dict):
-        raise ZerotopoError(f"{path}: expected a JSON object")
+    raw = read_json_object(
+        path, "a Hugging Face model directory needs its config.json", "give the directory of a GPT-NeoX model"
+    )
     if raw.get("model_type", "gpt_neox") != "gpt_neox":
         raise ZerotopoError(
             f"{path}: model_type is {raw.get('model_type')!r}; zerotopo trains GPT-NeoX models"

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from zerotopo.errors import ZerotopoError
+from zerotopo.fsutil import read_json_object
 from zerotopo.models.neox import NeoXConfig
 
 MANIFEST = "checkpoint.json"
@@ -431,15 +432,7 @@ def _old_format_hint(path: Path) -> str:
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise ZerotopoError(f"{path} is missing: {what}")
-    try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ZerotopoError(f"{path}: not valid JSON ({str(exc)[:120]}); the file is damaged") from None
-    if not isinstance(raw, dict):
-        raise ZerotopoError(f"{path}: expected a JSON object")
-    return raw
+    return read_json_object(path, what)
 
 
 def _int_field(manifest: dict, key: str, path: Path) -> int:

@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.planner_helpers import (
 )
 
 from zerotopo.errors import ZerotopoError
+from zerotopo.fsutil import read_json_object
 
 METADATA_FILE = "dcp_metadata.json"
 METADATA_FORMAT = "zerotopo-dcp-metadata"
@@ -274,12 +275,7 @@ def metadata_from_json(raw: Any, path: Path) -> Metadata:
 
 def read_metadata_file(directory: Path) -> Metadata:
     path = Path(directory) / METADATA_FILE
-    if not path.is_file():
-        raise ZerotopoError(f"{path} is missing: the checkpoint is incomplete (its save did not finish)")
-    try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ZerotopoError(f"{path}: not valid JSON ({exc}); the file is damaged") from None
+    raw = read_json_object(path, "the checkpoint is incomplete (its save did not finish)")
     return metadata_from_json(raw, path)
 
 
