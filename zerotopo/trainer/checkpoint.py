@@ -25,6 +25,7 @@ and DCP reads the overlaps from whichever files hold them. Only the RNG states n
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -341,6 +342,12 @@ def _run_dcp(fn, what: str) -> None:
         inner = _first_failure(exc)
         if isinstance(inner, ZerotopoError):
             raise ZerotopoError(str(inner)) from None
+        if isinstance(inner, OSError) and inner.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ZerotopoError(
+                f"{what} failed: the disk is full ({inner.strerror}); the previous checkpoint is kept and the "
+                "partial one removed; free space (keep_last_n_checkpoints bounds what a run keeps) or point "
+                "save: at a larger file system"
+            ) from None
         text = str(inner).strip().splitlines()[0][:300] if str(inner).strip() else type(inner).__name__
         raise ZerotopoError(f"{what} failed: {type(inner).__name__}: {text}") from None
 

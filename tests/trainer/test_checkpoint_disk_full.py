@@ -1,0 +1,72 @@
+"""A disk that fills during a save: one clean error, the previous checkpoint intact, the partial one gone.
+
+The save directory is a small tmpfs (root only) that holds one checkpoint of the run but not two, so the
+second save really runs out of space (ENOSPC) part-way through the ranks' shard files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.test_checkpoint_resume import small_config
+from zerotopo.cli.main import main
+from zerotopo.trainer.checkpoint import find_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _train(tmp: Path, name: str, save: Path, capfd) -> tuple[int, str]:
+    code = main(
+        ["train", str(tmp / "small.yml"), "--run-dir", str(tmp / f"run-{name}"), "--no-progress",
+         "--set", f"save={save}", "--set", "save_interval=2", "--set", "train_iters=4"]
+    )  # fmt: skip
+    out, err = capfd.readouterr()
+    return code, out + err
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tmpfs")
+def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, capfd):
+    small_config(tmp_path / "small.yml")
+    # One checkpoint's size on this run, measured on the ordinary disk.
+    probe = tmp_path / "probe"
+    code, text = _train(tmp_path, "probe", probe, capfd)
+    assert code == 0, text
+    size = _du(probe / "step_2")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    limit = (size * 3 // 2 // 4096 + 1) * 4096  # room for step_2 and half of step_4
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={limit}", "tmpfs", str(disk)], capture_output=True
+    )
+    if res.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        save = disk / "ckpt"
+        code, text = _train(tmp_path, "full", save, capfd)
+        assert code != 0
+        assert "the disk is full" in text and "the previous checkpoint is kept" in text, text
+        assert "Traceback" not in text
+        assert (save / "latest").read_text().strip() == "step_2"
+        assert find_checkpoint(save) == save / "step_2"
+        assert not list(save.glob(".step_*")) and not (save / "step_4").exists()  # the partial save is gone
+        shutil.copytree(save, tmp_path / "kept")
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    # the kept checkpoint is whole: a run resumes from it
+    kept = tmp_path / "kept"
+    code = main(
+        ["train", str(tmp_path / "small.yml"), "--run-dir", str(tmp_path / "run-resume"), "--no-progress",
+         "--set", f"load={kept}", "--set", f"save={kept}", "--set", "save_interval=2", "--set", "train_iters=4"]
+    )  # fmt: skip
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    assert "resumed from" in (tmp_path / "run-resume" / "train.log").read_text()
+    assert (kept / "latest").read_text().strip() == "step_4"
