@@ -43,6 +43,7 @@ _MAX_VALUE = {
     "latency_us": 1e9,
     "memory_gib": 1e7,
     "peak_tflops": 1e7,
+    "quant_gbps": 1e7,
 }
 
 
@@ -82,6 +83,9 @@ class Device:
     """Device memory in GiB."""
     peak_tflops: float
     """Peak dense bf16/fp16 TFLOPS of one device (0 when unknown: MFU is then not reported)."""
+    quant_gbps: float = 0.0
+    """Rate of the int8/int4 block quantizer on one device, in GB/s of fp32 values passed over (quantize or
+    dequantize); the cost model charges each quantized collective's passes at it. 0: unknown, not charged."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +214,7 @@ class Topology:
 # -- loading ----------------------------------------------------------------------------------------
 
 _TOP_KEYS = {"name", "description", "device", "tiers", "network", "nodes", "device_order"}
-_DEVICE_KEYS = {"name": str, "memory_gib": float, "peak_tflops": float}
+_DEVICE_KEYS = {"name": str, "memory_gib": float, "peak_tflops": float, "quant_gbps": float}
 _TIER_KEYS = {"name": str, "fanout": int, "bandwidth_gbps": float, "latency_us": float}
 _NETWORK_KEYS = {"name": str, "injection_gbps": float, "latency_us": float}
 
@@ -303,7 +307,7 @@ def topology_from_mapping(raw: Any, source: str = "<mapping>") -> Topology:
         if k not in raw:
             raise ConfigError(f"missing required key {k!r}", source=source, key=k)
     name = _typed(raw["name"], str, source, "name")
-    device = Device(**_section(raw["device"], _DEVICE_KEYS, source, "device"))
+    device = Device(**_section(raw["device"], _DEVICE_KEYS, source, "device", optional=("quant_gbps",)))
     tiers_raw = raw["tiers"]
     if not isinstance(tiers_raw, list) or not tiers_raw:
         raise ConfigError(

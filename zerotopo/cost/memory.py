@@ -161,6 +161,14 @@ def _memory(
     buffers = (largest * (1 + plan.prefetch) * param_bytes if gathers else 0) + largest * (
         param_bytes + grad_bytes
     )
+    # the block quantizer's wire buffers of the largest unit (its fused kernels need no more than these):
+    # the int8 gathered message before it is dequantized, the int4 all-to-all's send and receive buffers
+    if padded:
+        block = plan.quant_block
+        if plan.quantize_weights or (d.secondary is not None and plan.secondary_dtype == "int8"):
+            buffers += volume.int8_payload(largest, block)
+        if plan.quantize_grads and d.grads > 1:
+            buffers += 2 * volume.int4_payload(largest, block)
     # the step's fp32 gradient chunks: a copy unless the chunk is an fp32 slice of the gradient shard
     copied = grad_bytes != 4 or (plan.grad_reduce != "allreduce" and d.optim > d.grads)
     step_buffers = total(lambda x: div(x, d.optim)) * 4 if copied else 0

@@ -130,8 +130,20 @@ class StepTime:
     """Per (phase, op, group, tier): seconds and exposed seconds."""
 
 
+def quantizer_time(c: Collective, topology: Topology) -> float:
+    """Seconds the block quantizer takes in one call of ``c`` on one rank (0 for plain codecs, or when the
+    device's ``quant_gbps`` is unknown)."""
+    rate = topology.device.quant_gbps
+    return c.quant_numel * 4 / (rate * 1e9) if c.quant_numel and rate > 0 else 0.0
+
+
 def collective_time(c: Collective, topology: Topology, table: BandwidthTable | None = None) -> float:
-    """Seconds of one call of ``c``: the table's bus bandwidth, else alpha-beta on its tier."""
+    """Seconds of one call of ``c``: the table's bus bandwidth, else alpha-beta on its tier, plus the
+    quantizer's passes (:func:`quantizer_time`)."""
+    return _wire_time(c, topology, table) + quantizer_time(c, topology)
+
+
+def _wire_time(c: Collective, topology: Topology, table: BandwidthTable | None) -> float:
     if table is not None and c.message_bytes > 0 and c.tier:
         rpn = c.ranks_per_node or c.group_size
         bw = table.busbw(c.op, c.message_bytes, c.tier, c.nodes, rpn)

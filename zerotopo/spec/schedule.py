@@ -23,6 +23,7 @@ model (:mod:`zerotopo.cost.time`) walks the per-unit lists.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,6 +40,10 @@ PHASES = ("forward", "backward", "grad_reduce", "replica_reduce", "param_gather"
 #: Phases that repeat every micro-batch (the rest run once per step).
 MICRO_BATCH_PHASES = ("forward", "backward", "grad_reduce")
 GRANULARITIES = ("unit", "module")
+
+
+#: Codecs whose collectives run the block quantizer.
+QUANTIZED = ("int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,10 @@ class Collective:
     """Nodes the group spans."""
     ranks_per_node: int = field(default=0, compare=False)
     """Ranks of the group in each node it spans (``group_size`` when one node)."""
+    quant_numel: int = field(default=0, compare=False)
+    """Values the block quantizer passes over on one rank per call (quantize what it sends, dequantize what
+    it receives); 0 for the plain codecs. :func:`zerotopo.cost.time.collective_time` charges it at the
+    device's ``quant_gbps``."""
 
     @property
     def total_bytes(self) -> int:
@@ -180,20 +189,7 @@ class StepSchedule:
 
 
 def _with_count(c: Collective, count: int) -> Collective:
-    return Collective(
-        c.phase,
-        c.op,
-        c.group,
-        c.group_size,
-        c.tier,
-        c.bytes_sent,
-        count,
-        c.dtype,
-        c.message_bytes,
-        c.overlappable,
-        c.nodes,
-        c.ranks_per_node,
-    )
+    return dataclasses.replace(c, count=count)
 
 
 # -- groups: tier and span -------------------------------------------------------------------------
@@ -400,9 +396,11 @@ def step_schedule(
             spans[kind] = (t or "", nodes, rpn)
         return spans[kind]
 
-    def coll(phase, op, kind, size, nbytes, dtype, message, *, overlappable=True, where=None):
+    def coll(phase, op, kind, size, nbytes, dtype, message, *, overlappable=True, where=None, quant=0):
         tier, nodes, rpn = where or span(kind)
-        return Collective(phase, op, kind, size, tier, nbytes, 1, dtype, message, overlappable, nodes, rpn)
+        return Collective(
+            phase, op, kind, size, tier, nbytes, 1, dtype, message, overlappable, nodes, rpn, quant
+        )
 
     pcodec = codec_for_width(param_bytes)
     rcodec = codec_for_width(reduce_bytes)
@@ -434,7 +432,21 @@ def step_schedule(
             return ()
         b = codec.gather_bytes(n, size, block)
         return (
-            (coll(phase, codec.gather_op, kind, size, b, codec.name, codec.payload(n, block)),) if b else ()
+            # a quantized gather quantizes this rank's shard and dequantizes the whole gathered unit
+            (
+                coll(
+                    phase,
+                    codec.gather_op,
+                    kind,
+                    size,
+                    b,
+                    codec.name,
+                    codec.payload(n, block),
+                    quant=n + n // size if codec.name in QUANTIZED else 0,
+                ),
+            )
+            if b
+            else ()
         )
 
     @cached
@@ -463,12 +475,15 @@ def step_schedule(
             intra_tier = topology.tier_of_group(range(g_intra)) or ""
             return (
                 coll("grad_reduce", i4.reduce_op, "grads_intra", g_intra, hop1, "int4",
-                     i4.payload(n, block), where=(intra_tier, 1, g_intra)),
+                     i4.payload(n, block), where=(intra_tier, 1, g_intra), quant=2 * n),
                 coll("grad_reduce", i4.reduce_op, "grads_inter", g_inter, hop2, "int4",
-                     i4.payload(n // g_intra, block), where=(tier, g_inter, 1)),
+                     i4.payload(n // g_intra, block), where=(tier, g_inter, 1), quant=2 * (n // g_intra)),
             )  # fmt: skip
         b = i4.reduce_bytes(n, d.grads, block)
-        return (coll("grad_reduce", i4.reduce_op, "grads", d.grads, b, "int4", i4.payload(n, block)),)
+        # the all-to-all reduce-scatter quantizes the whole gradient and dequantizes every received chunk
+        return (
+            coll("grad_reduce", i4.reduce_op, "grads", d.grads, b, "int4", i4.payload(n, block), quant=2 * n),
+        )
 
     @cached
     def unit_end(N: int) -> list[Collective]:
