@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,9 @@ def test_plan_that_does_not_fit_names_a_plan_that_does(tmp_path, capsys):
     path.write_text(yaml.safe_dump(topo))
     code, _, err = run_cli(["train", "--topology", str(path), "--plan", "ddp", "--no-progress"], capsys)
     assert code == 2
-    assert "plan 'ddp' needs" in err and "GiB per device" in err and "--plan zero" in err
+    assert "plan 'ddp' needs" in err and "GiB per device" in err
+    suggested = re.search(r"--plan (\S+) fits", err)
+    assert suggested and suggested.group(1) != "ddp", err
 
 
 def test_bad_plan_degree_and_bad_set(capsys):
