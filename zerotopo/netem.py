@@ -253,37 +253,33 @@ def _kill_children() -> None:
 
 
 @contextlib.contextmanager
-def _teardown_on_signals() -> Iterator[None]:
+def _handling(sigs: tuple[int, ...], handler: Any) -> Iterator[None]:
+    """``handler`` for ``sigs`` inside the block, the previous handlers after it (main thread only:
+    elsewhere signals cannot be set, and the block runs as is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _teardown_on_signals() -> contextlib.AbstractContextManager[None]:
     """While the network is up, SIGTERM and SIGHUP exit through Python (status 128 + signal) so the
     ``finally`` that tears it down runs; SIGINT already raises KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    return _handling((signal.SIGTERM, signal.SIGHUP), _exit_on_signal)
 
 
-@contextlib.contextmanager
-def _shielded() -> Iterator[None]:
+def _shielded() -> contextlib.AbstractContextManager[None]:
     """Ignore SIGINT/SIGTERM/SIGHUP during teardown so a second signal cannot cut it short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    return _handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN)
 
 
 @contextlib.contextmanager
