@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from zerotopo.data.indexed import DTYPE_CODES
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.yml")
 EMULATED_TOPOLOGY = (ROOT / "topologies" / "emulated.yaml").read_text()
@@ -613,16 +615,7 @@ def _write_pair(
         f.write(pointers.tobytes())
         f.write(doc_idx.tobytes())
     if bin_bytes is None:
-        dtype = {
-            1: np.uint8,
-            2: np.int8,
-            3: np.int16,
-            4: np.int32,
-            5: np.int64,
-            6: np.float64,
-            7: np.float32,
-            8: np.uint16,
-        }.get(code, np.uint16)
+        dtype = DTYPE_CODES.get(code, np.uint16)
         data = np.arange(1, int(sizes.clip(min=0).sum()) + 1) if tokens is None else np.asarray(tokens)
         bin_bytes = data.astype(dtype).tobytes()
     Path(f"{prefix}.bin").write_bytes(bin_bytes)

@@ -231,30 +231,14 @@ def load_hf_shards(directory: str | os.PathLike, model, optimizer, cfg: NeoXConf
     """Collective: fill the optimizer's fp32 master chunks from a Hugging Face directory, each rank reading
     only its own elements of each parameter, then rebuild the parameter shards (moments start at zero)."""
     from zerotopo.models.hf import _hf_name
-    from zerotopo.trainer.checkpoint import _pieces
+    from zerotopo.trainer.checkpoint import _pieces, settle_optimizer
 
     weights = check_hf_directory(directory, cfg)
     with torch.no_grad():
         for i, u in enumerate(model.units):
             for s, off, view in _pieces(u, optimizer.master[i]):
                 view.copy_(weights.read_flat(_hf_name(s.name), off, off + view.numel()))
-    group = optimizer.param_groups[0]
-    optimizer.load_state_dict(
-        {
-            "step": 0,
-            "param_groups": [{k: v for k, v in group.items() if k != "params"}],
-            "loss_scaler": None,
-            "units": {
-                u.name: {
-                    "range": u.o_range,
-                    "master": optimizer.master[i],
-                    "exp_avg": torch.zeros_like(optimizer.exp_avg[i]),
-                    "exp_avg_sq": torch.zeros_like(optimizer.exp_avg_sq[i]),
-                }
-                for i, u in enumerate(model.units)
-            },
-        }
-    )
+    settle_optimizer(model, optimizer, step=0, zero_moments=True)
 
 
 # -- weights out --------------------------------------------------------------------------------------

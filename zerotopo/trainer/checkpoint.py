@@ -321,6 +321,28 @@ def save_checkpoint(
     return final
 
 
+def settle_optimizer(model, optimizer, *, step: int, zero_moments: bool = False) -> None:
+    """Make the optimizer take the master weights and moments written into its tensors in place (by a
+    checkpoint or a Hugging Face load) as its state at ``step``; ``zero_moments`` starts Adam afresh."""
+    group = optimizer.param_groups[0]
+    optimizer.load_state_dict(
+        {
+            "step": step,
+            "param_groups": [{k: v for k, v in group.items() if k != "params"}],
+            "loss_scaler": None,
+            "units": {
+                u.name: {
+                    "range": u.o_range,
+                    "master": optimizer.master[i],
+                    "exp_avg": torch.zeros_like(m) if zero_moments else m,
+                    "exp_avg_sq": torch.zeros_like(v) if zero_moments else v,
+                }
+                for i, (u, m, v) in enumerate(zip(model.units, optimizer.exp_avg, optimizer.exp_avg_sq))
+            },
+        }
+    )
+
+
 def _first_failure(exc: BaseException) -> BaseException:
     """The first rank's own exception inside DCP's ``CheckpointException`` (which gathers them all)."""
     failures = getattr(exc, "failures", None)
@@ -644,23 +666,7 @@ def load_checkpoint(
             lambda: dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner()),
             f"loading {step_dir}",
         )
-    group = optimizer.param_groups[0]
-    optimizer.load_state_dict(
-        {
-            "step": int(ckpt.manifest["optimizer_steps"]),
-            "param_groups": [{k: v for k, v in group.items() if k != "params"}],
-            "loss_scaler": None,
-            "units": {
-                u.name: {
-                    "range": u.o_range,
-                    "master": optimizer.master[i],
-                    "exp_avg": optimizer.exp_avg[i],
-                    "exp_avg_sq": optimizer.exp_avg_sq[i],
-                }
-                for i, u in enumerate(model.units)
-            },
-        }
-    )
+    settle_optimizer(model, optimizer, step=int(ckpt.manifest["optimizer_steps"]))
     if model.scaler is not None and scaler_keys:
         _restore_scaler(model.scaler, {k: state[k] for k in scaler_keys})
     step = ckpt.step
