@@ -64,3 +64,30 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, capfd):
         assert shards == sorted(f.name for f in (probe / "step_2").glob("*.distcp"))
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tmpfs")
+def test_a_short_write_on_a_full_disk_is_named_whatever_the_writer_raised(tmp_path):
+    """torch's zip writer turns ENOSPC into ``RuntimeError: ... unexpected pos``; a save that fails with
+    the file system full is still reported as a full disk, and on a disk with room it is not."""
+    from zerotopo.errors import ZerotopoError
+    from zerotopo.trainer.checkpoint import _run_dcp
+
+    def short_write():
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
+    if res.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        with pytest.raises(OSError):
+            (disk / "fill").write_bytes(b"x" * (1 << 20))
+        with pytest.raises(ZerotopoError, match="the disk is full .*the previous checkpoint is kept"):
+            _run_dcp(short_write, "saving checkpoint x", space=(disk, 4096))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    with pytest.raises(ZerotopoError, match="RuntimeError: .*unexpected pos") as info:
+        _run_dcp(short_write, "saving checkpoint x", space=(tmp_path, 4096))
+    assert "disk is full" not in str(info.value)

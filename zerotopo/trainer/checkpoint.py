@@ -291,12 +291,16 @@ def save_checkpoint(
         state.update(_scaler_tensors(model.scaler))
     state.update(_rng_tensors(rank))
     after_write = (lambda: _fault(step, "write")) if rank == 0 else None
+    # What this rank writes: a failure with less than this left free is a full disk, whatever error the
+    # writer raised (torch's zip writer reports a short write as "unexpected pos", not as ENOSPC).
+    need = sum(t.numel() * t.element_size() for t in _tensors_of(state))
     try:
         _run_dcp(
             lambda: dcp.save(
                 state, storage_writer=SafeWriter(tmp, after_write=after_write), planner=FlatSavePlanner()
             ),
             f"saving checkpoint {final}",
+            space=(Path(tmp), need),
         )
     except ZerotopoError:
         if rank == 0:
@@ -352,8 +356,27 @@ def _first_failure(exc: BaseException) -> BaseException:
     return exc
 
 
-def _run_dcp(fn, what: str) -> None:
-    """Run a DCP save or load; any rank's failure becomes one :class:`ZerotopoError` on every rank."""
+def _tensors_of(state: dict[str, Any]):
+    """The tensors of a save state (a parameter's shard pieces yield each piece)."""
+    for value in state.values():
+        if isinstance(value, torch.Tensor):
+            yield value
+        for _, piece in getattr(value, "pieces", ()):
+            yield piece
+
+
+def _disk_full(path: Path, need: int) -> bool:
+    """Whether the file system holding ``path`` has less room left than ``need`` bytes (or none)."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return False
+    return free < max(need, 1 << 16)
+
+
+def _run_dcp(fn, what: str, space: tuple[Path, int] | None = None) -> None:
+    """Run a DCP save or load; any rank's failure becomes one :class:`ZerotopoError` on every rank.
+    ``space``: (directory written, bytes the save needs), to name a full disk whatever error it caused."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -364,9 +387,11 @@ def _run_dcp(fn, what: str) -> None:
         inner = _first_failure(exc)
         if isinstance(inner, ZerotopoError):
             raise ZerotopoError(str(inner)) from None
-        if isinstance(inner, OSError) and inner.errno in (errno.ENOSPC, errno.EDQUOT):
+        full = isinstance(inner, OSError) and inner.errno in (errno.ENOSPC, errno.EDQUOT)
+        if full or (space is not None and _disk_full(*space)):
+            strerror = inner.strerror if full else "no space left on the device"
             raise ZerotopoError(
-                f"{what} failed: the disk is full ({inner.strerror}); the previous checkpoint is kept and the "
+                f"{what} failed: the disk is full ({strerror}); the previous checkpoint is kept and the "
                 "partial one removed; free space (keep_last_n_checkpoints bounds what a run keeps) or point "
                 "save: at a larger file system"
             ) from None
