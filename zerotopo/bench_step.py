@@ -101,10 +101,11 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
             ledger.reset()
             dist.barrier()
             t0 = time.perf_counter()
-            for _ in range(M):
+            for k in range(M):
                 ids = torch.randint(0, V, (B, S + 1), generator=g)
                 logits = model(ids[:, :-1])
                 loss = F.cross_entropy(logits.reshape(-1, V), ids[:, 1:].reshape(-1)) / M
+                model.set_is_last_backward(k == M - 1)
                 loss.backward()
             opt.step()
             opt.zero_grad()

@@ -191,7 +191,12 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
                     loss = loss_fn(model(x), y) / MICRO
                     per_micro.append(loss.item())
                     scaled = model.scale_loss(loss * (1e30 if scale_boost else 1.0))
+                    if opts.get("last_backward"):
+                        model.set_is_last_backward(m == MICRO - 1)
                     scaled.backward()
+                if opts.get("last_backward"):
+                    # every unit's step-end reduction was started by the backward, none by the step
+                    out.setdefault("started_early", []).append(len(optimizer._early))
                 stats = optimizer.step()
                 optimizer.zero_grad()
                 if s == 1:
@@ -212,6 +217,15 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
             # The other ranks may be blocked in a collective; only raising ranks report, all stop here.
             results.append(out)
             return results
+        if opts.get("last_backward"):
+            # a further backward after the marked one, before the step, is refused on every rank
+            model.set_is_last_backward(True)
+            loss_fn(model(batch(0, rank, 0)[0]), batch(0, rank, 0)[1]).backward()
+            try:
+                loss_fn(model(batch(0, rank, 1)[0]), batch(0, rank, 1)[1]).backward()
+            except Exception as exc:  # noqa: BLE001 - reported to the parent
+                out["twice_error"] = f"{type(exc).__name__}: {exc}"
+            optimizer.zero_grad()
         out["unit_numels"] = model.unit_numels()
         sd = model.full_state_dict()
         out["params"] = sd if rank == 0 else None

@@ -38,6 +38,18 @@ CASES = [
      "opts": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}},
     {"name": "fp16", "plan": "zero3",
      "opts": {"param_dtype": "float16", "overflow_at_step": 2, "loss_scale_options": {"hysteresis": 1}}},
+    # the step-end reductions started in the last backward: bit-identical to the plans above
+    {"name": "last-event", "plan": {**HPZ, "sync": "event"}, "opts": {"last_backward": True}},
+    {"name": "last-frozen", "plan": {"name": "p2g4o8", "params": 2, "grads": 4, "optim": 8},
+     "opts": {"frozen": True, "last_backward": True}},
+    {"name": "last-neox", "plan": "hsdp", "opts": {"model": "neox", "last_backward": True}},
+    {"name": "last-fp16", "plan": "zero3",
+     "opts": {"param_dtype": "float16", "overflow_at_step": 2, "loss_scale_options": {"hysteresis": 1},
+              "last_backward": True}},
+    # two-stage reduction (reduce-scatter over optim_scatter, all-reduce over optim_replicas), both ways
+    {"name": "two-stage", "plan": {"name": "p2g2o4", "params": 2, "grads": 2, "optim": 4}},
+    {"name": "last-two-stage", "plan": {"name": "p2g2o4", "params": 2, "grads": 2, "optim": 4},
+     "opts": {"last_backward": True}},
     # last: the sanitizer stops the unordered read (all ranks raise before the collective)
     {"name": "sanitizer", "plan": {"preset": "zeropp"}, "opts": {"copy_delay_ms": DELAY_MS, "unordered": True},
      "expect_error": True},
@@ -65,6 +77,25 @@ def _max_loss_err(results, name, ref_losses, steps=STEPS):
         for s in range(steps)
         for m in range(MICRO)
     )
+
+
+@pytest.mark.parametrize(
+    "marked, plain",
+    [("last-event", "no-delay"), ("last-frozen", "frozen"), ("last-neox", "neox"), ("last-fp16", "fp16"),
+     ("last-two-stage", "two-stage")],
+)  # fmt: skip
+def test_reductions_started_in_the_last_backward_are_bit_identical(runs, marked, plain):
+    """set_is_last_backward starts every unit's cross-replica reduction inside the last backward (none is
+    left to the step), and training is bit for bit what the step's own reductions give."""
+    import torch
+
+    for r in range(WORLD):
+        a, b = _res(runs, marked, r), _res(runs, plain, r)
+        assert a["losses"] == b["losses"] and a["ledger"] == b["ledger"]
+        assert a["started_early"] == [len(a["ranges"])] * STEPS
+        assert "a backward ran after the one marked set_is_last_backward()" in a["twice_error"]
+    a, b = _res(runs, marked, 0)["params"], _res(runs, plain, 0)["params"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_stock_ordering_reads_uninitialized_secondary(runs):

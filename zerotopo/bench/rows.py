@@ -64,8 +64,9 @@ def zerotopo_row(cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float) ->
     def step(batches):
         m = len(batches)
         total = 0.0
-        for x, y in batches:
+        for k, (x, y) in enumerate(batches):
             loss = _loss(model(x), y)
+            model.set_is_last_backward(k == m - 1)
             (loss / m).backward()
             total += loss.item()
         opt.step()

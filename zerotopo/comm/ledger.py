@@ -15,6 +15,7 @@ and benchmarks that read every time.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,8 @@ class Ledger:
         self._tier_no_scalar: dict[str, int] = defaultdict(int)
         self._op_tier: dict[tuple[str, str | None], int] = defaultdict(int)
         self.steps_marked = 0
+        # The engine's step-end reductions of the last backward record from a worker thread on CPU.
+        self._lock = threading.Lock()
 
     def record(
         self,
@@ -125,12 +128,13 @@ class Ledger:
             seconds=float(seconds),
             tag=tag,
         )
-        self._records.append(rec)
         key = _tier_key(rec.tier)
-        self._tier_all[key] += rec.bytes_sent
-        if not rec.is_scalar:
-            self._tier_no_scalar[key] += rec.bytes_sent
-        self._op_tier[(rec.op, rec.tier)] += rec.bytes_sent
+        with self._lock:
+            self._records.append(rec)
+            self._tier_all[key] += rec.bytes_sent
+            if not rec.is_scalar:
+                self._tier_no_scalar[key] += rec.bytes_sent
+            self._op_tier[(rec.op, rec.tier)] += rec.bytes_sent
         return rec
 
     def records(self) -> list[Record]:

@@ -65,6 +65,14 @@ class ShardedModule(nn.Module):
         self._runtime.remove()
         self._runtime.streams.close()
 
+    def set_is_last_backward(self, last: bool = True) -> None:
+        """Mark the next backward as the last before ``optimizer.step()`` (the last micro-batch): each
+        unit's cross-replica gradient reduction then starts as soon as its gradient shard is final and
+        runs beside the rest of the backward (see [Note: last backward] in ``runtime.py``). Results are
+        bit-identical either way; without the mark the step runs the reductions itself. A further
+        backward before ``optimizer.step()`` is refused (its gradients would miss the reduction)."""
+        self._runtime.last_backward = bool(last)
+
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` times the fp16 loss scale (unchanged without loss scaling)."""
         return loss * self.scaler.scale if self.scaler is not None else loss
@@ -297,6 +305,7 @@ class Engine:
         return self.model(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
+        self.model.set_is_last_backward((self.micro_steps + 1) % self.accumulation_steps == 0)
         self.model.scale_loss(loss / self.accumulation_steps).backward()
 
     def step(self) -> dict[str, Any] | None:

@@ -186,8 +186,41 @@ class ShardedAdamW:
         self.trainable = [None if every else t for t, every in zip(trainable, self.all_trainable)]
         self.pg_order = layout.param_gather_order(self.degrees)
         self.os_order = layout.optim_scatter_order(self.degrees)
+        # Step-end reductions started in the last backward (see [Note: last backward] in runtime.py).
+        self._early: dict[int, Any] = {}
+        runtime.after_reduce = self._start_replica_reduce
 
     # -- the step ---------------------------------------------------------------------------------------
+    def _start_replica_reduce(self, u: FlatUnit) -> None:
+        """The runtime's ``after_reduce``: ``u``'s gradient shard is final; reduce it across replicas now,
+        beside the rest of the backward (device: the replica stream; CPU: the engine's worker thread)."""
+        streams = self.runtime.streams
+        self._early[u.index] = streams.run_async(
+            f"step-end reduction of {u.name}", lambda: self._replica_reduce(u), after=streams.reduce_scatter
+        )
+
+    def _replica_grads(self) -> list[torch.Tensor]:
+        """Every unit's optimizer chunk of the world's gradient: the reductions the last backward started
+        (all waited first, so the step's own collectives never interleave with them), then the rest."""
+        self.runtime.wait_reductions()
+        early, self._early = self._early, {}
+        self.runtime.finalized.clear()
+        streams = self.runtime.streams
+        done = {}
+        for i, holder in early.items():
+            g = holder.wait(streams.current())
+            if streams.on_device:
+                g.record_stream(streams.current())  # made on the replica stream, used and freed here
+            done[i] = g
+        return [done[i] if i in done else self._replica_reduce(u) for i, u in enumerate(self.units)]
+
+    def _drop_early(self) -> None:
+        """Finish and discard reductions a skipped step left (``zero_grad`` without ``step``)."""
+        early, self._early = self._early, {}
+        self.runtime.finalized.clear()
+        for holder in early.values():
+            holder.wait(self.runtime.streams.current())
+
     def _replica_reduce(self, u: FlatUnit) -> torch.Tensor:
         """This rank's optimizer chunk of the gradient summed over the whole world, as fp32 (the reduction
         runs in the gradient shard's dtype: fp32, or the parameter dtype under ``grad_dtype: param``).
@@ -229,8 +262,7 @@ class ShardedAdamW:
         ``loss_scale`` are 0-d device tensors too. Read them at the logging interval."""
         if self.scaler is not None:
             return self._scaled_step(self.scaler)
-        self.runtime.wait_reductions()
-        grads = [self._replica_reduce(u) for u in self.units]
+        grads = self._replica_grads()
         inv = 1.0 / self.degrees.world
         sq = torch.zeros(1, dtype=torch.float32, device=self.mesh.device)
         for g, t in zip(grads, self.trainable):
@@ -261,8 +293,7 @@ class ShardedAdamW:
         AMP kernel, agree on the flag over the world, update the scale, and apply the step with every
         state change multiplied or selected by the flag, so an overflow leaves the state bit for bit
         unchanged without the host ever reading the flag."""
-        self.runtime.wait_reductions()
-        grads = [self._replica_reduce(u) for u in self.units]
+        grads = self._replica_grads()
         device = self.mesh.device
         found = torch.zeros(1, dtype=torch.float32, device=device)
         inv_scale = (scaler.scale * float(self.degrees.world)).reciprocal().reshape(1)
@@ -366,6 +397,8 @@ class ShardedAdamW:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero every gradient shard (the shards are kept: they accumulate the next step)."""
+        if self._early:
+            self._drop_early()
         for u in self.units:
             u.grad_shard.zero_()
             for s in u.slots:

@@ -16,6 +16,11 @@ the same model, so every rank issues the same collectives in the same order):
   gradient shard, free the full gradient and weights.
 - end of backward (queued callback): units that got no gradient reduce-scatter zeros in unit order, so
   collectives never mismatch across ranks; unconsumed prefetches are drained.
+
+[Note: last backward] In the backward that :meth:`ShardedModule.set_is_last_backward` marks (the last
+micro-batch of a step), a unit's gradient shard is final as soon as its reduce-scatter was added in,
+so :attr:`Runtime.after_reduce` (the optimizer's) starts that unit's cross-replica reduction there and
+then, beside the rest of the backward, instead of after it (Lins' overlap of the step-end reduction).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from zerotopo.comm import quant
 from zerotopo.comm.mesh import Mesh
 from zerotopo.engine.streams import Ready, Sanitizer, Streams
 from zerotopo.engine.units import FlatUnit, UnitState
+from zerotopo.errors import ZerotopoError
 
 _BF16 = torch.bfloat16
 
@@ -77,6 +83,12 @@ class Runtime:
         self._callback_queued = False
         self.in_backward = False
         self.rs_order = layout.reduce_scatter_order(self.degrees)
+        self.last_backward = False
+        """Whether the backward now running is the last before ``optimizer.step()`` (see the note)."""
+        self.after_reduce: Any = None
+        """Called with each unit whose gradient shard is final in the last backward."""
+        self.finalized: set[int] = set()
+        """Units whose step-end reduction started (cleared by the optimizer's step and zero_grad)."""
         self._handles: list[Any] = []
         for u in units:
             self._install(u)
@@ -191,6 +203,7 @@ class Runtime:
         self._release_all()
         self.in_backward = False
         self._callback_queued = False
+        self.last_backward = False  # one backward only: the next step's micro-batches accumulate again
 
     # -- forward/backward gathers ----------------------------------------------------------------------------
     def _next_in_order(self, u: FlatUnit, depth: int, *, reverse: bool) -> list[FlatUnit]:
@@ -320,6 +333,12 @@ class Runtime:
     def reduce_unit(self, u: FlatUnit) -> None:
         """Reduce-scatter ``u``'s gradients into its fp32 shard; free the full gradient and weights."""
         d, plan = self.degrees, self.plan
+        if u.index in self.finalized:
+            raise ZerotopoError(
+                f"unit {u.name!r}: a backward ran after the one marked set_is_last_backward() and before "
+                "optimizer.step(); its gradients would miss the step's reduction. Mark only the last "
+                "micro-batch of a step, and call optimizer.step() after it"
+            )
         rs = self.streams.reduce_scatter
         if rs is not None:
             # The gradients were produced on the compute stream; the reduction runs beside it.
@@ -348,6 +367,9 @@ class Runtime:
             if u.state is UnitState.GATHERING:
                 self._wait_gather(u)
             u.free_full()
+        if self.last_backward and self.after_reduce is not None:
+            self.finalized.add(u.index)
+            self.after_reduce(u)
 
     def _int4_hops(self) -> tuple[Any, Any]:
         """The two hop groups of the hierarchical int4 reduce-scatter when the grads group spans nodes."""

@@ -97,13 +97,13 @@ class CopyEngine:
     cost: copies issued together land together, like DMA engines working in parallel with compute.
     """
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, *, name: str = "zerotopo-copy-engine") -> None:
         self.delay_s = float(delay_s)
         self._queue: list[tuple[float, int, Callable[[], None], EmulatedEvent]] = []
         self._cv = threading.Condition()
         self._seq = itertools.count()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="zerotopo-copy-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], None]) -> EmulatedEvent:
@@ -150,8 +150,9 @@ def emulated_delay_s(delay_ms: float | None) -> float:
 
 
 class Streams:
-    """The engine's streams: all-gather, reduce-scatter and secondary copy (CUDA/ROCm), or none (CPU)
-    with the emulated copy engine standing in for the copy stream."""
+    """The engine's streams: all-gather, reduce-scatter, secondary copy and step-end reduction
+    (CUDA/ROCm), or none (CPU) with the emulated copy engine standing in for the copy stream and a
+    worker thread for the step-end reductions (:meth:`run_async`)."""
 
     def __init__(self, device: torch.device, *, copy_delay_s: float = 0.0) -> None:
         self.device = device
@@ -163,10 +164,12 @@ class Streams:
             self.all_gather = torch.cuda.Stream(device=device)
             self.reduce_scatter = torch.cuda.Stream(device=device)
             self.copy = torch.cuda.Stream(device=device)
+            self.replica = torch.cuda.Stream(device=device)
             self.engine: CopyEngine | None = None
         else:
-            self.all_gather = self.reduce_scatter = self.copy = None
+            self.all_gather = self.reduce_scatter = self.copy = self.replica = None
             self.engine = CopyEngine(copy_delay_s)
+        self._worker: CopyEngine | None = None
 
     def current(self) -> Any:
         return torch.cuda.current_stream(self.device) if self.on_device else None
@@ -199,9 +202,33 @@ class Streams:
         assert self.engine is not None
         return Ready(dst, self.engine.submit(fn), what)
 
+    def run_async(self, what: str, fn: Callable[[], Any], after: Any = None) -> Ready:
+        """Run ``fn`` (collectives of the step-end reduction) beside compute; the returned holder's
+        :meth:`Ready.wait` orders a consumer after it and its ``tensor`` is ``fn``'s result.
+
+        Device: on the replica stream, after the work queued so far on ``after`` (default: the current
+        stream); CPU: on a worker thread, in submission order (every rank submits the same collectives
+        in the same order, so the groups it uses see one order on every rank)."""
+        if self.on_device:
+            self.replica.wait_stream(after if after is not None else self.current())
+            with torch.cuda.stream(self.replica):
+                out = fn()
+            return Ready(out, self.record(self.replica), what)
+        if self._worker is None:
+            self._worker = CopyEngine(0.0, name="zerotopo-step-end-reduce")
+        holder = Ready(None, None, what)
+
+        def job() -> None:
+            holder.tensor = fn()
+
+        holder.event = self._worker.submit(job)
+        return holder
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+        if self._worker is not None:
+            self._worker.close()
 
 
 class Sanitizer:

@@ -338,11 +338,12 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             group["lr"] = lr
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-        for _ in range(accum):
+        for mb in range(accum):
             batch = next(train_batches).to(device, non_blocking=True)  # no stream sync on the step path
             inputs, labels = batch[:, :-1], batch[:, 1:]
             logits = model(inputs)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+            model.set_is_last_backward(mb == accum - 1)  # step-end reductions start in this backward
             model.scale_loss(loss / accum).backward()
             loss_sum += loss.detach()
         stats = optimizer.step()
