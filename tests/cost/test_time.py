@@ -211,3 +211,59 @@ def test_network_alpha_beta_shares_the_injection_among_the_groups_leaving_a_node
     four = Collective("forward", "all_gather", "params", 8, "network", 10**8, 1, "bf16", 0, True, 2, 4)
     assert collective_time(one, TOPO) == pytest.approx(2 * 100e-6 + 1e8 / 0.5e9)
     assert collective_time(four, TOPO) == pytest.approx(7 * 100e-6 + 1e8 / 2e9)
+
+
+def test_last_backward_hides_a_units_cross_replica_reduction_behind_the_earlier_units_backward():
+    m, M = 2, 3
+    compute = _compute(m, M)
+    bwd_unit = compute / M * (2 / 3) / 2  # one unit's backward in one micro-batch
+    d = 0.5 * bwd_unit
+    rep = Collective("replica_reduce", "reduce_scatter", "optim_scatter", 2, "network", int(d * 1e9), 1,
+                     "fp32", message_bytes=1)  # fmt: skip
+    assert collective_time(rep, FLAT) == pytest.approx(d, rel=1e-6)
+    base = _sched(2, [0, 0], [0, 0], [0, 0], M=M)
+
+    def with_last(on_unit: int) -> StepSchedule:
+        units = tuple(
+            UnitSteps(u.unit, u.forward, u.backward, u.reduce, 1, 1, (rep,) if i == on_unit else ())
+            for i, u in enumerate(base.units)
+        )
+        return StepSchedule(units, (), M)
+
+    for concurrent in (1, 2, 3):
+        o = OverlapModel(compute_slowdown=0.0, concurrent=concurrent)
+        # the head (unit 1) finishes its backward first: its reduction runs under unit 0's backward
+        hidden = step_time(with_last(1), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=o)
+        assert hidden.step_time_s == pytest.approx(compute)
+        # the first unit's is the backward's last: nothing is left to hide it
+        exposed = step_time(with_last(0), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=o)
+        assert exposed.step_time_s == pytest.approx(compute + d)
+        # it runs once per step, in the last micro-batch only
+        assert sum(x.calls for x in hidden.breakdown if x.phase == "replica_reduce") == 1
+    # after the backward (DeepSpeed's step) it is exposed wherever it belongs
+    after = StepSchedule(base.units, (rep,), M)
+    t = step_time(after, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=NO_SLOWDOWN)
+    assert t.step_time_s == pytest.approx(compute + d)
+
+
+def test_engine_schedule_runs_replica_reductions_in_the_last_backward_and_deepspeed_after_it():
+    from dataclasses import replace
+
+    from zerotopo.spec.schedule import ENGINE, step_schedule
+
+    plan = get_preset("zerotopo")
+    units = engine_units(SHAPE)
+    eng = step_schedule(units, TOPO, plan, micro_batches=3)
+    ds = step_schedule(
+        units, TOPO, plan, micro_batches=3, options=replace(ENGINE, step_end_in_backward=False)
+    )
+    assert all(u.last_reduce for u in eng.units) and not any(u.last_reduce for u in ds.units)
+    assert all(c.overlappable for u in eng.units for c in u.last_reduce)
+    assert all(c.phase != "replica_reduce" for c in eng.step_end)
+    assert any(c.phase == "replica_reduce" and not c.overlappable for c in ds.step_end)
+    # the same calls either way: the ledger's view does not depend on when they run
+    assert eng.collectives() == ds.collectives()
+    # and the step is shorter when they run in the backward
+    a = step_time(eng, TOPO, SHAPE, micro_batch=2)
+    b = step_time(ds, TOPO, SHAPE, micro_batch=2)
+    assert a.step_time_s < b.step_time_s

@@ -255,8 +255,9 @@ def _lower_bound(
     schedule: StepSchedule, shape: ModelShape, topology: Topology, options: CostOptions
 ) -> float:
     """A step time no simulation of ``schedule`` can beat: every micro-batch lasts at least its compute,
-    its gathers back to back and its reductions back to back (sharing links and slowdown only add), and
-    the step end adds its collectives less what may hide."""
+    its gathers back to back and its reductions back to back (the last one's cross-replica reductions
+    too; sharing links and slowdown only add), and the step end adds its collectives less what may
+    hide."""
     o = options
     table = o.table(topology)
     M = schedule.micro_batches
@@ -275,10 +276,18 @@ def _lower_bound(
 
     g = sum(total(u.forward) + total(u.backward) for u in schedule.units)
     r = sum(total(u.reduce) for u in schedule.units)
-    comm = g + r if o.overlap.concurrent == 1 else max(g, r)
+    rep = sum(total(u.last_reduce) for u in schedule.units)  # the last micro-batch's, beside r or after it
+    c = o.overlap.concurrent
+    comm = g + r if c == 1 else max(g, r)
+    last = g + r + rep if c == 1 else max(g, r + rep) if c == 2 else max(g, r, rep)
     end = total(schedule.step_end)
     bwd_share = 1 - 1 / (4.0 if o.checkpoint_activations else 3.0)
-    return M * max(compute, comm) + end - min(o.overlap.step_end_overlap * end, compute * bwd_share)
+    return (
+        (M - 1) * max(compute, comm)
+        + max(compute, last)
+        + end
+        - min(o.overlap.step_end_overlap * end, compute * bwd_share)
+    )
 
 
 def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:

@@ -21,8 +21,12 @@ when :attr:`OverlapModel.concurrent` is 1):
 - compute that starts while a collective is in flight runs slower by
   :attr:`OverlapModel.compute_slowdown` over the overlapping time (communication kernels take compute
   units);
-- micro-batches follow each other; the step-end collectives (cross-replica reduction, post-step
-  all-gather, scalars) run after the last backward, serialised, and hide only
+- micro-batches follow each other; in the last one a unit's cross-replica reduction (its
+  ``last_reduce``, when the schedule runs it in the backward) is issued when its reduction ends, on a
+  third stream when :attr:`OverlapModel.concurrent` is 3 or more, else after it on the reduction
+  stream; the backward ends when they all have;
+- the step-end collectives (post-step all-gather, scalars, and the cross-replica reduction when the
+  backward does not run it) run after the last backward, serialised, and hide only
   :attr:`OverlapModel.step_end_overlap` of their time.
 
 Each collective's time is split into the part hidden under compute and the exposed part (the compute
@@ -53,8 +57,9 @@ class OverlapModel:
     Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning": 18.9% mean, 40% max)."""
     concurrent: int = 2
     """Collectives in flight at once: 2 = a gather stream and a reduction stream (the engine and
-    DeepSpeed's ``overlap_comm``); 1 = one communication stream. ROCm exposes 4 hardware queues by
-    default (``GPU_MAX_HW_QUEUES``), so compute plus two communication streams fit."""
+    DeepSpeed's ``overlap_comm``); 1 = one communication stream; 3 = the engine's step-end reduction
+    stream beside them too. ROCm exposes 4 hardware queues by default (``GPU_MAX_HW_QUEUES``), so
+    compute plus two communication streams fit."""
     step_end_overlap: float = 0.0
     """Fraction of the step-end collectives hidden behind the last backward (0: never, as the engine and
     DeepSpeed run them after the backward)."""
@@ -161,12 +166,19 @@ def _key(c: Collective) -> tuple[str, str, str, str]:
     return (c.phase, c.op, c.group, c.tier)
 
 
-def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_of, overlap: OverlapModel):
-    """One micro-batch (see the module note): (end, slowdown, comm intervals, compute intervals)."""
+def _simulate(
+    schedule: StepSchedule, fwd: list[float], bwd: list[float], time_of, overlap: OverlapModel, last: bool
+):
+    """One micro-batch (see the module note; ``last``: the step's last, with the units' ``last_reduce``):
+    (end, slowdown, comm intervals, compute intervals)."""
     units = schedule.units
     U = len(units)
-    free = {"gather": 0.0, "reduce": 0.0}
-    stream = (lambda kind: "gather") if overlap.concurrent == 1 else (lambda kind: kind)
+    free = {"gather": 0.0, "reduce": 0.0, "replica": 0.0}
+    streams = {
+        1: {"gather": "gather", "reduce": "gather", "replica": "gather"},
+        2: {"gather": "gather", "reduce": "reduce", "replica": "reduce"},
+    }.get(overlap.concurrent, {"gather": "gather", "reduce": "reduce", "replica": "replica"})
+    stream = streams.__getitem__
     comm: list[tuple[float, float, Collective]] = []
     busy: list[tuple[float, float]] = []
     slow = 0.0
@@ -218,8 +230,10 @@ def _simulate(schedule: StepSchedule, fwd: list[float], bwd: list[float], time_o
                 )
                 issued += 1
             t = compute(start, fwd[i] if direction == "forward" else bwd[i])
-            if direction == "backward" and u.reduce:
-                run("reduce", t, u.reduce)
+            if direction == "backward" and (u.reduce or last and u.last_reduce):
+                done = run("reduce", t, u.reduce)
+                if last:
+                    run("replica", done, u.last_reduce)
     end = max([t] + list(free.values()))
     return end, slow, comm, busy
 
@@ -286,14 +300,23 @@ def step_time(
             t = cache[id(c)] = collective_time(c, topology, table)
         return t
 
-    end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap)
-    exposed = _exposure(comm, busy, end)
+    # the micro-batches before the last are alike; the last also runs the units' last_reduce
+    has_last = any(u.last_reduce for u in schedule.units)
+    runs = [(M - 1, False), (1, True)] if has_last else [(M, False)]
     by_obj: dict[int, list] = {}
-    for k, (s, e, c) in enumerate(comm):
-        acc = by_obj.setdefault(id(c), [c, 0, 0.0, 0.0])
-        acc[1] += M
-        acc[2] += (e - s) * M
-        acc[3] += exposed.get(k, 0.0) * M
+    micro_time = slow_total = 0.0
+    for weight, last in runs:
+        if weight == 0:
+            continue
+        end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap, last)
+        micro_time += weight * end
+        slow_total += weight * slow
+        exposed = _exposure(comm, busy, end)
+        for k, (s, e, c) in enumerate(comm):
+            acc = by_obj.setdefault(id(c), [c, 0, 0.0, 0.0])
+            acc[1] += weight
+            acc[2] += (e - s) * weight
+            acc[3] += exposed.get(k, 0.0) * weight
     shares: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for c, n, sec, exp in by_obj.values():
         acc = shares[_key(c)]
@@ -310,9 +333,11 @@ def step_time(
         acc[2] += d * (1 - overlap.step_end_overlap)
     last_bwd = sum(bwd)
     hidden_end = min(overlap.step_end_overlap * step_end, last_bwd)
-    total = M * end + step_end - hidden_end
+    total = micro_time + step_end - hidden_end
     all_comm = (
-        M * sum(time_of(c) for u in schedule.units for c in u.forward + u.backward + u.reduce) + step_end
+        M * sum(time_of(c) for u in schedule.units for c in u.forward + u.backward + u.reduce)
+        + sum(time_of(c) for u in schedule.units for c in u.last_reduce)
+        + step_end
     )
     tokens = samples * shape.seq_length * topology.world_size
     model_flops = shape.step_flops(samples, checkpoint_activations=False)
@@ -323,10 +348,10 @@ def step_time(
         step_time_s=total,
         compute_s=compute,
         comm_s=all_comm,
-        exposed_comm_s=max(0.0, total - compute - M * slow),
+        exposed_comm_s=max(0.0, total - compute - slow_total),
         tokens_per_s=tokens / total if total > 0 else 0.0,
         tflops_per_device=flops / total / 1e12 if total > 0 and peak > 0 else 0.0,
         mfu=model_flops / total / peak if total > 0 and peak > 0 else 0.0,
-        slowdown_s=M * slow,
+        slowdown_s=slow_total,
         breakdown=breakdown,
     )

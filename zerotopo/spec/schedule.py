@@ -10,8 +10,11 @@ collectives:
 - ``reduce``: gradient reductions issued after the unit's backward compute (every unit for the engine;
   for bucketed reductions, only the unit that fills a bucket, and the last one with the remainder);
 
-and, once per step, the ``step_end`` collectives (cross-replica gradient reduction, post-step parameter
-all-gather, scalar all-reduces) that run after the last backward and never overlap compute.
+and, once per step, the ``step_end`` collectives (post-step parameter all-gather, scalar all-reduces;
+the cross-replica gradient reduction too unless it runs in the backward) that run after the last
+backward and never overlap compute. With :attr:`ScheduleOptions.step_end_in_backward` (the engine's
+``set_is_last_backward``) each unit's cross-replica reduction is its ``last_reduce``: issued in the last
+micro-batch's backward right after the unit's own reduction, beside the rest of the backward.
 
 Each :class:`Collective` carries its phase, ledger op, group kind and size, the tier it crosses and the
 group's span (nodes, ranks per node), its codec, the bytes one rank sends (the ledger's count), the
@@ -123,6 +126,8 @@ class UnitSteps:
     """Units ahead whose forward gathers may be in flight while this one computes its forward."""
     prefetch_backward: int = 1
     """Units (in backward order) whose backward gathers may be in flight while this one computes."""
+    last_reduce: tuple[Collective, ...] = ()
+    """In the last micro-batch only: the cross-replica reduction issued after ``reduce`` (see the note)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,10 @@ class ScheduleOptions:
     ``stage3_param_persistence_threshold``)."""
     unit_layers: int = 1
     """Layers per unit with the ``unit`` granularity (the engine runs 1)."""
+    step_end_in_backward: bool = True
+    """Each unit's cross-replica gradient reduction starts in the last micro-batch's backward, once its
+    gradient shard is final (the engine with ``set_is_last_backward``, as ``zerotopo train`` runs it);
+    False: all of them after the backward (DeepSpeed's step)."""
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -177,7 +186,7 @@ class StepSchedule:
         for u in self.units:
             for c in u.forward + u.backward + u.reduce:
                 by_id.setdefault(id(c), [c, 0])[1] += self.micro_batches
-        for c in self.step_end:
+        for c in [*(c for u in self.units for c in u.last_reduce), *self.step_end]:
             by_id.setdefault(id(c), [c, 0])[1] += 1
         acc: Counter[Collective] = Counter()
         first: dict[Collective, Collective] = {}
@@ -485,27 +494,35 @@ def step_schedule(
             coll("grad_reduce", i4.reduce_op, "grads", d.grads, b, "int4", i4.payload(n, block), quant=2 * n),
         )
 
+    in_bwd = options.step_end_in_backward
+
     @cached
-    def unit_end(N: int) -> list[Collective]:
+    def replica(N: int) -> list[Collective]:
+        # once per step: cross-replica reduction of the gradient shard
         out: list[Collective] = []
-        # once per step: cross-replica reduction of the gradient shard, then the updated parameters
         if plan.grad_reduce == "allreduce":
             k = w // d.grads
             if k > 1:
                 b = volume.all_reduce_bytes(N // d.grads, k, grad_shard_bytes)
                 out.append(coll("replica_reduce", "all_reduce", "grad_replicas", k, b, gcodec.name,
-                                     gcodec.payload(N // d.grads, block), overlappable=False))  # fmt: skip
+                                     gcodec.payload(N // d.grads, block), overlappable=in_bwd))  # fmt: skip
         else:
             k = d.optim // d.grads
             if k > 1:
                 b = volume.reduce_scatter_bytes(N // d.grads, k, grad_shard_bytes)
                 out.append(coll("replica_reduce", "reduce_scatter", "optim_scatter", k, b, gcodec.name,
-                                     gcodec.payload(N // d.grads, block), overlappable=False))  # fmt: skip
+                                     gcodec.payload(N // d.grads, block), overlappable=in_bwd))  # fmt: skip
             k = w // d.optim
             if k > 1:
                 b = volume.all_reduce_bytes(N // d.optim, k, grad_shard_bytes)
                 out.append(coll("replica_reduce", "all_reduce", "optim_replicas", k, b, gcodec.name,
-                                     gcodec.payload(N // d.optim, block), overlappable=False))  # fmt: skip
+                                     gcodec.payload(N // d.optim, block), overlappable=in_bwd))  # fmt: skip
+        return out
+
+    @cached
+    def param_gather(N: int) -> list[Collective]:
+        # once per step, after the optimizer: the updated parameters
+        out: list[Collective] = []
         k = d.optim // d.params
         if k > 1:
             b = volume.all_gather_bytes(N // d.params, k, param_bytes)
@@ -541,8 +558,11 @@ def step_schedule(
         fwd = gather("forward", "params", d.params, fwd_codec, G) if d.params > 1 else ()
         # the last forward unit still holds its weights; with p == 1 every unit does
         bwd = gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
-        steps.append(UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i]))
-        step_end.extend(unit_end(N))
+        last = replica(N) if in_bwd else ()
+        steps.append(UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last))
+        if not in_bwd:
+            step_end.extend(replica(N))
+        step_end.extend(param_gather(N))
     # the gradient norm sums each optimizer shard once: over one optimizer group
     if d.optim > 1:
         b = volume.all_reduce_bytes(1, d.optim, 4)
