@@ -246,7 +246,39 @@ def test_last_backward_hides_a_units_cross_replica_reduction_behind_the_earlier_
     assert t.step_time_s == pytest.approx(compute + d)
 
 
-def test_engine_schedule_runs_replica_reductions_in_the_last_backward_and_deepspeed_after_it():
+def test_first_forward_waits_for_its_units_parameter_gather_in_flight_from_the_start():
+    m, M = 2, 3
+    compute = _compute(m, M)
+    fwd_unit = compute / M * (1 / 3) / 2  # one unit's forward in one micro-batch
+    d = 0.5 * fwd_unit
+    pg = Collective("param_gather", "all_gather", "param_gather", 2, "network", int(d * 1e9), 1, "bf16",
+                    message_bytes=1)  # fmt: skip
+    base = _sched(2, [0, 0], [0, 0], [0, 0], M=M)
+
+    def with_first(on_units) -> StepSchedule:
+        units = tuple(
+            UnitSteps(u.unit, u.forward, u.backward, u.reduce, 1, 1, (), (pg,) if i in on_units else ())
+            for i, u in enumerate(base.units)
+        )
+        return StepSchedule(units, (), M)
+
+    o = OverlapModel(compute_slowdown=0.0, concurrent=3)
+    # unit 0 computes first: it waits for its gather; unit 1's lands under unit 0's forward
+    first = step_time(with_first({0}), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=o)
+    assert first.step_time_s == pytest.approx(compute + d)
+    second = step_time(with_first({1}), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=o)
+    assert second.step_time_s == pytest.approx(compute)
+    # both: unit 1's gather queues behind unit 0's and still ends (2d) before unit 0's forward does (d + 2d)
+    both = step_time(with_first({0, 1}), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=o)
+    assert both.step_time_s == pytest.approx(compute + d)
+    assert sum(x.calls for x in both.breakdown if x.phase == "param_gather") == 2  # once per step each
+    # at the end of the step (DeepSpeed) both are exposed
+    after = step_time(StepSchedule(base.units, (pg, pg), M), FLAT, SHAPE, micro_batch=m,
+                      checkpoint_activations=False, overlap=o)  # fmt: skip
+    assert after.step_time_s == pytest.approx(compute + 2 * d)
+
+
+def test_engine_schedule_moves_step_end_collectives_into_the_micro_batches_and_deepspeed_does_not():
     from dataclasses import replace
 
     from zerotopo.spec.schedule import ENGINE, step_schedule
@@ -255,11 +287,19 @@ def test_engine_schedule_runs_replica_reductions_in_the_last_backward_and_deepsp
     units = engine_units(SHAPE)
     eng = step_schedule(units, TOPO, plan, micro_batches=3)
     ds = step_schedule(
-        units, TOPO, plan, micro_batches=3, options=replace(ENGINE, step_end_in_backward=False)
-    )
+        units, TOPO, plan, micro_batches=3,
+        options=replace(ENGINE, step_end_in_backward=False, param_gather_in_forward=False),
+    )  # fmt: skip
     assert all(u.last_reduce for u in eng.units) and not any(u.last_reduce for u in ds.units)
     assert all(c.overlappable for u in eng.units for c in u.last_reduce)
-    assert all(c.phase != "replica_reduce" for c in eng.step_end)
+    assert all(c.phase not in ("replica_reduce", "param_gather") for c in eng.step_end)
+    # p = 2: every unit's post-step parameter all-gather is in flight into the first forward
+    assert all(u.first_forward and u.first_forward[0].phase == "param_gather" for u in eng.units)
+    assert any(c.phase == "param_gather" and not c.overlappable for c in ds.step_end)
+    # p = 1 (ZeRO-1): the shard is the weight the forward uses, gathered at the step's end
+    z1 = step_schedule(units, TOPO, get_preset("zero1"), micro_batches=3)
+    assert not any(u.first_forward for u in z1.units)
+    assert any(c.phase == "param_gather" for c in z1.step_end)
     assert any(c.phase == "replica_reduce" and not c.overlappable for c in ds.step_end)
     # the same calls either way: the ledger's view does not depend on when they run
     assert eng.collectives() == ds.collectives()

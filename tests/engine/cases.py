@@ -178,6 +178,8 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
             unordered_secondary=opts.get("unordered", False),
         )
         out: dict[str, Any] = {"name": case.get("name", plan.name), "losses": [], "stats": [], "error": None}
+        if opts.get("eager_params"):
+            optimizer.lazy_param_gather = False
         out["ranges"] = [(u.p_range, u.g_range, u.o_range) for u in model.units]
         out["memory"] = model.memory_report()
         try:
@@ -198,6 +200,10 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
                     # every unit's step-end reduction was started by the backward, none by the step
                     out.setdefault("started_early", []).append(len(optimizer._early))
                 stats = optimizer.step()
+                # sharded units' post-step all-gathers still in flight (landed by their next gather)
+                out.setdefault("params_in_flight", []).append(
+                    sum(u.param_update is not None for u in model.units)
+                )
                 optimizer.zero_grad()
                 if s == 1:
                     out["ledger"] = {

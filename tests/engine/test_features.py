@@ -50,6 +50,8 @@ CASES = [
     {"name": "two-stage", "plan": {"name": "p2g2o4", "params": 2, "grads": 2, "optim": 4}},
     {"name": "last-two-stage", "plan": {"name": "p2g2o4", "params": 2, "grads": 2, "optim": 4},
      "opts": {"last_backward": True}},
+    # the post-step parameter all-gathers at once, not left in flight: bit-identical to "no-delay"
+    {"name": "eager-params", "plan": {**HPZ, "sync": "event"}, "opts": {"eager_params": True}},
     # last: the sanitizer stops the unordered read (all ranks raise before the collective)
     {"name": "sanitizer", "plan": {"preset": "zeropp"}, "opts": {"copy_delay_ms": DELAY_MS, "unordered": True},
      "expect_error": True},
@@ -96,6 +98,23 @@ def test_reductions_started_in_the_last_backward_are_bit_identical(runs, marked,
         assert "a backward ran after the one marked set_is_last_backward()" in a["twice_error"]
     a, b = _res(runs, marked, 0)["params"], _res(runs, plain, 0)["params"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_post_step_parameter_gathers_left_in_flight_are_bit_identical(runs):
+    """The step leaves each sharded unit's parameter all-gather in flight and the unit's next gather
+    lands it: every unit of the p=2 plan is in flight after each step, none with lazy_param_gather off,
+    and losses, ledger and weights are the same bits."""
+    import torch
+
+    for r in range(WORLD):
+        lazy, eager = _res(runs, "no-delay", r), _res(runs, "eager-params", r)
+        assert lazy["params_in_flight"] == [len(lazy["ranges"])] * STEPS
+        assert eager["params_in_flight"] == [0] * STEPS
+        assert lazy["losses"] == eager["losses"] and lazy["ledger"] == eager["ledger"]
+    a, b = _res(runs, "no-delay", 0)["params"], _res(runs, "eager-params", 0)["params"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # a p = 1 unit's shard is the weight the forward uses: its update lands at once
+    assert _res(runs, "neox", 0)["params_in_flight"] == [0] * STEPS
 
 
 def test_stock_ordering_reads_uninitialized_secondary(runs):

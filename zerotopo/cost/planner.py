@@ -255,8 +255,9 @@ def _lower_bound(
     schedule: StepSchedule, shape: ModelShape, topology: Topology, options: CostOptions
 ) -> float:
     """A step time no simulation of ``schedule`` can beat: every micro-batch lasts at least its compute,
-    its gathers back to back and its reductions back to back (the last one's cross-replica reductions
-    too; sharing links and slowdown only add), and the step end adds its collectives less what may
+    its gathers back to back and its reductions back to back (the first's parameter gathers and the
+    last's cross-replica reductions spread over all, which no split beats; sharing links and slowdown
+    only add), and the step end adds its collectives less what may
     hide."""
     o = options
     table = o.table(topology)
@@ -276,18 +277,15 @@ def _lower_bound(
 
     g = sum(total(u.forward) + total(u.backward) for u in schedule.units)
     r = sum(total(u.reduce) for u in schedule.units)
-    rep = sum(total(u.last_reduce) for u in schedule.units)  # the last micro-batch's, beside r or after it
+    # the first micro-batch's parameter gathers and the last one's cross-replica reductions: on their
+    # own stream, or queued with the reductions (c == 2) or all communication (c == 1)
+    extra = sum(total(u.last_reduce) + total(u.first_forward) for u in schedule.units)
     c = o.overlap.concurrent
     comm = g + r if c == 1 else max(g, r)
-    last = g + r + rep if c == 1 else max(g, r + rep) if c == 2 else max(g, r, rep)
+    edge = g + r + extra / M if c == 1 else max(g, r + extra / M) if c == 2 else max(g, r, extra / M)
     end = total(schedule.step_end)
     bwd_share = 1 - 1 / (4.0 if o.checkpoint_activations else 3.0)
-    return (
-        (M - 1) * max(compute, comm)
-        + max(compute, last)
-        + end
-        - min(o.overlap.step_end_overlap * end, compute * bwd_share)
-    )
+    return M * max(compute, comm, edge) + end - min(o.overlap.step_end_overlap * end, compute * bwd_share)
 
 
 def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:

@@ -40,6 +40,7 @@ DEEPSPEED = ScheduleOptions(
     prefetch_bucket_elems=DS_PREFETCH_BUCKET,
     persistence_threshold=DS_PERSISTENCE_THRESHOLD,
     step_end_in_backward=False,
+    param_gather_in_forward=False,
     description="DeepSpeed ZeRO-3 stage-3 defaults: per-module gathers, 5e7 prefetch, 5e8 reduce buckets",
 )
 

@@ -25,8 +25,12 @@ when :attr:`OverlapModel.concurrent` is 1):
   ``last_reduce``, when the schedule runs it in the backward) is issued when its reduction ends, on a
   third stream when :attr:`OverlapModel.concurrent` is 3 or more, else after it on the reduction
   stream; the backward ends when they all have;
-- the step-end collectives (post-step all-gather, scalars, and the cross-replica reduction when the
-  backward does not run it) run after the last backward, serialised, and hide only
+- in the first micro-batch each sharded unit's post-step parameter all-gather (its ``first_forward``,
+  when the engine leaves it in flight into the next step) is issued at the start, in unit order, on
+  the same stream as the last micro-batch's reductions, and the unit's forward gather is issued no
+  earlier than its end;
+- the step-end collectives (the scalars, and the post-step all-gather and cross-replica reduction when
+  the schedule does not move them into the micro-batches) run after the last backward, serialised, and hide only
   :attr:`OverlapModel.step_end_overlap` of their time.
 
 Each collective's time is split into the part hidden under compute and the exposed part (the compute
@@ -167,10 +171,17 @@ def _key(c: Collective) -> tuple[str, str, str, str]:
 
 
 def _simulate(
-    schedule: StepSchedule, fwd: list[float], bwd: list[float], time_of, overlap: OverlapModel, last: bool
+    schedule: StepSchedule,
+    fwd: list[float],
+    bwd: list[float],
+    time_of,
+    overlap: OverlapModel,
+    first: bool,
+    last: bool,
 ):
-    """One micro-batch (see the module note; ``last``: the step's last, with the units' ``last_reduce``):
-    (end, slowdown, comm intervals, compute intervals)."""
+    """One micro-batch (see the module note; ``first``: the step's first, with the units'
+    ``first_forward``; ``last``: its last, with their ``last_reduce``): (end, slowdown, comm intervals,
+    compute intervals)."""
     units = schedule.units
     U = len(units)
     free = {"gather": 0.0, "reduce": 0.0, "replica": 0.0}
@@ -211,23 +222,26 @@ def _simulate(
         busy.append((start, start + dur + extra))
         return start + dur + extra
 
+    # the previous step's parameter all-gathers, in flight from the start (the first micro-batch only)
+    params_at = [run("replica", 0.0, u.first_forward) if first else 0.0 for u in units]
     for direction in ("forward", "backward"):
         order = list(range(U)) if direction == "forward" else list(range(U - 1, -1, -1))
+        not_before = params_at if direction == "forward" else [0.0] * U
         ready = [0.0] * U
         issued = 0
         for pos, i in enumerate(order):
             u = units[i]
             while issued <= pos:  # on demand: when the previous compute ends
                 j = order[issued]
-                ready[j] = run("gather", t, units[j].forward if direction == "forward" else units[j].backward)
+                colls = units[j].forward if direction == "forward" else units[j].backward
+                ready[j] = run("gather", max(t, not_before[j]), colls)
                 issued += 1
             start = max(t, ready[i])
             depth = u.prefetch if direction == "forward" else u.prefetch_backward
             while issued <= min(U - 1, pos + depth):
                 j = order[issued]
-                ready[j] = run(
-                    "gather", start, units[j].forward if direction == "forward" else units[j].backward
-                )
+                colls = units[j].forward if direction == "forward" else units[j].backward
+                ready[j] = run("gather", max(start, not_before[j]), colls)
                 issued += 1
             t = compute(start, fwd[i] if direction == "forward" else bwd[i])
             if direction == "backward" and (u.reduce or last and u.last_reduce):
@@ -300,15 +314,20 @@ def step_time(
             t = cache[id(c)] = collective_time(c, topology, table)
         return t
 
-    # the micro-batches before the last are alike; the last also runs the units' last_reduce
+    # the middle micro-batches are alike; the first also waits for the units' first_forward, the last
+    # runs their last_reduce
+    has_first = any(u.first_forward for u in schedule.units)
     has_last = any(u.last_reduce for u in schedule.units)
-    runs = [(M - 1, False), (1, True)] if has_last else [(M, False)]
+    if M == 1:
+        runs = [(1, has_first, has_last)]
+    else:
+        runs = [(1, has_first, False), (M - 2, False, False), (1, False, has_last)]
     by_obj: dict[int, list] = {}
     micro_time = slow_total = 0.0
-    for weight, last in runs:
+    for weight, first, last in runs:
         if weight == 0:
             continue
-        end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap, last)
+        end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap, first, last)
         micro_time += weight * end
         slow_total += weight * slow
         exposed = _exposure(comm, busy, end)
@@ -336,7 +355,7 @@ def step_time(
     total = micro_time + step_end - hidden_end
     all_comm = (
         M * sum(time_of(c) for u in schedule.units for c in u.forward + u.backward + u.reduce)
-        + sum(time_of(c) for u in schedule.units for c in u.last_reduce)
+        + sum(time_of(c) for u in schedule.units for c in u.last_reduce + u.first_forward)
         + step_end
     )
     tokens = samples * shape.seq_length * topology.world_size

@@ -132,6 +132,7 @@ class ShardedModule(nn.Module):
                 flat[s.offset : s.offset + s.numel] = t.reshape(-1).to(flat)
             opt.master[i].copy_(flat[u.o_range[0] : u.o_range[1]])
             lo, hi = u.p_range
+            u.settle_params()  # an update in flight must not land over the loaded weights
             u.param_shard.copy_(flat[lo:hi])
         self._runtime.invalidate_secondaries()
 

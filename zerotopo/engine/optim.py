@@ -14,6 +14,14 @@ its gradient group. ``optimizer.step()`` then, per unit in unit order:
 3. clips, runs AdamW (torch's formula, decoupled weight decay with a per-element mask) on the fp32 master
    chunk, casts it to the parameter dtype and all-gathers the chunks over ``param_gather`` back into the
    parameter shard, placed by ``layout.param_gather_order``.
+
+[Note: lazy parameter gather] A sharded unit's (``p > 1``) parameter shard is read only by the unit's
+next all-gather, so the step issues its ``param_gather`` all-gather asynchronously and leaves it in
+flight (``FlatUnit.param_update``); the runtime lands it just before that next gather reads the shard
+(``FlatUnit.settle_params``). The post-step gathers of the later units then run beside the next step's
+forward instead of after the step. Units with ``p = 1`` (whose shard is the full weight the forward
+computes with) are gathered at once. ``lazy_param_gather = False`` gathers every unit at once; the results
+are bit-identical either way.
 """
 
 from __future__ import annotations
@@ -189,6 +197,8 @@ class ShardedAdamW:
         # Step-end reductions started in the last backward (see [Note: last backward] in runtime.py).
         self._early: dict[int, Any] = {}
         runtime.after_reduce = self._start_replica_reduce
+        self.lazy_param_gather = True
+        """Leave sharded units' post-step all-gathers in flight until their next use (see the note)."""
 
     # -- the step ---------------------------------------------------------------------------------------
     def _start_replica_reduce(self, u: FlatUnit) -> None:
@@ -279,7 +289,7 @@ class ShardedAdamW:
             if coef is not None:
                 grads[i].mul_(coef)
             self._adamw(i, grads[i], group)
-            self._gather_params(u, self.master[i])
+            self._gather_params(u, self.master[i], lazy=self.lazy_param_gather)
         self.runtime.invalidate_secondaries()
         return {"grad_norm": norm, "skipped": False, "loss_scale": 1.0}
 
@@ -319,7 +329,7 @@ class ShardedAdamW:
             if coef is not None:
                 grads[i].mul_(coef)
             self._adamw_masked(i, grads[i], group, keep)
-            self._gather_params(u, self.master[i])
+            self._gather_params(u, self.master[i], lazy=self.lazy_param_gather)
         self.runtime.invalidate_secondaries()
         return {"grad_norm": norm, "skipped": overflow, "loss_scale": scaler.scale.clone()}
 
@@ -381,8 +391,10 @@ class ShardedAdamW:
             self.exp_avg[i].mul_(train)
             self.exp_avg_sq[i].mul_(train)
 
-    def _gather_params(self, u: FlatUnit, master: torch.Tensor) -> None:
-        """Cast the updated chunk and all-gather the chunks of this rank's parameter shard."""
+    def _gather_params(self, u: FlatUnit, master: torch.Tensor, *, lazy: bool = False) -> None:
+        """Cast the updated chunk and all-gather the chunks of this rank's parameter shard; ``lazy``
+        leaves a sharded unit's gather in flight until its next use (see [Note: lazy parameter gather])."""
+        u.settle_params()  # an earlier update still in flight lands first
         chunk = master.to(u.param_dtype)
         k = self.degrees.optim // self.degrees.params
         if k == 1:
@@ -390,10 +402,24 @@ class ShardedAdamW:
             u.param_shard[lo:hi].copy_(chunk)
             return
         out = torch.empty(chunk.numel() * k, dtype=u.param_dtype, device=u.device)
-        C.all_gather(out, chunk, self.mesh.group("param_gather"), ledger=self.ledger, tag=f"params {u.name}")
-        n = chunk.numel()
-        for pos, sub in enumerate(self.pg_order):
-            u.param_shard[sub * n : (sub + 1) * n].copy_(out[pos * n : (pos + 1) * n])
+        pending = C.all_gather(
+            out, chunk, self.mesh.group("param_gather"), ledger=self.ledger, async_op=True,
+            tag=f"params {u.name}",
+        )  # fmt: skip
+        n, order = chunk.numel(), self.pg_order
+
+        def land(stream: Any) -> None:
+            pending.wait(stream)
+            with C.stream_context(stream, u.device):
+                if stream is not None:
+                    out.record_stream(stream)  # made on the step's stream, read and freed on this one
+                for pos, sub in enumerate(order):
+                    u.param_shard[sub * n : (sub + 1) * n].copy_(out[pos * n : (pos + 1) * n])
+
+        if lazy and u.sharded:
+            u.param_update = land
+        else:
+            land(None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero every gradient shard (the shards are kept: they accumulate the next step)."""

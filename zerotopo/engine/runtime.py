@@ -234,6 +234,8 @@ class Runtime:
         stream = self.streams.all_gather
         if stream is not None:
             stream.wait_stream(self.streams.current())
+        # the previous step's parameter update, left in flight until this first read of the shard
+        u.settle_params(stream)
         with _on(stream):
             if plan.quantize_weights:
                 pending = Q.all_gather_int8(
@@ -393,6 +395,8 @@ class Runtime:
             u.secondary = None
 
     def remove(self) -> None:
+        for u in self.units:
+            u.settle_params()  # no collective left in flight when the model goes
         for h in self._handles:
             h.remove()
         self._handles.clear()

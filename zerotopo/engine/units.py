@@ -122,6 +122,9 @@ class FlatUnit:
         self.state = UnitState.FULL
         self.secondary: Any = None  # a streams.Ready holding the secondary partition, or None
         self.gather: Any = None  # pending all-gather: (Pending, source) while GATHERING
+        # The post-step parameter all-gather still in flight (optim.py [Note: lazy parameter gather]):
+        # a function of the stream that lands it in param_shard, or None.
+        self.param_update: Any = None
         # Per micro-batch bookkeeping (runtime.py).
         self.grads_ready = 0
         self.reduced = False
@@ -129,6 +132,13 @@ class FlatUnit:
         self.backward_started = False
 
     # -- views and storage ------------------------------------------------------------------------------
+    def settle_params(self, stream: Any = None) -> None:
+        """Land the post-step parameter all-gather still in flight, ordered before later work on ``stream``
+        (default: the current stream; on CPU it blocks until the gather arrived)."""
+        land, self.param_update = self.param_update, None
+        if land is not None:
+            land(stream)
+
     def set_views(self) -> None:
         """Point every parameter's ``.data`` at its slice of the full buffer."""
         for s in self.slots:

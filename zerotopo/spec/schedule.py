@@ -14,7 +14,10 @@ and, once per step, the ``step_end`` collectives (post-step parameter all-gather
 the cross-replica gradient reduction too unless it runs in the backward) that run after the last
 backward and never overlap compute. With :attr:`ScheduleOptions.step_end_in_backward` (the engine's
 ``set_is_last_backward``) each unit's cross-replica reduction is its ``last_reduce``: issued in the last
-micro-batch's backward right after the unit's own reduction, beside the rest of the backward.
+micro-batch's backward right after the unit's own reduction, beside the rest of the backward. With
+:attr:`ScheduleOptions.param_gather_in_forward` (the engine's lazy parameter gather) a sharded unit's
+post-step parameter all-gather is its ``first_forward``: in flight from the start of the (next) step's
+first micro-batch, and waited for by the unit's first forward gather.
 
 Each :class:`Collective` carries its phase, ledger op, group kind and size, the tier it crosses and the
 group's span (nodes, ranks per node), its codec, the bytes one rank sends (the ledger's count), the
@@ -128,6 +131,9 @@ class UnitSteps:
     """Units (in backward order) whose backward gathers may be in flight while this one computes."""
     last_reduce: tuple[Collective, ...] = ()
     """In the last micro-batch only: the cross-replica reduction issued after ``reduce`` (see the note)."""
+    first_forward: tuple[Collective, ...] = ()
+    """In the first micro-batch only: the post-step parameter all-gather, issued at its start, that the
+    unit's forward gather waits for (see the note)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,9 @@ class ScheduleOptions:
     """Each unit's cross-replica gradient reduction starts in the last micro-batch's backward, once its
     gradient shard is final (the engine with ``set_is_last_backward``, as ``zerotopo train`` runs it);
     False: all of them after the backward (DeepSpeed's step)."""
+    param_gather_in_forward: bool = True
+    """A sharded unit's post-step parameter all-gather stays in flight into the next step's first forward
+    (the engine's lazy parameter gather); False: at the end of the step (DeepSpeed)."""
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -186,7 +195,7 @@ class StepSchedule:
         for u in self.units:
             for c in u.forward + u.backward + u.reduce:
                 by_id.setdefault(id(c), [c, 0])[1] += self.micro_batches
-        for c in [*(c for u in self.units for c in u.last_reduce), *self.step_end]:
+        for c in [*(c for u in self.units for c in u.last_reduce + u.first_forward), *self.step_end]:
             by_id.setdefault(id(c), [c, 0])[1] += 1
         acc: Counter[Collective] = Counter()
         first: dict[Collective, Collective] = {}
@@ -495,6 +504,8 @@ def step_schedule(
         )
 
     in_bwd = options.step_end_in_backward
+    # the engine leaves only sharded units' parameter gathers in flight (p = 1 units need them at once)
+    in_fwd = options.param_gather_in_forward and d.params > 1
 
     @cached
     def replica(N: int) -> list[Collective]:
@@ -527,7 +538,7 @@ def step_schedule(
         if k > 1:
             b = volume.all_gather_bytes(N // d.params, k, param_bytes)
             out.append(coll("param_gather", "all_gather", "param_gather", k, b, pcodec.name,
-                                 pcodec.payload(N // d.params, block), overlappable=False))  # fmt: skip
+                                 pcodec.payload(N // d.params, block), overlappable=in_fwd))  # fmt: skip
         return out
 
     fdepth = _prefetch_depths(units, plan, options, reverse=False)
@@ -559,10 +570,12 @@ def step_schedule(
         # the last forward unit still holds its weights; with p == 1 every unit does
         bwd = gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
         last = replica(N) if in_bwd else ()
-        steps.append(UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last))
+        first = param_gather(N) if in_fwd else ()
+        steps.append(UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first))
         if not in_bwd:
             step_end.extend(replica(N))
-        step_end.extend(param_gather(N))
+        if not in_fwd:
+            step_end.extend(param_gather(N))
     # the gradient norm sums each optimizer shard once: over one optimizer group
     if d.optim > 1:
         b = volume.all_reduce_bytes(1, d.optim, 4)
