@@ -3,6 +3,7 @@ emulated links count bytes per tier, and a SIGTERM leaves no namespace or rank b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -191,3 +192,45 @@ def test_command_line_options():
         "network_mbit": 20.0,
         "rates": {"package": 500.0},
     }
+
+
+def test_predictions_price_the_shipped_table_or_a_calibration_file(tmp_path):
+    """The default predictions use the topology file and its shipped bandwidth table; --calibration prices
+    them with a measured file's tiers, curves and overlap instead (as `zerotopo plan --calibration`);
+    a file measured on another topology is refused before any rank starts."""
+    import argparse
+
+    from zerotopo.bench.compare import (
+        add_arguments,
+        cost_inputs,
+        model_config,
+        options_from_args,
+        resolve_rows,
+    )
+    from zerotopo.cost.bandwidth import default_table
+    from zerotopo.errors import ConfigError
+    from zerotopo.topology import load_topology
+
+    assert default_table("emulated-frontier") is not None  # shipped with the topology
+    topo = load_topology("emulated-frontier")
+    base = CompareOptions(rows=("zerotopo", "zero3"), emulate=False)
+    cfg, seq = model_config(base)
+    shape = cfg.shape(seq, name=base.model)
+    same, measured = cost_inputs(base, topo)
+    assert same is topo and measured == {}
+    _, plain = resolve_rows(base, topo, shape)
+    cal = Path(__file__).parents[2] / "docs" / "emulated-frontier-calibration.yaml"
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    opts = options_from_args(p.parse_args(["--rows", "zerotopo,zero3", "--calibration", str(cal)]))
+    assert opts.calibration == str(cal)
+    ctopo, measured = cost_inputs(opts, topo)
+    assert measured["default_bandwidth"] is False and measured["overlap"].concurrent == 1
+    assert ctopo.bandwidth_gbps("package") == pytest.approx(0.064307)
+    _, priced = resolve_rows(opts, ctopo, shape, measured)
+    for row in ("zerotopo", "zero3"):
+        assert priced[row]["predicted"] > 0 and priced[row]["predicted"] != plain[row]["predicted"]
+    other = tmp_path / "other.yaml"
+    other.write_text(cal.read_text().replace("topology: emulated-frontier", "topology: emulated", 1))
+    with pytest.raises(ConfigError, match="measured on topology 'emulated'"):
+        compare(dataclasses.replace(opts, calibration=str(other), emulate=False))

@@ -78,6 +78,9 @@ class CompareOptions:
     timeout_s: float = 3600.0
     profile_dir: str | None = None
     """Profile one extra step per row (torch.profiler, rank 0) into this directory."""
+    calibration: str | None = None
+    """A ``zerotopo calibrate`` file whose tiers, curves and overlap price the predictions (default: the
+    topology file and its shipped bandwidth table)."""
 
 
 # -- model and data ---------------------------------------------------------------------------------
@@ -216,9 +219,29 @@ def _quantized(plan: Any) -> bool:
     return bool(plan.quantize_weights or plan.quantize_grads or plan.secondary_dtype in ("int8", "int4"))
 
 
-def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
+    """The topology the cost model prices the rows on and the measured inputs of its options: the
+    topology file and its shipped table, or ``opts.calibration`` applied (as ``zerotopo plan
+    --calibration`` does)."""
+    if not opts.calibration:
+        return topo, {}
+    from zerotopo.cost.calibration import apply_calibration, load_calibration
+    from zerotopo.cost.time import OverlapModel
+
+    cal = load_calibration(opts.calibration)
+    return apply_calibration(topo, cal), {
+        "bandwidth": cal.get("bandwidth"),
+        "default_bandwidth": False,
+        "overlap": cal.get("overlap") or OverlapModel(),
+    }
+
+
+def resolve_rows(
+    opts: CompareOptions, topo: Any, shape: Any, measured: dict[str, Any] | None = None
+) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
     """(name, plan or None) of every row to run, and per-row metadata (kind, prediction, quantized,
-    same_as for a planner pick that equals a preset already in the list)."""
+    same_as for a planner pick that equals a preset already in the list). ``topo`` and ``measured``:
+    what :func:`cost_inputs` returns."""
     from zerotopo.cost.planner import CostOptions, best_plan, estimate, placement, plan_candidates
     from zerotopo.plan import get_preset
 
@@ -227,6 +250,7 @@ def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tupl
         grad_accum=opts.micro_batches,
         param_bytes=4,
         checkpoint_activations=False,
+        **(measured or {}),
     )
     specs: list[tuple[str, Any]] = []
     meta: dict[str, Any] = {}
@@ -273,7 +297,14 @@ def resolve_rows(opts: CompareOptions, topo: Any, shape: Any) -> tuple[list[tupl
     return specs, meta
 
 
-def repredict(rows: list[dict], meta: dict[str, Any], opts: CompareOptions, topo: Any, shape: Any) -> str:
+def repredict(
+    rows: list[dict],
+    meta: dict[str, Any],
+    opts: CompareOptions,
+    topo: Any,
+    shape: Any,
+    measured_inputs: dict[str, Any] | None = None,
+) -> str:
     """With a ``no-comm`` row, price the zerotopo rows again at the compute rate it measured (the
     topology's ``peak_tflops`` is a guess for CPU ranks sharing cores): the device's peak becomes the
     floor's FLOPs per second at efficiency 1. Returns which compute figure the predictions use."""
@@ -288,7 +319,7 @@ def repredict(rows: list[dict], meta: dict[str, Any], opts: CompareOptions, topo
     tflops = flops / floor["step_time_s"] / 1e12
     measured = dc_replace(topo, device=dc_replace(topo.device, peak_tflops=tflops))
     cost = CostOptions(micro_batch=opts.batch, grad_accum=opts.micro_batches, param_bytes=4,
-                       checkpoint_activations=False, efficiency=1.0)  # fmt: skip
+                       checkpoint_activations=False, efficiency=1.0, **(measured_inputs or {}))  # fmt: skip
     for r in rows:
         plan = meta[r["name"]].get("plan_object")
         if plan is not None and r.get("step_time_s"):
@@ -390,7 +421,8 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     topo = load_topology(opts.topology)
     cfg, seq = model_config(opts)
     shape = cfg.shape(seq, name=opts.model)
-    specs, meta = resolve_rows(opts, topo, shape)
+    cost_topo, measured = cost_inputs(opts, topo)
+    specs, meta = resolve_rows(opts, cost_topo, shape, measured)
     env = {"DS_ACCELERATOR": "cpu"}  # DeepSpeed's CPU accelerator (no CUDA here)
 
     def go(tier_classes: dict[str, str], network: Any = None) -> list:
@@ -416,7 +448,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     wall = time.perf_counter() - t0
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
     rows = assemble(opts, per_rank, meta, tokens)
-    compute = repredict(rows, meta, opts, topo, shape)
+    compute = repredict(rows, meta, opts, cost_topo, shape, measured)
     reference, void = check_losses(rows)
     zt = [r for r in rows if r["kind"] == "zerotopo" and r.get("tokens_per_s") and not r.get("same_as")]
     for r in rows:
@@ -448,6 +480,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         "lr": opts.lr,
         "wall_s": wall,
         "predicted_compute": compute,
+        "cost_inputs": opts.calibration or f"topologies/{topo.name}.yaml and its default bandwidth table",
         "reference": reference,
         "losses_agree": void is None,
         "void": void,
@@ -597,6 +630,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--profile", metavar="DIR", help="profile one extra step per row on rank 0 (torch.profiler) into DIR"
     )
     p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds before the ranks are killed")
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="price the predictions with this `zerotopo calibrate` file (tiers, curves, overlap) instead "
+        "of the topology file and its shipped table",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> CompareOptions:
@@ -624,6 +663,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         rates=parse_rates(args.shape),
         timeout_s=args.timeout,
         profile_dir=os.path.abspath(args.profile) if args.profile else None,
+        calibration=args.calibration,
     )
 
 
