@@ -60,20 +60,20 @@ def test_neox_20b_on_48_frontier_nodes_against_papers_003(capsys):
     eff = tf["zerotopo"] / at2["zerotopo"]["tflops_per_device"]
     # the paper's ranking holds: zerotopo > ZeRO++ > ZeRO-3
     assert topo > zpp > 1
-    # ZeRO++ over ZeRO-3: within 15% of the paper's 1.405 (the model gives 1.26, 10% low)
+    # ZeRO++ over ZeRO-3: within 15% of the paper's 1.405 (the model gives 1.227, 13% low)
     assert zpp == pytest.approx(PAPER_ZEROPP_OVER_ZERO3, rel=0.15)
-    assert zpp == pytest.approx(1.26, abs=0.03)
+    assert zpp == pytest.approx(1.227, abs=0.02)
     # zerotopo's 2 -> 48 node scaling efficiency: within 0.05 of the paper's 0.94 (the model gives 0.985:
     # the engine starts each unit's cross-node reduction in the last backward and leaves its post-step
     # parameter all-gather in flight into the next forward, so little of zerotopo's network traffic is
     # exposed at 48 nodes)
     assert eff == pytest.approx(PAPER_SCALING_EFFICIENCY, abs=0.05)
-    assert eff == pytest.approx(0.985, abs=0.01)
-    # zerotopo over ZeRO-3: the model MISSES the paper's 2.398 by about 39% (it gives 1.465, with the fp16
+    assert eff == pytest.approx(0.986, abs=0.01)
+    # zerotopo over ZeRO-3: the model MISSES the paper's 2.398 by about 41% (it gives 1.41, with the fp16
     # gradients this fp16 config gives every plan): it predicts DeepSpeed ZeRO-3 at 22.1 s per step where
-    # 2.398x zerotopo's 15.1 s would be 36.1 s. Asserted as the model's figure, and as a miss, so a fix
+    # 2.398x zerotopo's 15.6 s would be 37.5 s. Asserted as the model's figure, and as a miss, so a fix
     # shows up here.
-    assert topo == pytest.approx(1.465, abs=0.04)
+    assert topo == pytest.approx(1.41, abs=0.04)
     assert abs(topo / PAPER_TOPO_OVER_ZERO3 - 1) > 0.15
 
 

@@ -307,3 +307,27 @@ def test_engine_schedule_moves_step_end_collectives_into_the_micro_batches_and_d
     a = step_time(eng, TOPO, SHAPE, micro_batch=2)
     b = step_time(ds, TOPO, SHAPE, micro_batch=2)
     assert a.step_time_s < b.step_time_s
+
+
+def test_the_quantizer_is_compute_even_when_the_wire_hides():
+    """A quantized gather prefetched under the previous unit's compute hides its wire time, but its
+    quantizer passes take the cores the compute runs on: the step grows by them, in the slowdown."""
+    from dataclasses import replace
+
+    topo = replace(FLAT, device=replace(FLAT.device, quant_gbps=1.0))
+    m, M = 2, 1
+    compute = _compute(m, M)
+    q_numel = int(0.01 * compute * 1e9 / 4)  # quantizer seconds: 1% of the compute, at 1 GB/s of fp32
+    q = q_numel * 4 / 1e9
+    g = Collective("forward", "all_gather_int8", "params", 4, "node", 1000, 1, "int8", message_bytes=1,
+                   quant_numel=q_numel)  # fmt: skip
+    base = _sched(2, [0, 0], [0, 0], [0, 0], M=M)
+    units = (base.units[0], UnitSteps(base.units[1].unit, (g,), (), (), 1, 1))
+    t = step_time(StepSchedule(units, (), M), topo, SHAPE, micro_batch=m, checkpoint_activations=False,
+                  overlap=NO_SLOWDOWN)  # fmt: skip
+    assert t.step_time_s == pytest.approx(compute + q)
+    assert t.slowdown_s == pytest.approx(q) and t.exposed_comm_s == pytest.approx(0, abs=1e-9)
+    # without a quantizer rate nothing is charged
+    plain = step_time(StepSchedule(units, (), M), FLAT, SHAPE, micro_batch=m, checkpoint_activations=False,
+                      overlap=NO_SLOWDOWN)  # fmt: skip
+    assert plain.step_time_s == pytest.approx(compute)

@@ -21,6 +21,9 @@ when :attr:`OverlapModel.concurrent` is 1):
 - compute that starts while a collective is in flight runs slower by
   :attr:`OverlapModel.compute_slowdown` over the overlapping time (communication kernels take compute
   units);
+- the block quantizer is compute: a quantized collective's quantizer time (:func:`quantizer_time`)
+  lengthens its stream's call *and* the next compute (CPU ranks quantize on the calling thread, a
+  device on the SMs its kernels share with the compute), counted in the slowdown;
 - micro-batches follow each other; in the last one a unit's cross-replica reduction (its
   ``last_reduce``, when the schedule runs it in the backward) is issued when its reduction ends, on a
   third stream when :attr:`OverlapModel.concurrent` is 3 or more, else after it on the reduction
@@ -153,6 +156,8 @@ def collective_time(c: Collective, topology: Topology, table: BandwidthTable | N
 
 
 def _wire_time(c: Collective, topology: Topology, table: BandwidthTable | None) -> float:
+    if c.bytes_sent == 0:  # a local pass (the quantizer of a one-rank group): nothing on the wire
+        return 0.0
     if table is not None and c.message_bytes > 0 and c.tier:
         rpn = c.ranks_per_node or c.group_size
         bw = table.busbw(c.op, c.message_bytes, c.tier, c.nodes, rpn)
@@ -178,6 +183,7 @@ def _simulate(
     overlap: OverlapModel,
     first: bool,
     last: bool,
+    quant_of=lambda c: 0.0,
 ):
     """One micro-batch (see the module note; ``first``: the step's first, with the units'
     ``first_forward``; ``last``: its last, with their ``last_reduce``): (end, slowdown, comm intervals,
@@ -194,6 +200,7 @@ def _simulate(
     busy: list[tuple[float, float]] = []
     slow = 0.0
     t = 0.0
+    debt = 0.0  # quantizer seconds the compute stream still owes (see collective time)
 
     tier_of: dict[str, str] = {}
 
@@ -202,8 +209,10 @@ def _simulate(
             return at
         s = stream(kind)
         start = max(at, free[s])
+        nonlocal debt
         for c in colls:
             d = time_of(c)
+            debt += quant_of(c)  # the quantizer is compute: it takes the cores/SMs the compute runs on
             # the other stream busy on the same tier: the two share its links while both run
             for o, until in free.items():
                 if o != s and until > start and tier_of.get(o) == c.tier:
@@ -215,9 +224,10 @@ def _simulate(
         return start
 
     def compute(start: float, dur: float) -> float:
-        nonlocal slow
+        nonlocal slow, debt
         inflight = max(0.0, max(free.values()) - start)
-        extra = overlap.compute_slowdown * min(dur, inflight)
+        extra = overlap.compute_slowdown * min(dur, inflight) + debt
+        debt = 0.0
         slow += extra
         busy.append((start, start + dur + extra))
         return start + dur + extra
@@ -248,6 +258,8 @@ def _simulate(
                 done = run("reduce", t, u.reduce)
                 if last:
                     run("replica", done, u.last_reduce)
+    t += debt  # the quantizer passes after the last compute (the last reductions')
+    slow += debt
     end = max([t] + list(free.values()))
     return end, slow, comm, busy
 
@@ -314,6 +326,9 @@ def step_time(
             t = cache[id(c)] = collective_time(c, topology, table)
         return t
 
+    def quant_of(c: Collective) -> float:
+        return quantizer_time(c, topology) if c.quant_numel else 0.0
+
     # the middle micro-batches are alike; the first also waits for the units' first_forward, the last
     # runs their last_reduce
     has_first = any(u.first_forward for u in schedule.units)
@@ -327,7 +342,7 @@ def step_time(
     for weight, first, last in runs:
         if weight == 0:
             continue
-        end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap, first, last)
+        end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap, first, last, quant_of)
         micro_time += weight * end
         slow_total += weight * slow
         exposed = _exposure(comm, busy, end)

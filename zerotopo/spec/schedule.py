@@ -439,15 +439,22 @@ def step_schedule(
         def wrapped(*args):
             key = (fn.__name__, *args)
             if key not in memo:
-                memo[key] = tuple(c for c in fn(*args) if c.bytes_sent)
+                memo[key] = tuple(c for c in fn(*args) if c.bytes_sent or c.quant_numel)
             return memo[key]
 
         return wrapped
 
     @cached
     def gather(phase: str, kind: str, size: int, codec, n: int) -> tuple[Collective, ...]:
-        if size <= 1 or n == 0:
+        if n == 0:
             return ()
+        if size <= 1:
+            # a whole-unit int8 secondary (s = 1) sends nothing, but every micro-batch still quantizes
+            # the unit into it after the forward and dequantizes it for the backward
+            if codec.name not in QUANTIZED:
+                return ()
+            return (coll(phase, codec.gather_op, kind, 1, 0, codec.name, codec.payload(n, block),
+                         where=("", 1, 1), quant=2 * n),)  # fmt: skip
         b = codec.gather_bytes(n, size, block)
         return (
             # a quantized gather quantizes this rank's shard and dequantizes the whole gathered unit
