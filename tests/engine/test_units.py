@@ -222,3 +222,24 @@ def test_loss_scaler_update_takes_a_device_flag():
     c = LossScaler(2.0**8, growth_interval=2, hysteresis=2, min_scale=64.0)
     c.load_state_dict(sd)
     assert c.state_dict() == sd == {"scale": 256.0, "good_steps": 4, "hysteresis_left": 2}
+
+
+def test_gathered_chunks_are_put_in_place_without_a_second_buffer():
+    """The post-step all-gather lands in the parameter shard in group-position order; every permutation
+    of the chunks is then applied in place (what a staging copy would have given)."""
+    import itertools
+
+    import torch
+
+    from zerotopo.engine.optim import _permute_chunks
+
+    n = 3
+    for k in (1, 2, 3, 4):
+        for order in itertools.permutations(range(k)):
+            old = torch.arange(k * n, dtype=torch.float32)
+            buf = old.clone()
+            _permute_chunks(buf, list(order), n)
+            want = torch.empty_like(old)
+            for pos, sub in enumerate(order):
+                want[sub * n : (sub + 1) * n] = old[pos * n : (pos + 1) * n]
+            assert torch.equal(buf, want), order

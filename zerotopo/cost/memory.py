@@ -169,9 +169,12 @@ def _memory(
             buffers += volume.int8_payload(largest, block)
         if plan.quantize_grads and d.grads > 1:
             buffers += 2 * volume.int4_payload(largest, block)
-    # the step's fp32 gradient chunks: a copy unless the chunk is an fp32 slice of the gradient shard
-    copied = grad_bytes != 4 or (plan.grad_reduce != "allreduce" and d.optim > d.grads)
-    step_buffers = total(lambda x: div(x, d.optim)) * 4 if copied else 0
+    # the cross-replica reduce-scatter's optimizer chunks (gradient width): the engine starts them in the
+    # last backward (runtime.py, [Note: last backward]), so they coexist with its buffers and activations
+    if plan.grad_reduce != "allreduce" and d.optim > d.grads:
+        buffers += total(lambda x: div(x, d.optim)) * grad_bytes
+    # the step's fp32 upcast of 2-byte gradient chunks (an fp32 chunk is used in place)
+    step_buffers = total(lambda x: div(x, d.optim)) * 4 if grad_bytes != 4 else 0
     activations = (
         activation_bytes(shape, micro_batch, checkpoint_activations=checkpoint_activations) if shape else 0.0
     )

@@ -38,6 +38,29 @@ from zerotopo.engine.units import FlatUnit
 from zerotopo.errors import ZerotopoError
 
 
+def _permute_chunks(buf: torch.Tensor, order: list[int], n: int) -> None:
+    """Move chunk ``pos`` of ``buf`` (``n`` elements each) to chunk ``order[pos]``, in place: each cycle
+    of the permutation is walked backwards with one chunk of scratch."""
+    inv = [0] * len(order)
+    for pos, sub in enumerate(order):
+        inv[sub] = pos
+    done = [False] * len(order)
+    for start in range(len(order)):
+        if done[start] or inv[start] == start:
+            done[start] = True
+            continue
+        tmp = buf[start * n : (start + 1) * n].clone()
+        j = start
+        while True:
+            done[j] = True
+            src = inv[j]
+            if src == start:
+                buf[j * n : (j + 1) * n].copy_(tmp)
+                break
+            buf[j * n : (j + 1) * n].copy_(buf[src * n : (src + 1) * n])
+            j = src
+
+
 class LossScaler:
     """Dynamic (or static) loss scale for fp16, with DeepSpeed's semantics: an overflow skips the step
     and, once ``hysteresis`` overflows were seen since the last reduction, halves the scale (never below
@@ -222,7 +245,11 @@ class ShardedAdamW:
             if streams.on_device:
                 g.record_stream(streams.current())  # made on the replica stream, used and freed here
             done[i] = g
-        return [done[i] if i in done else self._replica_reduce(u) for i, u in enumerate(self.units)]
+        # upcast here, not in the backward: an fp32 copy of a 2-byte chunk would outlive the activations
+        return [
+            (done[i] if i in done else self._replica_reduce(u)).to(torch.float32)
+            for i, u in enumerate(self.units)
+        ]
 
     def _drop_early(self) -> None:
         """Finish and discard reductions a skipped step left (``zero_grad`` without ``step``)."""
@@ -232,20 +259,21 @@ class ShardedAdamW:
             holder.wait(self.runtime.streams.current())
 
     def _replica_reduce(self, u: FlatUnit) -> torch.Tensor:
-        """This rank's optimizer chunk of the gradient summed over the whole world, as fp32 (the reduction
-        runs in the gradient shard's dtype: fp32, or the parameter dtype under ``grad_dtype: param``).
+        """This rank's optimizer chunk of the gradient summed over the whole world, in the gradient
+        shard's dtype (fp32, or the parameter dtype under ``grad_dtype: param``); the step upcasts it.
 
-        An fp32 chunk that is the gradient shard or a slice of it is returned as is, not copied (the step
-        scales and clips it in place, as ``clip_grad_norm_`` does ``.grad``; ``zero_grad`` clears it), so
-        the step holds no second copy of the gradients; the cost model counts a copy only where one is
-        made (``zerotopo.cost.memory``: ``step_buffers``)."""
+        A chunk that is the gradient shard or a slice of it is returned as is, not copied (the step
+        scales and clips an fp32 one in place, as ``clip_grad_norm_`` does ``.grad``; ``zero_grad``
+        clears it), so the step holds no second copy of the gradients; the cost model counts a copy only
+        where one is made (``zerotopo.cost.memory``: the reduce-scatter's chunks in ``buffers``, the
+        fp32 upcast in ``step_buffers``)."""
         d, plan, mesh = self.degrees, self.plan, self.mesh
         tag = f"replicas {u.name}"
         if plan.grad_reduce == "allreduce":
             if d.world // d.grads > 1:
                 C.all_reduce(u.grad_shard, mesh.group("grad_replicas"), ledger=self.ledger, tag=tag)
             lo, hi = u.optim_in_grad
-            return u.grad_shard[lo:hi].to(torch.float32)
+            return u.grad_shard[lo:hi]
         k = d.optim // d.grads
         if k > 1:
             chunk = torch.empty(u.grad_shard.numel() // k, dtype=u.grad_shard.dtype, device=u.device)
@@ -261,7 +289,7 @@ class ShardedAdamW:
             chunk = u.grad_shard
         if d.world // d.optim > 1:
             C.all_reduce(chunk, mesh.group("optim_replicas"), ledger=self.ledger, tag=tag)
-        return chunk.to(torch.float32)
+        return chunk
 
     @torch.no_grad()
     def step(self) -> dict[str, Any]:
@@ -401,9 +429,10 @@ class ShardedAdamW:
             lo, hi = u.optim_in_param
             u.param_shard[lo:hi].copy_(chunk)
             return
-        out = torch.empty(chunk.numel() * k, dtype=u.param_dtype, device=u.device)
+        # Gathered straight into the shard (chunks in group-position order), then put in place chunk by
+        # chunk: no staging buffer, so gathers left in flight hold no memory beyond the shards themselves.
         pending = C.all_gather(
-            out, chunk, self.mesh.group("param_gather"), ledger=self.ledger, async_op=True,
+            u.param_shard, chunk, self.mesh.group("param_gather"), ledger=self.ledger, async_op=True,
             tag=f"params {u.name}",
         )  # fmt: skip
         n, order = chunk.numel(), self.pg_order
@@ -411,10 +440,7 @@ class ShardedAdamW:
         def land(stream: Any) -> None:
             pending.wait(stream)
             with C.stream_context(stream, u.device):
-                if stream is not None:
-                    out.record_stream(stream)  # made on the step's stream, read and freed on this one
-                for pos, sub in enumerate(order):
-                    u.param_shard[sub * n : (sub + 1) * n].copy_(out[pos * n : (pos + 1) * n])
+                _permute_chunks(u.param_shard, order, n)
 
         if lazy and u.sharded:
             u.param_update = land
