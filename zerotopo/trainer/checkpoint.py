@@ -316,9 +316,10 @@ def save_checkpoint(
             )  # fmt: skip
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            error = (
-                f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); the previous one is kept"
-            )
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                error = _full_disk_message(f"saving checkpoint {final}", exc.strerror)
+            else:
+                error = f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); the previous one is kept"
     error = _broadcast_str(error)  # also the point where every rank knows the checkpoint is final
     if error:
         raise ZerotopoError(error)
@@ -365,6 +366,14 @@ def _tensors_of(state: dict[str, Any]):
             yield piece
 
 
+def _full_disk_message(what: str, strerror: str | None) -> str:
+    return (
+        f"{what} failed: the disk is full ({strerror or 'no space left on the device'}); the previous "
+        "checkpoint is kept and the partial one removed; free space (keep_last_n_checkpoints bounds what "
+        "a run keeps) or point save: at a larger file system"
+    )
+
+
 def _disk_full(path: Path, need: int) -> bool:
     """Whether the file system holding ``path`` has less room left than ``need`` bytes (or none)."""
     try:
@@ -390,11 +399,7 @@ def _run_dcp(fn, what: str, space: tuple[Path, int] | None = None) -> None:
         full = isinstance(inner, OSError) and inner.errno in (errno.ENOSPC, errno.EDQUOT)
         if full or (space is not None and _disk_full(*space)):
             strerror = inner.strerror if full else "no space left on the device"
-            raise ZerotopoError(
-                f"{what} failed: the disk is full ({strerror}); the previous checkpoint is kept and the "
-                "partial one removed; free space (keep_last_n_checkpoints bounds what a run keeps) or point "
-                "save: at a larger file system"
-            ) from None
+            raise ZerotopoError(_full_disk_message(what, strerror)) from None
         text = str(inner).strip().splitlines()[0][:300] if str(inner).strip() else type(inner).__name__
         raise ZerotopoError(f"{what} failed: {type(inner).__name__}: {text}") from None
 
