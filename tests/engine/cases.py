@@ -180,6 +180,14 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
         out: dict[str, Any] = {"name": case.get("name", plan.name), "losses": [], "stats": [], "error": None}
         if opts.get("eager_params"):
             optimizer.lazy_param_gather = False
+        if opts.get("plain_forward_gathers"):
+            # edit the schedule the runtime executes: every forward gather becomes a plain one
+            from dataclasses import replace as dc_replace
+
+            steps = model._runtime.steps
+            for k, st in steps.items():
+                fwd = tuple(dc_replace(c, op="all_gather", dtype="fp32") for c in st.forward)
+                steps[k] = dc_replace(st, forward=fwd)
         out["ranges"] = [(u.p_range, u.g_range, u.o_range) for u in model.units]
         out["memory"] = model.memory_report()
         try:

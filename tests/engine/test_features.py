@@ -52,6 +52,8 @@ CASES = [
      "opts": {"last_backward": True}},
     # the post-step parameter all-gathers at once, not left in flight: bit-identical to "no-delay"
     {"name": "eager-params", "plan": {**HPZ, "sync": "event"}, "opts": {"eager_params": True}},
+    # the runtime executes the schedule's entries: forward gathers edited from int8 to plain
+    {"name": "schedule-edited", "plan": {**HPZ, "sync": "event"}, "opts": {"plain_forward_gathers": True}},
     # last: the sanitizer stops the unordered read (all ranks raise before the collective)
     {"name": "sanitizer", "plan": {"preset": "zeropp"}, "opts": {"copy_delay_ms": DELAY_MS, "unordered": True},
      "expect_error": True},
@@ -115,6 +117,23 @@ def test_post_step_parameter_gathers_left_in_flight_are_bit_identical(runs):
     assert all(torch.equal(a[k], b[k]) for k in a)
     # a p = 1 unit's shard is the weight the forward uses: its update lands at once
     assert _res(runs, "neox", 0)["params_in_flight"] == [0] * STEPS
+
+
+def test_the_runtime_executes_its_schedule_entries(runs):
+    """What each unit's gathers are is data (zerotopo.spec.schedule.engine_unit_steps, the function the
+    cost model's schedule comes from): edit the entries and the runtime runs the edited collectives."""
+    plain, edited = _res(runs, "no-delay"), _res(runs, "schedule-edited")
+    assert (
+        plain["ledger"].get(("all_gather_int8", "package"))
+        and ("all_gather", "package") not in plain["ledger"]
+    )
+    assert (
+        edited["ledger"].get(("all_gather", "package"))
+        and ("all_gather_int8", "package") not in edited["ledger"]
+    )
+    # fp32 forward gathers carry 4 bytes per value where int8 carried about 1
+    assert edited["ledger"][("all_gather", "package")] > 3 * plain["ledger"][("all_gather_int8", "package")]
+    assert edited["losses"] != plain["losses"]  # the int8 rounding of the forward weights is gone
 
 
 def test_stock_ordering_reads_uninitialized_secondary(runs):

@@ -267,29 +267,22 @@ class ShardedAdamW:
         clears it), so the step holds no second copy of the gradients; the cost model counts a copy only
         where one is made (``zerotopo.cost.memory``: the reduce-scatter's chunks in ``buffers``, the
         fp32 upcast in ``step_buffers``)."""
-        d, plan, mesh = self.degrees, self.plan, self.mesh
         tag = f"replicas {u.name}"
-        if plan.grad_reduce == "allreduce":
-            if d.world // d.grads > 1:
-                C.all_reduce(u.grad_shard, mesh.group("grad_replicas"), ledger=self.ledger, tag=tag)
+        buf = u.grad_shard
+        # the unit's ``replica`` entry of the schedule, in order: all-reduce (the papers' select-and-drop)
+        # or reduce-scatter into the optimizer chunk, then all-reduce over its replicas
+        for c in self.runtime.steps[u.index].replica:
+            group = self.mesh.group(c.group)
+            if c.op == "reduce_scatter":
+                chunk = torch.empty(buf.numel() // group.size, dtype=buf.dtype, device=u.device)
+                C.reduce_scatter(chunk, buf, group, order=self.os_order, ledger=self.ledger, tag=tag)
+                buf = chunk
+            else:
+                C.all_reduce(buf, group, ledger=self.ledger, tag=tag)
+        if buf is u.grad_shard:
             lo, hi = u.optim_in_grad
-            return u.grad_shard[lo:hi]
-        k = d.optim // d.grads
-        if k > 1:
-            chunk = torch.empty(u.grad_shard.numel() // k, dtype=u.grad_shard.dtype, device=u.device)
-            C.reduce_scatter(
-                chunk,
-                u.grad_shard,
-                mesh.group("optim_scatter"),
-                order=self.os_order,
-                ledger=self.ledger,
-                tag=tag,
-            )
-        else:
-            chunk = u.grad_shard
-        if d.world // d.optim > 1:
-            C.all_reduce(chunk, mesh.group("optim_replicas"), ledger=self.ledger, tag=tag)
-        return chunk
+            return buf[lo:hi]
+        return buf
 
     @torch.no_grad()
     def step(self) -> dict[str, Any]:
@@ -424,15 +417,15 @@ class ShardedAdamW:
         leaves a sharded unit's gather in flight until its next use (see [Note: lazy parameter gather])."""
         u.settle_params()  # an earlier update still in flight lands first
         chunk = master.to(u.param_dtype)
-        k = self.degrees.optim // self.degrees.params
-        if k == 1:
+        colls = self.runtime.steps[u.index].param_gather  # the schedule's: empty when o = p
+        if not colls:
             lo, hi = u.optim_in_param
             u.param_shard[lo:hi].copy_(chunk)
             return
         # Gathered straight into the shard (chunks in group-position order), then put in place chunk by
         # chunk: no staging buffer, so gathers left in flight hold no memory beyond the shards themselves.
         pending = C.all_gather(
-            u.param_shard, chunk, self.mesh.group("param_gather"), ledger=self.ledger, async_op=True,
+            u.param_shard, chunk, self.mesh.group(colls[0].group), ledger=self.ledger, async_op=True,
             tag=f"params {u.name}",
         )  # fmt: skip
         n, order = chunk.numel(), self.pg_order

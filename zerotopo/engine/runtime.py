@@ -17,6 +17,10 @@ the same model, so every rank issues the same collectives in the same order):
 - end of backward (queued callback): units that got no gradient reduce-scatter zeros in unit order, so
   collectives never mismatch across ranks; unconsumed prefetches are drained.
 
+Which collective each of these is — op, group, codec, one hop or two — is not decided here: it is the
+unit's entry of the schedule (:func:`zerotopo.spec.schedule.engine_unit_steps`, the function the cost
+model's schedule comes from), and :data:`GATHERS` / :meth:`Runtime.reduce_unit` execute the entry.
+
 [Note: last backward] In the backward that :meth:`ShardedModule.set_is_last_backward` marks (the last
 micro-batch of a step), a unit's gradient shard is final as soon as its reduce-scatter was added in,
 so :attr:`Runtime.after_reduce` (the optimizer's) starts that unit's cross-replica reduction there and
@@ -41,6 +45,7 @@ from zerotopo.comm.mesh import Mesh
 from zerotopo.engine.streams import Ready, Sanitizer, Streams
 from zerotopo.engine.units import FlatUnit, UnitState
 from zerotopo.errors import ZerotopoError
+from zerotopo.spec.schedule import Collective, UnitSteps, engine_unit_steps
 
 _BF16 = torch.bfloat16
 
@@ -83,6 +88,18 @@ class Runtime:
         self._callback_queued = False
         self.in_backward = False
         self.rs_order = layout.reduce_scatter_order(self.degrees)
+        # What runs for each unit, as data (see the module note).
+        self.steps: dict[int, UnitSteps] = dict(
+            zip(
+                (u.index for u in units),
+                engine_unit_steps(
+                    [u.numel for u in units], mesh.topology, self.plan, degrees=self.degrees,
+                    param_bytes=units[0].param_dtype.itemsize if units else 2,
+                    reduce_bytes=reduce_dtype.itemsize,
+                    grad_shard_bytes=units[0].grad_dtype.itemsize if units else 4,
+                ),
+            )
+        )  # fmt: skip
         self.last_backward = False
         """Whether the backward now running is the last before ``optimizer.step()`` (see the note)."""
         self.after_reduce: Any = None
@@ -224,12 +241,15 @@ class Runtime:
         """Start the all-gather that fills ``u``'s full buffer (no-op when already full or issued)."""
         if u.state is not UnitState.SHARDED:
             return
-        if backward and self.degrees.secondary is not None and u.secondary is not None:
-            self._issue_secondary_gather(u)
-            return
-        d, plan = self.degrees, self.plan
+        steps = self.steps[u.index]
+        (c,) = steps.backward if backward else steps.forward  # a sharded unit gathers in one call
+        if c.group == "secondary":
+            if u.secondary is not None:
+                self._issue_secondary_gather(u, c)
+                return
+            (c,) = steps.forward  # no partition written (no forward with grad since the step): the primary
         u.alloc_full()
-        group = self.mesh.group("params")
+        group = self.mesh.group(c.group)
         tag = f"{'backward' if backward else 'forward'} {u.name}"
         stream = self.streams.all_gather
         if stream is not None:
@@ -237,9 +257,9 @@ class Runtime:
         # the previous step's parameter update, left in flight until this first read of the shard
         u.settle_params(stream)
         with _on(stream):
-            if plan.quantize_weights:
+            if c.op == "all_gather_int8":
                 pending = Q.all_gather_int8(
-                    u.full, u.param_shard, group, block=plan.quant_block, ledger=self.ledger,
+                    u.full, u.param_shard, group, block=self.plan.quant_block, ledger=self.ledger,
                     async_op=True, stream=stream, tag=tag,
                 )  # fmt: skip
             else:
@@ -248,12 +268,11 @@ class Runtime:
                 )
         u.gather = (pending, None)
         u.state = UnitState.GATHERING
-        assert d.params > 1
 
-    def _issue_secondary_gather(self, u: FlatUnit) -> None:
-        """Backward all-gather over the secondary group from this rank's secondary partition."""
+    def _issue_secondary_gather(self, u: FlatUnit, c: Collective) -> None:
+        """Backward all-gather ``c`` over the secondary group from this rank's secondary partition."""
         holder: Ready = u.secondary
-        group = self.mesh.group("secondary")
+        group = self.mesh.group(c.group)
         stream = self.streams.all_gather
         if self.sync != "none":
             # Rule 1: the gather's stream waits on the copy's ready-event (the host only on CPU, and only
@@ -267,7 +286,7 @@ class Runtime:
         u.alloc_full()
         tag = f"backward {u.name}"
         with _on(stream):
-            if self.plan.secondary_dtype == "int8":
+            if c.dtype == "int8":
                 pending = Q.gather_quantized(
                     u.full, holder.tensor, group, ledger=self.ledger, async_op=True, stream=stream, tag=tag
                 )
@@ -333,8 +352,10 @@ class Runtime:
 
     # -- gradients -------------------------------------------------------------------------------------------
     def reduce_unit(self, u: FlatUnit) -> None:
-        """Reduce-scatter ``u``'s gradients into its fp32 shard; free the full gradient and weights."""
+        """Reduce-scatter ``u``'s gradients into its fp32 shard (the unit's ``reduce`` entry: plain, int4
+        in one all-to-all or in two hops); free the full gradient and weights."""
         d, plan = self.degrees, self.plan
+        colls = self.steps[u.index].reduce
         if u.index in self.finalized:
             raise ZerotopoError(
                 f"unit {u.name!r}: a backward ran after the one marked set_is_last_backward() and before "
@@ -347,14 +368,18 @@ class Runtime:
             rs.wait_stream(self.streams.current())
         with record_function(f"zerotopo::reduce_scatter {u.name}"), _on(rs):
             flat = u.flat_grad(self.reduce_dtype, stream=rs)
-            if d.grads == 1:
+            if not colls:  # g = 1: the shard is the whole gradient
                 u.grad_shard.add_(flat)
             else:
                 out = torch.empty(u.padded // d.grads, dtype=self.reduce_dtype, device=u.device)
                 group = self.mesh.group("grads")
                 tag = f"grads {u.name}"
-                if plan.quantize_grads:
-                    intra, inter = self._int4_hops()
+                if colls[0].op == "reduce_scatter_int4":
+                    intra, inter = (
+                        (self.mesh.group(colls[0].group), self.mesh.group(colls[1].group))
+                        if len(colls) == 2
+                        else (None, None)
+                    )
                     Q.reduce_scatter_int4(
                         out, flat, group, block=plan.quant_block, order=self.rs_order,
                         intra=intra, inter=inter, ledger=self.ledger, tag=tag,
@@ -372,16 +397,6 @@ class Runtime:
         if self.last_backward and self.after_reduce is not None:
             self.finalized.add(u.index)
             self.after_reduce(u)
-
-    def _int4_hops(self) -> tuple[Any, Any]:
-        """The two hop groups of the hierarchical int4 reduce-scatter when the grads group spans nodes."""
-        grads = self.mesh.group("grads")
-        if grads.tier != self.mesh.topology.network.name:
-            return None, None
-        intra, inter = self.mesh.group("grads_intra"), self.mesh.group("grads_inter")
-        if intra.size <= 1 or inter.size <= 1:
-            return None, None
-        return intra, inter
 
     def wait_reductions(self) -> None:
         """Order the optimizer step after every gradient reduction (device: the reduce-scatter stream)."""

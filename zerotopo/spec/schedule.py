@@ -24,7 +24,8 @@ group's span (nodes, ranks per node), its codec, the bytes one rank sends (the l
 whole message's bytes (what a bandwidth table is indexed by) and whether it can overlap compute.
 :meth:`StepSchedule.collectives` merges identical calls into counts: the list
 :func:`zerotopo.cost.comm.comm_per_step` returns and the runtime ledger is compared with. The time
-model (:mod:`zerotopo.cost.time`) walks the per-unit lists.
+model (:mod:`zerotopo.cost.time`) walks the per-unit lists; the engine executes them
+(:func:`engine_unit_steps`: the runtime and the optimizer run each unit's entries).
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ class UnitSteps:
     first_forward: tuple[Collective, ...] = ()
     """In the first micro-batch only: the post-step parameter all-gather, issued at its start, that the
     unit's forward gather waits for (see the note)."""
+    replica: tuple[Collective, ...] = field(default=(), compare=False)
+    """The unit's cross-replica reduction, in order, wherever the timing places it (``last_reduce`` or
+    ``step_end``): what the engine's optimizer executes."""
+    param_gather: tuple[Collective, ...] = field(default=(), compare=False)
+    """The unit's post-step parameter all-gather, wherever the timing places it (``first_forward`` or
+    ``step_end``): what the engine's optimizer executes."""
 
 
 @dataclass(frozen=True)
@@ -578,7 +585,9 @@ def step_schedule(
         bwd = gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
         last = replica(N) if in_bwd else ()
         first = param_gather(N) if in_fwd else ()
-        steps.append(UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first))
+        steps.append(
+            UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first, replica(N), param_gather(N))
+        )
         if not in_bwd:
             step_end.extend(replica(N))
         if not in_fwd:
@@ -596,3 +605,26 @@ def step_schedule(
                  where=(world_tier, nodes, min(w, topology.devices_per_node)))
         )  # fmt: skip
     return StepSchedule(tuple(steps), tuple(c for c in step_end if c.bytes_sent), micro_batches, options)
+
+
+def engine_unit_steps(
+    numels: list[int],
+    topology: Topology,
+    plan: Plan,
+    *,
+    degrees: Degrees,
+    param_bytes: int,
+    reduce_bytes: int,
+    grad_shard_bytes: int,
+) -> list[UnitSteps]:
+    """The collectives of each of the engine's units (``numels`` in any order), as the runtime and the
+    optimizer execute them: the forward gather, the backward gather (every unit gets one, whichever
+    ends the forward: the runtime skips it for a unit still full), the gradient reduction, the
+    cross-replica reduction and the post-step parameter gather. The cost model's schedule is built by
+    the same function (:func:`step_schedule`), so what runs is what is costed."""
+    units = [Unit(f"unit{i}", n) for i, n in enumerate(numels)] + [Unit("end", 0)]  # every real unit non-last
+    sched = step_schedule(
+        units, topology, plan, micro_batches=1, param_bytes=param_bytes, reduce_bytes=reduce_bytes,
+        grad_shard_bytes=grad_shard_bytes, degrees=degrees,
+    )  # fmt: skip
+    return list(sched.units[: len(numels)])
