@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         tiers=tuple(_csv(args.tiers)),
     )
-    rows = bench.run("bench", spec, ranks=args.ranks, emulate=emulation(args))
+    rows = bench.run(spec, ranks=args.ranks, emulate=emulation(args))
     if rows is None:  # not rank 0 of a job
         return 0
     if args.json:

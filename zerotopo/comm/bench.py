@@ -17,9 +17,7 @@ Runs inside a distributed job (srun, torchrun, mpiexec) or, outside one, on loca
 
 from __future__ import annotations
 
-import datetime
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -238,54 +236,19 @@ def bench_rank(spec: BenchSpec, topo_index: int, hostname: str | None = None) ->
     return rows
 
 
-def calibrate_rank(spec: BenchSpec, topo_index: int, hostname: str | None = None) -> dict[str, Any]:
-    """Measure latency and bandwidth per tier (all-gather over exact-tier groups, all at once)."""
-    topo = _topology(spec, dist.get_world_size())
-    mesh = build_mesh(topo, get_preset("ddp"), topo_index=topo_index, hostname=hostname)
-    groups = tier_groups(topo, mesh.rank_of_index, topo_index, exact=True)
-    tiers: dict[str, dict[str, float]] = {}
-    large = max(spec.sizes)
-    for tier, g in groups.items():
-        if g.size < 2 or (spec.tiers and tier not in spec.tiers):
-            continue
-        steps = g.size - 1
-        small_fn = _op_fn("all_gather", g, g.size, torch.float32, spec.block, mesh.device, None)
-        t_small, _ = time_op(small_fn, iters=max(spec.iters, 20), warmup=spec.warmup, device=mesh.device)
-        numel = max(g.size, large // 4 // g.size * g.size)
-        big_fn = _op_fn("all_gather", g, numel, torch.float32, spec.block, mesh.device, None)
-        t_big, sent = time_op(big_fn, iters=spec.iters, warmup=spec.warmup, device=mesh.device)
-        latency = t_small / steps
-        transfer = t_big - steps * latency if t_big > steps * latency else t_big
-        tiers[tier] = {
-            "bandwidth_gbps": round(sent / transfer / 1e9, 4),
-            "latency_us": round(latency * 1e6, 2),
-        }
-    return {
-        "topology": topo.name,
-        "nodes": topo.nodes,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "notes": (
-            f"measured on {socket.gethostname()} with {mesh.backend} ({dist.get_world_size()} ranks, "
-            f"device {mesh.device.type}): all-gathers over groups crossing exactly one tier, every group "
-            f"at once; latency from 1 element per rank, bandwidth from {format_size(large)} messages"
-        ),
-        "tiers": tiers,
-    }
-
-
 # -- running inside a job or on spawned local ranks -------------------------------------------------
 
 
-def _spawned(rank: int, world: int, task: str, spec: BenchSpec) -> Any:
+def _spawned(rank: int, world: int, spec: BenchSpec) -> Any:
     # Local emulated ranks: rank order is topological order.
-    return (bench_rank if task == "bench" else calibrate_rank)(spec, rank)
+    return bench_rank(spec, rank)
 
 
-def run(task: str, spec: BenchSpec, *, ranks: int | None = None, emulate: dict | None = None) -> Any:
-    """Run ``task`` (``bench`` or ``calibrate``) in the current job, or on local gloo ranks when this
-    process is not part of one (see :func:`run_on_ranks`)."""
-    rank_fn = bench_rank if task == "bench" else calibrate_rank
-    return run_on_ranks(spec, rank_fn, _spawned, (task,), ranks=ranks, emulate=emulate)
+def run(spec: BenchSpec, *, ranks: int | None = None, emulate: dict | None = None) -> Any:
+    """The collective benchmark (:func:`bench_rank`) in the current job, or on local gloo ranks when
+    this process is not part of one (see :func:`run_on_ranks`). ``zerotopo calibrate`` measures with
+    :mod:`zerotopo.cost.measure` on the same runner."""
+    return run_on_ranks(spec, bench_rank, _spawned, (), ranks=ranks, emulate=emulate)
 
 
 def run_on_ranks(
