@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.proc import alive
 from zerotopo.errors import ZerotopoError
 from zerotopo.spawn import SpawnError, spawn
 
@@ -97,18 +98,6 @@ def _sleeper(rank, world, pid_dir):
     time.sleep(600)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it no longer runs.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_to_the_launcher_stops_every_rank(tmp_path, sig, code):
     script = tmp_path / "launch.py"
@@ -126,4 +115,4 @@ def test_signal_to_the_launcher_stops_every_rank(tmp_path, sig, code):
     assert proc.returncode == code, err
     assert "Traceback" not in out + err and "every rank was stopped" in err
     time.sleep(0.5)
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)

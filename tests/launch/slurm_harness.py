@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.proc import alive
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sinfo")
 
@@ -204,9 +206,9 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP Over
             except ProcessLookupError:
                 continue
             deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and _alive(pid):
+            while time.monotonic() < deadline and alive(pid):
                 time.sleep(0.1)
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -215,16 +217,3 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP Over
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A daemon we started but did not wait for stays a zombie until init reaps it; count it dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
