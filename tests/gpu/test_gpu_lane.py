@@ -111,8 +111,11 @@ def _batches(rank: int, steps: int, device: torch.device) -> list[list[tuple[tor
 
 def _step(model: Any, opt: Any, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     total = None
-    for x, y in micro:
+    for k, (x, y) in enumerate(micro):
         loss = loss_fn(model(x), y) / MICRO
+        # as zerotopo train runs it: the last backward starts the cross-replica reductions on their
+        # own stream (and the step leaves the sharded units' parameter gathers in flight)
+        model.set_is_last_backward(k == len(micro) - 1)
         model.scale_loss(loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
     opt.step()
