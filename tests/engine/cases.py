@@ -206,7 +206,9 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
                     scaled.backward()
                 if opts.get("last_backward"):
                     # every unit's step-end reduction was started by the backward, none by the step
-                    out.setdefault("started_early", []).append(len(optimizer._early))
+                    out.setdefault("started_early", []).append(
+                        sum(u.replica_pending is not None for u in model.units)
+                    )
                 stats = optimizer.step()
                 # sharded units' post-step all-gathers still in flight (landed by their next gather)
                 out.setdefault("params_in_flight", []).append(

@@ -225,15 +225,9 @@ def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
     --calibration`` does)."""
     if not opts.calibration:
         return topo, {}
-    from zerotopo.cost.calibration import apply_calibration, load_calibration
-    from zerotopo.cost.time import OverlapModel
+    from zerotopo.cost.calibration import calibrated
 
-    cal = load_calibration(opts.calibration)
-    return apply_calibration(topo, cal), {
-        "bandwidth": cal.get("bandwidth"),
-        "default_bandwidth": False,
-        "overlap": cal.get("overlap") or OverlapModel(),
-    }
+    return calibrated(topo, opts.calibration)
 
 
 def resolve_rows(

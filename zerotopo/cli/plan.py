@@ -14,12 +14,11 @@ import warnings
 from pathlib import Path
 
 from zerotopo.config.neox import NeoXArgs, load_neox_config
-from zerotopo.cost.calibration import apply_calibration, load_calibration
+from zerotopo.cost.calibration import calibrated
 from zerotopo.cost.comm import intra_inter_bytes
 from zerotopo.cost.memory import GIB
 from zerotopo.cost.planner import CostOptions, PlanEstimate, plan_candidates, recommendation
 from zerotopo.cost.presets import resolve
-from zerotopo.cost.time import OverlapModel
 from zerotopo.errors import ConfigError
 from zerotopo.models.shape import ModelShape
 from zerotopo.resources import resolve_config_paths
@@ -143,13 +142,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
     measured: dict = {}
     if args.calibration:
         # a measured table replaces the topology's shipped curves and figures
-        cal = load_calibration(args.calibration)
-        topo = apply_calibration(topo, cal)
-        measured = dict(
-            bandwidth=cal.get("bandwidth"),
-            default_bandwidth=False,
-            overlap=cal.get("overlap") or OverlapModel(),
-        )
+        topo, measured = calibrated(topo, args.calibration)
     try:
         unit_layers = tuple(sorted({int(x) for x in str(args.unit_layers).split(",") if x.strip()}))
     except ValueError:

@@ -34,7 +34,7 @@ from typing import Any
 
 from zerotopo.config.yamlio import load_yaml_file
 from zerotopo.cost.bandwidth import BandwidthTable, curves_from_list
-from zerotopo.cost.time import overlap_from_mapping
+from zerotopo.cost.time import OverlapModel, overlap_from_mapping
 from zerotopo.errors import ConfigError, short
 from zerotopo.topology import Topology
 
@@ -163,3 +163,16 @@ def apply_calibration(topology: Topology, table: Mapping[str, Any]) -> Topology:
                 key=f"tiers.{name}",
             )
     return replace(topology, tiers=tuple(tiers), network=network)
+
+
+def calibrated(topology: Topology, path: str | Path) -> tuple[Topology, dict[str, Any]]:
+    """``topology`` with the calibration file at ``path`` applied, and the measured inputs of
+    :class:`~zerotopo.cost.planner.CostOptions` it brings (its curves in place of the topology's shipped
+    table, its overlap figures): what ``--calibration FILE`` means to ``zerotopo plan`` and ``zerotopo
+    bench compare``."""
+    cal = load_calibration(path)
+    return apply_calibration(topology, cal), {
+        "bandwidth": cal.get("bandwidth"),
+        "default_bandwidth": False,
+        "overlap": cal.get("overlap") or OverlapModel(),
+    }

@@ -217,8 +217,7 @@ class ShardedAdamW:
         self.trainable = [None if every else t for t, every in zip(trainable, self.all_trainable)]
         self.pg_order = layout.param_gather_order(self.degrees)
         self.os_order = layout.optim_scatter_order(self.degrees)
-        # Step-end reductions started in the last backward (see [Note: last backward] in runtime.py).
-        self._early: dict[int, Any] = {}
+        # Step-end reductions start in the last backward (see [Note: last backward] in runtime.py).
         runtime.after_reduce = self._start_replica_reduce
         self.lazy_param_gather = True
         """Leave sharded units' post-step all-gathers in flight until their next use (see the note)."""
@@ -228,35 +227,34 @@ class ShardedAdamW:
         """The runtime's ``after_reduce``: ``u``'s gradient shard is final; reduce it across replicas now,
         beside the rest of the backward (device: the replica stream; CPU: the engine's worker thread)."""
         streams = self.runtime.streams
-        self._early[u.index] = streams.run_async(
+        u.replica_pending = streams.run_async(
             f"step-end reduction of {u.name}", lambda: self._replica_reduce(u), after=streams.reduce_scatter
         )
 
-    def _replica_grads(self) -> list[torch.Tensor]:
-        """Every unit's optimizer chunk of the world's gradient: the reductions the last backward started
-        (all waited first, so the step's own collectives never interleave with them), then the rest."""
-        self.runtime.wait_reductions()
-        early, self._early = self._early, {}
-        self.runtime.finalized.clear()
+    def _take_started(self) -> dict[int, torch.Tensor]:
+        """Wait for every reduction the last backward started and take them off their units (by unit
+        position): the step's own collectives never interleave with them."""
         streams = self.runtime.streams
         done = {}
-        for i, holder in early.items():
-            g = holder.wait(streams.current())
-            if streams.on_device:
-                g.record_stream(streams.current())  # made on the replica stream, used and freed here
-            done[i] = g
+        for i, u in enumerate(self.units):
+            holder, u.replica_pending = u.replica_pending, None
+            if holder is not None:
+                g = holder.wait(streams.current())
+                if streams.on_device:
+                    g.record_stream(streams.current())  # made on the replica stream, used and freed here
+                done[i] = g
+        return done
+
+    def _replica_grads(self) -> list[torch.Tensor]:
+        """Every unit's optimizer chunk of the world's gradient: the reductions the last backward started,
+        then the rest."""
+        self.runtime.wait_reductions()
+        done = self._take_started()
         # upcast here, not in the backward: an fp32 copy of a 2-byte chunk would outlive the activations
         return [
             (done[i] if i in done else self._replica_reduce(u)).to(torch.float32)
             for i, u in enumerate(self.units)
         ]
-
-    def _drop_early(self) -> None:
-        """Finish and discard reductions a skipped step left (``zero_grad`` without ``step``)."""
-        early, self._early = self._early, {}
-        self.runtime.finalized.clear()
-        for holder in early.values():
-            holder.wait(self.runtime.streams.current())
 
     def _replica_reduce(self, u: FlatUnit) -> torch.Tensor:
         """This rank's optimizer chunk of the gradient summed over the whole world, in the gradient
@@ -442,8 +440,7 @@ class ShardedAdamW:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero every gradient shard (the shards are kept: they accumulate the next step)."""
-        if self._early:
-            self._drop_early()
+        self._take_started()  # a skipped step's started reductions: finished and dropped
         for u in self.units:
             u.grad_shard.zero_()
             for s in u.slots:

@@ -19,7 +19,8 @@ the same model, so every rank issues the same collectives in the same order):
 
 Which collective each of these is — op, group, codec, one hop or two — is not decided here: it is the
 unit's entry of the schedule (:func:`zerotopo.spec.schedule.engine_unit_steps`, the function the cost
-model's schedule comes from), and :data:`GATHERS` / :meth:`Runtime.reduce_unit` execute the entry.
+model's schedule comes from); :meth:`Runtime._issue_gather` and :meth:`Runtime.reduce_unit` execute
+the entry.
 
 [Note: last backward] In the backward that :meth:`ShardedModule.set_is_last_backward` marks (the last
 micro-batch of a step), a unit's gradient shard is final as soon as its reduce-scatter was added in,
@@ -103,9 +104,8 @@ class Runtime:
         self.last_backward = False
         """Whether the backward now running is the last before ``optimizer.step()`` (see the note)."""
         self.after_reduce: Any = None
-        """Called with each unit whose gradient shard is final in the last backward."""
-        self.finalized: set[int] = set()
-        """Units whose step-end reduction started (cleared by the optimizer's step and zero_grad)."""
+        """Called with each unit whose gradient shard is final in the last backward; it sets the unit's
+        ``replica_pending``, which the optimizer's step and ``zero_grad`` take."""
         self._handles: list[Any] = []
         for u in units:
             self._install(u)
@@ -356,7 +356,7 @@ class Runtime:
         in one all-to-all or in two hops); free the full gradient and weights."""
         d, plan = self.degrees, self.plan
         colls = self.steps[u.index].reduce
-        if u.index in self.finalized:
+        if u.replica_pending is not None:
             raise ZerotopoError(
                 f"unit {u.name!r}: a backward ran after the one marked set_is_last_backward() and before "
                 "optimizer.step(); its gradients would miss the step's reduction. Mark only the last "
@@ -395,7 +395,6 @@ class Runtime:
                 self._wait_gather(u)
             u.free_full()
         if self.last_backward and self.after_reduce is not None:
-            self.finalized.add(u.index)
             self.after_reduce(u)
 
     def wait_reductions(self) -> None:

@@ -125,6 +125,9 @@ class FlatUnit:
         # The post-step parameter all-gather still in flight (optim.py [Note: lazy parameter gather]):
         # a function of the stream that lands it in param_shard, or None.
         self.param_update: Any = None
+        # The cross-replica reduction the last backward started (a streams.Ready whose tensor is the
+        # reduced optimizer chunk), taken by the optimizer's step (runtime.py [Note: last backward]).
+        self.replica_pending: Any = None
         # Per micro-batch bookkeeping (runtime.py).
         self.grads_ready = 0
         self.reduced = False
