@@ -427,6 +427,9 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     wall = time.perf_counter() - t_run
     memory = model.memory_report()
     peak = peak_report(probe, ctx, args, shape, unit_numels, topology, plan, param_dtype.itemsize, micro)
+    # Land in-flight parameter gathers and stop the engine's worker threads before the process group
+    # goes: a thread still alive when the interpreter finalizes can abort the process from C++.
+    model.close()
     if writer is None:
         return None
     writer.close()
