@@ -92,8 +92,12 @@ def test_secondary_partition_that_saves_nothing_is_flagged(capsys):
 
 def test_llama_7b_on_1024_a800_against_papers_004():
     # papers/004 §VI-B: LLaMA-7B, sequence 4096, micro-batch 1, global batch 4M tokens (M = 128 on 8
-    # GPUs, 1 on 1024), bf16, no recomputation. MFU on 1024 GPUs: Lins 51%, ZeRO-1 36%, MiCS 35%; on 8
-    # GPUs ZeRO-1 reaches 63%, so the compute efficiency is set from that point (0.65), not from 1024.
+    # GPUs, 1 on 1024), bf16, no recomputation. MFU on 1024 GPUs: Lins 51%, DeepSpeed ZeRO-1 36%,
+    # DeepSpeed MiCS 35%; on 8 GPUs ZeRO-1 reaches 63% (§II-A) and MiCS 50% (§III), so the compute
+    # efficiency is set from the ZeRO-1 point (0.65), not from 1024. The baselines are priced on
+    # DeepSpeed's own schedules (cost presets deepspeed-zero1, deepspeed-mics: zerotopo.cost.presets);
+    # Lins on the engine's (its all-reduce in the backward, its parameter broadcast after the step: the
+    # paper turned off that broadcast's overlap with the forward for the comparison).
     from zerotopo.cost.planner import CostOptions, plan_candidates
     from zerotopo.models.shape import ModelShape
     from zerotopo.plan import Plan
@@ -103,8 +107,8 @@ def test_llama_7b_on_1024_a800_against_papers_004():
     )
     plans = [
         Plan("lins", params=1, grads=1, optim="node", grad_reduce="allreduce", grad_dtype="param"),
-        Plan("zero1", params=1, grads=1, optim="world", grad_dtype="param"),
-        Plan("mics", params="node", grads="node", optim="node", grad_dtype="param"),
+        "deepspeed-zero1",
+        "deepspeed-mics",
     ]
 
     def mfu(nodes, M):
@@ -114,14 +118,19 @@ def test_llama_7b_on_1024_a800_against_papers_004():
             for e in plan_candidates(shape, load_topology("a800", nodes=nodes), plans=plans, options=o)
         }
 
-    assert mfu(1, 128)["zero1"] == pytest.approx(0.63, abs=0.03)
+    at8 = mfu(1, 128)
+    assert at8["deepspeed-zero1"] == pytest.approx(0.63, abs=0.03)
     at1024 = mfu(128, 1)
-    # Only Lins is within 20% of the paper (53% vs 51%): like Lins, the engine starts each unit's
-    # cross-replica all-reduce in the last backward. ZeRO-1 46% (paper 36%) and MiCS 59% (paper 35%) are
-    # too fast, and the model ranks MiCS first: its node-local gathers ride NVLink at the table-less
-    # alpha-beta rate, with no measured NCCL curves of this cluster to slow them. Asserted as the model's
-    # figures and as misses.
+    # Only Lins is within 20% of the paper (53% vs 51%). DeepSpeed ZeRO-1 48% (paper 36%) and MiCS 59%
+    # (paper 35%) are too fast and the model ranks MiCS first. The MiCS miss is not one of the network:
+    # on one node (8 GPUs, no network traffic) the model already gives DeepSpeed MiCS 62% where the
+    # paper measured 50%, so what slows DeepSpeed's stage-3 machinery there (per-module fetches and
+    # hooks) is outside the model. ZeRO-1 loses 26% of its MFU from 8 to 1,024 GPUs in the model and
+    # 43% in the paper: its step-end all-gather over 1,024 ranks is priced at the A800 data sheet's
+    # alpha-beta rate (no measured NCCL curves of this cluster). Asserted as the model's figures and as
+    # misses.
+    assert at8["deepspeed-mics"] == pytest.approx(0.624, abs=0.01)
     assert at1024["lins"] == pytest.approx(0.51, rel=0.2)
-    assert at1024 == pytest.approx({"lins": 0.533, "zero1": 0.457, "mics": 0.587}, abs=0.02)
-    assert at1024["mics"] > at1024["lins"] > at1024["zero1"]
-    assert at1024["zero1"] > 0.36 * 1.2 and at1024["mics"] > 0.35 * 1.2
+    assert at1024 == pytest.approx({"lins": 0.533, "deepspeed-zero1": 0.482, "deepspeed-mics": 0.586}, abs=0.02)
+    assert at1024["deepspeed-mics"] > at1024["lins"] > at1024["deepspeed-zero1"]
+    assert at1024["deepspeed-zero1"] > 0.36 * 1.2 and at1024["deepspeed-mics"] > 0.35 * 1.2

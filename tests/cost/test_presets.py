@@ -80,3 +80,52 @@ def test_prefetch_bucket_reaches_further_for_small_modules():
     assert [u.prefetch for u in e.schedule.units] == [len(units) - 1 - i for i in range(len(units))]
     # one reduce bucket: the whole model's gradients after the last backward unit
     assert [bool(u.reduce) for u in e.schedule.units] == [True] + [False] * (len(units) - 1)
+
+
+LLAMA_7B = ModelShape(
+    num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096, vocab_size=32000
+)
+
+
+def test_deepspeed_zero1_schedule():
+    # DeepSpeed ZeRO-1 with overlap_comm on 128 A800 nodes: no gathers in the micro-batches; at the
+    # boundary each 5e8-element reduce bucket is all-reduced over the job in the backward; the updated
+    # partitions come back at the step end in 5e8-element all-gathers
+    topo = load_topology("a800", nodes=128)
+    (e,) = plan_candidates(LLAMA_7B, topo, plans=["deepspeed-zero1"], micro_batch=1, grad_accum=2)
+    units = e.schedule.units
+    assert not any(u.forward or u.backward or u.reduce for u in units)
+    last = [c for u in units for c in u.last_reduce]
+    n = sum(c.message_bytes for c in last) / 2  # bf16 gradients
+    assert n == pytest.approx(LLAMA_7B.param_count(), rel=1e-3)
+    assert {(c.op, c.group, c.group_size, c.tier, c.dtype) for c in last} == {
+        ("all_reduce", "grad_replicas", 1024, "network", "bf16")
+    }
+    # a gradient that would overflow a bucket reduces it first: a few more calls than full buckets
+    least = -(-LLAMA_7B.param_count() // DS_REDUCE_BUCKET)
+    assert least <= len(last) <= least + 2
+    assert all(c.message_bytes <= DS_REDUCE_BUCKET * 2 for c in last)
+    gathers = [c for c in e.schedule.step_end if c.phase == "param_gather"]
+    assert len(gathers) == -(-n // 500_000_000) and not any(c.overlappable for c in gathers)
+    assert sum(c.message_bytes for c in gathers) == pytest.approx(2 * n, rel=1e-3)
+    # the ledger view counts each bucket once per step
+    comm: dict[tuple[str, str], int] = {}
+    for c in e.comm:
+        comm[(c.phase, c.op)] = comm.get((c.phase, c.op), 0) + c.count
+    assert comm[("replica_reduce", "all_reduce")] == len(last)
+    assert comm[("param_gather", "all_gather")] == len(gathers)
+
+
+def test_deepspeed_mics_schedule():
+    # DeepSpeed MiCS: stage-3 gathers inside the node; each reduce bucket reduce-scattered in the node
+    # every micro-batch and, in the last one, its shard all-reduced across the 128 replicas right after
+    topo = load_topology("a800", nodes=128)
+    (e,) = plan_candidates(LLAMA_7B, topo, plans=["deepspeed-mics"], micro_batch=1, grad_accum=2)
+    units = e.schedule.units
+    assert {(c.op, c.tier) for u in units for c in u.forward} == {("all_gather", "node")}
+    for u in units:
+        assert bool(u.reduce) == bool(u.last_reduce)  # the bucket's replica reduction follows it
+    last = [c for u in units for c in u.last_reduce]
+    assert {(c.op, c.group_size, c.tier, c.ranks_per_node) for c in last} == {("all_reduce", 128, "network", 1)}
+    assert sum(c.message_bytes for c in last) / 2 == pytest.approx(LLAMA_7B.param_count() / 8, rel=1e-3)
+    assert not [c for c in e.schedule.step_end if c.phase == "replica_reduce"]

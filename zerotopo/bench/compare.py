@@ -9,7 +9,8 @@ shaped link). Per row, rank 0's JSON carries:
 
 - ``step_time_s`` (median of the timed steps, barrier to barrier) and ``tokens_per_s``;
 - ``predicted_step_time_s``: the cost model's (:func:`zerotopo.cost.time.step_time` through
-  :func:`zerotopo.cost.planner.estimate`) for zerotopo rows, None for the others;
+  :func:`zerotopo.cost.planner.estimate`) for zerotopo rows and the DeepSpeed ZeRO-3 row (on
+  DeepSpeed's schedule, :func:`framework_cost`), None for the others;
 - ``tier_bytes_per_step``: bytes one rank sent per step across each tier, mean over ranks, read from
   the htb class counters of the shaped links (everything on the wire: payload, TCP/IP headers, ACKs);
 - ``peak_memory_bytes``: the largest per-rank peak (:mod:`zerotopo.bench.measure`);
@@ -230,6 +231,22 @@ def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
     return calibrated(topo, opts.calibration)
 
 
+def framework_cost(name: str) -> tuple[Any, Any] | None:
+    """The plan and schedule the cost model prices a framework row with, or None (no model of it).
+
+    ``deepspeed-zero3`` is the ``deepspeed-zero3`` cost preset (:mod:`zerotopo.cost.presets`) with the
+    row's settings (:func:`zerotopo.bench.rows.deepspeed_row`): no parameter kept whole
+    (``stage3_param_persistence_threshold: 0``), DeepSpeed's default prefetch and reduce buckets. The
+    hpZ row keeps its secondary partition in fp32 (DeepSpeed's parameter dtype), which no plan describes,
+    and FSDP2 has no cost preset: their rows are measured, not predicted."""
+    from zerotopo.cost.presets import COST_PRESETS
+
+    if name != "deepspeed-zero3":
+        return None
+    plan, sched = COST_PRESETS[name]
+    return plan, replace(sched, persistence_threshold=0)
+
+
 def resolve_rows(
     opts: CompareOptions, topo: Any, shape: Any, measured: dict[str, Any] | None = None
 ) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
@@ -257,6 +274,16 @@ def resolve_rows(
             kind = name.split("-")[0]
             specs.append((name, None))
             meta[name] = {"kind": kind, "quantized": False, "predicted": None, "plan": None}
+            costed = framework_cost(name)
+            if costed is not None:  # priced on the framework's own schedule
+                plan, sched = costed
+                est = estimate(plan, shape, topo, cost, schedule=sched)
+                meta[name].update(
+                    predicted=est.time.step_time_s,
+                    predicted_tier_bytes=dict(est.comm_bytes),
+                    plan_object=plan,
+                    schedule_object=sched,
+                )
             continue
         if name == "planner":
             pick = best_plan(plan_candidates(shape, topo, plans="auto", options=cost))
@@ -315,9 +342,11 @@ def repredict(
     cost = CostOptions(micro_batch=opts.batch, grad_accum=opts.micro_batches, param_bytes=4,
                        checkpoint_activations=False, efficiency=1.0, **(measured_inputs or {}))  # fmt: skip
     for r in rows:
-        plan = meta[r["name"]].get("plan_object")
+        m = meta[r["name"]]
+        plan = m.get("plan_object")
         if plan is not None and r.get("step_time_s"):
-            r["predicted_step_time_s"] = estimate(plan, shape, measured, cost).time.step_time_s
+            est = estimate(plan, shape, measured, cost, schedule=m.get("schedule_object"))
+            r["predicted_step_time_s"] = est.time.step_time_s
     return f"measured by the no-comm row: {tflops * 1e3:.3f} GFLOPS per rank"
 
 

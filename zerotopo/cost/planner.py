@@ -23,7 +23,7 @@ from zerotopo.cost.time import OverlapModel, StepTime, collective_time, step_tim
 from zerotopo.errors import PlanError
 from zerotopo.models.shape import ModelShape
 from zerotopo.plan import PRESETS, Degrees, Plan, enumerate_plans
-from zerotopo.spec.schedule import StepSchedule, engine_units, module_units
+from zerotopo.spec.schedule import ScheduleOptions, StepSchedule, engine_units, module_units
 from zerotopo.topology import Topology
 
 #: Lins-style plans added to the presets by ``plans="auto"``.
@@ -165,9 +165,11 @@ def _prepare(
     options: CostOptions,
     degrees: Degrees | None,
     unit_layers: int | None = None,
+    schedule_options: ScheduleOptions | None = None,
 ):
     """Everything but the step time: (plan, degrees, memory, schedule, fits)."""
     plan, sched = resolve(plan)
+    sched = schedule_options or sched
     if unit_layers is not None and sched.granularity == "unit":
         sched = replace(sched, unit_layers=unit_layers)
     if plan.grad_dtype is None and options.grad_dtype is not None:
@@ -238,14 +240,21 @@ def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOption
 
 
 def estimate(
-    plan: Plan, shape: ModelShape, topology: Topology, options: CostOptions, *, degrees: Degrees | None = None
+    plan: Plan,
+    shape: ModelShape,
+    topology: Topology,
+    options: CostOptions,
+    *,
+    degrees: Degrees | None = None,
+    schedule: ScheduleOptions | None = None,
 ) -> PlanEstimate:
     """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
     cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
-    engine's."""
-    choices = options.unit_layers if resolve(plan)[1].granularity == "unit" else (None,)
+    engine's; ``schedule`` replaces either (a framework run with other settings)."""
+    sched = schedule or resolve(plan)[1]
+    choices = options.unit_layers if sched.granularity == "unit" and schedule is None else (None,)
     out = [
-        _finish(_prepare(plan, shape, topology, options, degrees, k), shape, topology, options)
+        _finish(_prepare(plan, shape, topology, options, degrees, k, schedule), shape, topology, options)
         for k in choices
     ]
     return min(out, key=_sort_key)

@@ -15,8 +15,20 @@ at its defaults (``deepspeed/runtime/zero/config.py``, unchanged from 0.13 to 0.
   int8 forward gathers over the job, the fp16 hpZ copy per node for the backward, int4 hierarchical
   all-to-all gradient reduction.
 
+papers/004 (Lins) compared against DeepSpeed's ZeRO-1 and MiCS (its §VI-A, ``overlap_comm`` on):
+
+- ZeRO-1/2 (``deepspeed/runtime/zero/stage_1_and_2.py``): with ``overlap_comm`` the backward hooks reduce
+  the gradients at the accumulation boundary in buckets of ``reduce_bucket_size`` on a side stream; a
+  bucket is all-reduced over the data-parallel group (``use_multi_rank_bucket_allreduce``, the default
+  since DeepSpeed 0.12.5, PR #4695) and each rank keeps its partition; after the optimizer the updated
+  partitions are all-gathered at the step end in calls of ``allgather_bucket_size`` = 5e8 elements,
+  which never overlap compute (DeepSpeed issue #3338);
+- MiCS (``deepspeed/runtime/zero/mics.py``, DeepSpeed 0.9-0.17): the stage-3 schedule inside the shard
+  group (a node), and at the accumulation boundary each reduce bucket's shard is all-reduced across the
+  replica groups right after its reduce-scatter, on the same stream (``allreduce_mics_shard_grads``).
+
 They are cost-model presets (``zerotopo plan --plans deepspeed-zero3,deepspeed-zeropp``): the engine runs
-the ``zero3``/``zeropp`` plans with its own schedule.
+the ``zero3``/``zeropp``/``zero1``/``mics`` plans with its own schedule.
 """
 
 from __future__ import annotations
@@ -44,6 +56,29 @@ DEEPSPEED = ScheduleOptions(
     description="DeepSpeed ZeRO-3 stage-3 defaults: per-module gathers, 5e7 prefetch, 5e8 reduce buckets",
 )
 
+#: DeepSpeed ZeRO-1/2 with ``overlap_comm``: bucketed reductions in the boundary backward, bucketed
+#: parameter all-gathers at the step end (no parameter gathers in the micro-batches).
+DEEPSPEED_ZERO12 = replace(
+    DEEPSPEED,
+    name="deepspeed-zero12",
+    prefetch_bucket_elems=None,
+    persistence_threshold=0,
+    step_end_in_backward=True,
+    allgather_bucket_elems=DS_ALLGATHER_BUCKET,
+    description="DeepSpeed ZeRO-1/2 defaults: 5e8 all-reduce buckets in the boundary backward, 5e8 "
+    "all-gather buckets after the step",
+)
+
+#: DeepSpeed MiCS: the stage-3 schedule in the shard group, each bucket all-reduced across replicas in
+#: the boundary backward.
+DEEPSPEED_MICS = replace(
+    DEEPSPEED,
+    name="deepspeed-mics",
+    step_end_in_backward=True,
+    description="DeepSpeed MiCS: stage-3 defaults in the shard group, each reduce bucket all-reduced "
+    "across replicas in the boundary backward",
+)
+
 COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
     "deepspeed-zero3": (
         replace(
@@ -62,6 +97,26 @@ COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
             description="DeepSpeed ZeRO++ (hpZ per node, qwZ int8, qgZ int4) with DeepSpeed's schedule",
         ),
         DEEPSPEED,
+    ),
+    "deepspeed-zero1": (
+        replace(
+            PRESETS["zero1"],
+            name="deepspeed-zero1",
+            grad_dtype="param",
+            grad_reduce="allreduce",
+            description="DeepSpeed ZeRO-1 (overlap_comm): bucketed gradient all-reduce in the backward, "
+            "bucketed parameter all-gather after the step",
+        ),
+        DEEPSPEED_ZERO12,
+    ),
+    "deepspeed-mics": (
+        replace(
+            PRESETS["mics"],
+            name="deepspeed-mics",
+            grad_dtype="param",
+            description="DeepSpeed MiCS (shard group = node) with DeepSpeed's stage-3 schedule",
+        ),
+        DEEPSPEED_MICS,
     ),
 }
 

@@ -167,6 +167,9 @@ class ScheduleOptions:
     param_gather_in_forward: bool = True
     """A sharded unit's post-step parameter all-gather stays in flight into the next step's first forward
     (the engine's lazy parameter gather); False: at the end of the step (DeepSpeed)."""
+    allgather_bucket_elems: int | None = None
+    """Parameter elements per post-step all-gather call (DeepSpeed ZeRO-1/2 ``allgather_bucket_size``,
+    each call gathering that many elements); None: one call per unit."""
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -176,7 +179,7 @@ class ScheduleOptions:
             )
         if not isinstance(self.unit_layers, int) or self.unit_layers < 1:
             raise ValueError(f"unit_layers must be a positive integer, got {self.unit_layers!r}")
-        for k in ("reduce_bucket_elems", "prefetch_bucket_elems"):
+        for k in ("reduce_bucket_elems", "prefetch_bucket_elems", "allgather_bucket_elems"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"{k} must be a positive integer or None, got {v!r}")
@@ -564,6 +567,10 @@ def step_schedule(
     gathered = [size_of(u.gathered) if u.gathered else 0 for u in units]
     # the backward walks the units in reverse: reductions (bucketed or not) follow that order
     reduces: dict[int, tuple[Collective, ...]] = {}
+    # the cross-replica reduction in the last backward: per unit, or per bucket beside the bucket's own
+    # reduction (DeepSpeed ZeRO-1/2 reduce their buckets at the accumulation boundary, MiCS all-reduces
+    # each bucket's shard across replicas after reducing it within the group)
+    bucket_replicas: dict[int, tuple[Collective, ...]] = {}
     for i in reversed(range(len(units))):
         if options.reduce_bucket_elems is None:
             reduces[i] = reduce(sizes[i])
@@ -571,27 +578,38 @@ def step_schedule(
             # DeepSpeed reduces the bucket before a gradient that would overflow it joins, and the
             # remainder after the last one
             out: tuple[Collective, ...] = ()
+            rep: tuple[Collective, ...] = ()
             if bucket and bucket + sizes[i] > options.reduce_bucket_elems:
-                out, bucket = reduce(bucket), 0
+                out, rep, bucket = reduce(bucket), tuple(replica(bucket)), 0
             bucket += sizes[i]
             if i == 0:
-                out, bucket = out + reduce(bucket), 0
+                out, rep, bucket = out + reduce(bucket), rep + tuple(replica(bucket)), 0
             reduces[i] = out
+            bucket_replicas[i] = rep
+    # the post-step parameter all-gather at the step end in calls of allgather_bucket_elems elements
+    gather_calls: list[Collective] = []
+    if options.allgather_bucket_elems is not None and not in_fwd:
+        total = sum(sizes)
+        k = max(1, d.optim // d.params)
+        per = -(-options.allgather_bucket_elems // k) * k  # whole per-rank chunks
+        full, rest = divmod(total, per)
+        gather_calls = list(param_gather(per)) * full + (list(param_gather(rest)) if rest else [])
     for i, u in enumerate(units):
         N, G = sizes[i], gathered[i]
         is_last = i == len(units) - 1
         fwd = gather("forward", "params", d.params, fwd_codec, G) if d.params > 1 else ()
         # the last forward unit still holds its weights; with p == 1 every unit does
         bwd = gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
-        last = replica(N) if in_bwd else ()
+        last = (bucket_replicas[i] if bucket_replicas else tuple(replica(N))) if in_bwd else ()
         first = param_gather(N) if in_fwd else ()
         steps.append(
             UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first, replica(N), param_gather(N))
         )
         if not in_bwd:
             step_end.extend(replica(N))
-        if not in_fwd:
+        if not in_fwd and options.allgather_bucket_elems is None:
             step_end.extend(param_gather(N))
+    step_end.extend(gather_calls)
     # the gradient norm sums each optimizer shard once: over one optimizer group
     if d.optim > 1:
         b = volume.all_reduce_bytes(1, d.optim, 4)
