@@ -126,6 +126,8 @@ def test_deepspeed_mics_schedule():
     for u in units:
         assert bool(u.reduce) == bool(u.last_reduce)  # the bucket's replica reduction follows it
     last = [c for u in units for c in u.last_reduce]
-    assert {(c.op, c.group_size, c.tier, c.ranks_per_node) for c in last} == {("all_reduce", 128, "network", 1)}
+    assert {(c.op, c.group_size, c.tier, c.ranks_per_node) for c in last} == {
+        ("all_reduce", 128, "network", 1)
+    }
     assert sum(c.message_bytes for c in last) / 2 == pytest.approx(LLAMA_7B.param_count() / 8, rel=1e-3)
     assert not [c for c in e.schedule.step_end if c.phase == "replica_reduce"]

@@ -126,6 +126,22 @@ def test_long_gathers_bound_the_phase_and_reductions_close_the_backward():
     assert hid.step_time_s == pytest.approx(_compute(m, 1))
 
 
+def test_host_reductions_hold_the_backward_that_a_side_stream_hides():
+    # on CPU ranks the engine reduces each unit's gradients on the computing thread: the backward of the
+    # next unit starts when the reduction returns, so every reduction is exposed
+    m, M = 2, 3
+    kb = _compute(m, 1) * 2 / 3 / 3  # three units
+    r = int(kb * 0.5 * 1e9)
+    s = _sched(3, [0, 0, 0], [0, 0, 0], [r, r, r], M=M)
+    side = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False, overlap=NO_SLOWDOWN)
+    host = step_time(s, FLAT, SHAPE, micro_batch=m, checkpoint_activations=False,
+                     overlap=OverlapModel(compute_slowdown=0.0, host_reduce=True))  # fmt: skip
+    # a side stream hides u2's and u1's reductions under the next unit's backward; u0's closes the step
+    assert side.step_time_s == pytest.approx(_compute(m, M) + M * r / 1e9)
+    assert host.step_time_s == pytest.approx(_compute(m, M) + 3 * M * r / 1e9)
+    assert OverlapModel(host_reduce=True).to_dict()["host_reduce"] is True
+
+
 def test_one_communication_stream_serialises_gathers_and_reductions():
     m = 2
     kb = _compute(m, 1) * 2 / 3 / 3  # three units

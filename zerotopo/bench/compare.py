@@ -223,12 +223,17 @@ def _quantized(plan: Any) -> bool:
 def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
     """The topology the cost model prices the rows on and the measured inputs of its options: the
     topology file and its shipped table, or ``opts.calibration`` applied (as ``zerotopo plan
-    --calibration`` does)."""
-    if not opts.calibration:
-        return topo, {}
-    from zerotopo.cost.calibration import calibrated
+    --calibration`` does). The ranks are CPU processes, where the engine (and DeepSpeed) reduce each
+    micro-batch's gradients on the thread that computes: the overlap model says so (``host_reduce``)."""
+    from zerotopo.cost.time import OverlapModel
 
-    return calibrated(topo, opts.calibration)
+    measured: dict[str, Any] = {}
+    if opts.calibration:
+        from zerotopo.cost.calibration import calibrated
+
+        topo, measured = calibrated(topo, opts.calibration)
+    overlap = measured.get("overlap") or OverlapModel()
+    return topo, {**measured, "overlap": replace(overlap, host_reduce=True)}
 
 
 def framework_cost(name: str) -> tuple[Any, Any] | None:

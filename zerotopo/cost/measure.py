@@ -119,6 +119,8 @@ def _overlap(g: GroupHandle, other: GroupHandle, size: int, device: torch.device
         "compute_slowdown": round(min(slowdown, 10.0), 4),
         "concurrent": 2 if par < 0.75 * seq else 1,
         "step_end_overlap": 0.0,
+        # on CPU ranks the engine reduces each micro-batch's gradients on the computing thread
+        "host_reduce": device.type == "cpu",
     }
 
 

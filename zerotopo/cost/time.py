@@ -70,6 +70,10 @@ class OverlapModel:
     step_end_overlap: float = 0.0
     """Fraction of the step-end collectives hidden behind the last backward (0: never, as the engine and
     DeepSpeed run them after the backward)."""
+    host_reduce: bool = False
+    """The per-micro-batch gradient reductions run on the thread that computes, so the backward waits for
+    each (the engine and DeepSpeed on CPU ranks, where there is no side stream); False: on a side stream
+    beside the compute (GPUs)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.compute_slowdown <= 10:
@@ -84,13 +88,14 @@ class OverlapModel:
             "compute_slowdown": self.compute_slowdown,
             "concurrent": self.concurrent,
             "step_end_overlap": self.step_end_overlap,
+            "host_reduce": self.host_reduce,
         }
 
 
 def overlap_from_mapping(raw: Any, source: str = "<overlap>", key: str = "overlap") -> OverlapModel:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"expected a mapping, found {raw!r}", source=source, key=key)
-    allowed = ("compute_slowdown", "concurrent", "step_end_overlap")
+    allowed = ("compute_slowdown", "concurrent", "step_end_overlap", "host_reduce")
     for k in raw:
         if k not in allowed:
             raise ConfigError(f"unknown key; expected {', '.join(allowed)}", source=source, key=f"{key}.{k}")
@@ -256,6 +261,8 @@ def _simulate(
             t = compute(start, fwd[i] if direction == "forward" else bwd[i])
             if direction == "backward" and (u.reduce or last and u.last_reduce):
                 done = run("reduce", t, u.reduce)
+                if overlap.host_reduce:
+                    t = done  # the next backward compute starts when the reduction returns
                 if last:
                     run("replica", done, u.last_reduce)
     t += debt  # the quantizer passes after the last compute (the last reductions')
