@@ -131,3 +131,19 @@ def test_deepspeed_mics_schedule():
     }
     assert sum(c.message_bytes for c in last) / 2 == pytest.approx(LLAMA_7B.param_count() / 8, rel=1e-3)
     assert not [c for c in e.schedule.step_end if c.phase == "replica_reduce"]
+
+
+def test_the_recommendation_is_a_plan_the_engine_runs():
+    # DeepSpeed's MiCS schedule is priced a little faster than the engine's mics here; the recommendation
+    # still names a plan zerotopo runs, and compares it with the DeepSpeed preset
+    from zerotopo.cost.planner import recommendation
+
+    topo = load_topology("a800", nodes=128)
+    opts = CostOptions(micro_batch=1, grad_accum=1)
+    est = plan_candidates(LLAMA_7B, topo, plans=["deepspeed-mics", "mics"], options=opts)
+    assert est[0].name == "deepspeed-mics"
+    line = recommendation(est, LLAMA_7B, topo, opts).splitlines()[0]
+    assert line.startswith("recommended: mics (p=8 g=8 o=8)") and "the throughput of deepspeed-mics" in line
+    # with only cost presets to choose from, the fastest of them
+    only = plan_candidates(LLAMA_7B, topo, plans=["deepspeed-mics", "deepspeed-zero1"], options=opts)
+    assert recommendation(only, LLAMA_7B, topo, opts).startswith("recommended: deepspeed-mics")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from zerotopo.cost.bandwidth import BandwidthTable, default_table
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
 from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, max_model_params
-from zerotopo.cost.presets import resolve
+from zerotopo.cost.presets import COST_PRESETS, resolve
 from zerotopo.cost.time import OverlapModel, StepTime, collective_time, step_time
 from zerotopo.errors import PlanError
 from zerotopo.models.shape import ModelShape
@@ -441,9 +441,11 @@ def recommendation(
             lines.append(alt[1])
     if not cands:
         return "no plan fits the device memory: use more nodes, a smaller micro-batch or activation checkpointing"
-    fastest = min(cands, key=_sort_key)
+    # the DeepSpeed cost presets price another framework's schedule: recommend a plan the engine runs
+    runnable = [c for c in cands if c.plan.name not in COST_PRESETS] or cands
+    fastest = min(runnable, key=_sort_key)
     # plans within TIE of the fastest are as fast as the model can tell: take the one needing least memory
-    near = [c for c in cands if c.time.step_time_s <= fastest.time.step_time_s * (1 + TIE)]
+    near = [c for c in runnable if c.time.step_time_s <= fastest.time.step_time_s * (1 + TIE)]
     best = min(near, key=lambda c: (c.memory.total, c.time.step_time_s))
     runner = sorted((c for c in cands if c is not best and c.name != best.name), key=_sort_key)
     reason = (
