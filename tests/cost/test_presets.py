@@ -147,3 +147,27 @@ def test_the_recommendation_is_a_plan_the_engine_runs():
     # with only cost presets to choose from, the fastest of them
     only = plan_candidates(LLAMA_7B, topo, plans=["deepspeed-mics", "deepspeed-zero1"], options=opts)
     assert recommendation(only, LLAMA_7B, topo, opts).startswith("recommended: deepspeed-mics")
+
+
+def test_deepspeed_keeps_the_hpz_copy_in_the_parameters_dtype():
+    # with fp32 parameters DeepSpeed's hpZ copy is fp32 (4 bytes a value); the engine's bf16 secondary is 2
+    from dataclasses import replace
+
+    from zerotopo.bench.compare import framework_cost
+    from zerotopo.cost.planner import estimate
+
+    topo = load_topology("emulated-frontier")
+    plan, sched = framework_cost("deepspeed-hpz")
+    assert not plan.quantize_weights and not plan.quantize_grads and sched.secondary_param_dtype
+    opts = CostOptions(micro_batch=1, param_bytes=4, checkpoint_activations=False)
+    shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
+
+    def backward(s):
+        cs = [c for u in estimate(plan, shape, topo, opts, schedule=s).schedule.units for c in u.backward]
+        return {c.dtype for c in cs}, sum(c.bytes_sent for c in cs)
+
+    (ds_dtype, ds_bytes), (eng_dtype, eng_bytes) = (
+        backward(sched),
+        backward(replace(sched, secondary_param_dtype=False)),
+    )
+    assert ds_dtype == {"fp32"} and eng_dtype == {"bf16"} and ds_bytes == 2 * eng_bytes

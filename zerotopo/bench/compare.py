@@ -9,8 +9,8 @@ shaped link). Per row, rank 0's JSON carries:
 
 - ``step_time_s`` (median of the timed steps, barrier to barrier) and ``tokens_per_s``;
 - ``predicted_step_time_s``: the cost model's (:func:`zerotopo.cost.time.step_time` through
-  :func:`zerotopo.cost.planner.estimate`) for zerotopo rows and the DeepSpeed ZeRO-3 row (on
-  DeepSpeed's schedule, :func:`framework_cost`), None for the others;
+  :func:`zerotopo.cost.planner.estimate`) for zerotopo rows and the DeepSpeed rows (on DeepSpeed's
+  schedule, :func:`framework_cost`), None for the FSDP2 rows;
 - ``tier_bytes_per_step``: bytes one rank sent per step across each tier, mean over ranks, read from
   the htb class counters of the shaped links (everything on the wire: payload, TCP/IP headers, ACKs);
 - ``peak_memory_bytes``: the largest per-rank peak (:mod:`zerotopo.bench.measure`);
@@ -241,14 +241,19 @@ def framework_cost(name: str) -> tuple[Any, Any] | None:
 
     ``deepspeed-zero3`` is the ``deepspeed-zero3`` cost preset (:mod:`zerotopo.cost.presets`) with the
     row's settings (:func:`zerotopo.bench.rows.deepspeed_row`): no parameter kept whole
-    (``stage3_param_persistence_threshold: 0``), DeepSpeed's default prefetch and reduce buckets. The
-    hpZ row keeps its secondary partition in fp32 (DeepSpeed's parameter dtype), which no plan describes,
-    and FSDP2 has no cost preset: their rows are measured, not predicted."""
+    (``stage3_param_persistence_threshold: 0``), DeepSpeed's default prefetch and reduce buckets.
+    ``deepspeed-hpz`` is the ``deepspeed-zeropp`` preset without its quantized collectives (DeepSpeed's
+    qwZ/qgZ need CUDA, so the row runs hpZ alone), its secondary copy per node in the parameters' dtype.
+    FSDP2 has no cost preset: its rows are measured, not predicted."""
     from zerotopo.cost.presets import COST_PRESETS
 
-    if name != "deepspeed-zero3":
+    if name == "deepspeed-zero3":
+        plan, sched = COST_PRESETS[name]
+    elif name == "deepspeed-hpz":
+        plan, sched = COST_PRESETS["deepspeed-zeropp"]
+        plan = replace(plan, name=name, quantize_weights=False, quantize_grads=False)
+    else:
         return None
-    plan, sched = COST_PRESETS[name]
     return plan, replace(sched, persistence_threshold=0)
 
 

@@ -53,6 +53,7 @@ DEEPSPEED = ScheduleOptions(
     persistence_threshold=DS_PERSISTENCE_THRESHOLD,
     step_end_in_backward=False,
     param_gather_in_forward=False,
+    secondary_param_dtype=True,
     description="DeepSpeed ZeRO-3 stage-3 defaults: per-module gathers, 5e7 prefetch, 5e8 reduce buckets",
 )
 

@@ -167,6 +167,9 @@ class ScheduleOptions:
     param_gather_in_forward: bool = True
     """A sharded unit's post-step parameter all-gather stays in flight into the next step's first forward
     (the engine's lazy parameter gather); False: at the end of the step (DeepSpeed)."""
+    secondary_param_dtype: bool = False
+    """A plain secondary partition keeps the parameters' width (DeepSpeed's hpZ copy); False: bf16 (the
+    engine's)."""
     allgather_bucket_elems: int | None = None
     """Parameter elements per post-step all-gather call (DeepSpeed ZeRO-1/2 ``allgather_bucket_size``,
     each call gathering that many elements); None: one call per unit."""
@@ -436,7 +439,10 @@ def step_schedule(
     fwd_codec = CODECS["int8"] if plan.quantize_weights else pcodec
     if d.secondary is not None:
         bwd_kind, bwd_size = "secondary", d.secondary
-        bwd_codec = CODECS["int8"] if plan.secondary_dtype == "int8" else CODECS["bf16"]
+        if plan.secondary_dtype == "int8":
+            bwd_codec = CODECS["int8"]
+        else:
+            bwd_codec = pcodec if options.secondary_param_dtype else CODECS["bf16"]
     else:
         bwd_kind, bwd_size, bwd_codec = "params", d.params, fwd_codec
 
