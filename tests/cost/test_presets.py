@@ -19,6 +19,8 @@ def test_deepspeed_defaults_are_deepspeeds():
     z = cfg.DeepSpeedZeroConfig()
     assert z.reduce_bucket_size == DS_REDUCE_BUCKET and z.prefetch_bucket_size == DS_PREFETCH_BUCKET
     assert z.allgather_bucket_size == 500_000_000 and z.param_persistence_threshold == 100_000
+    # ZeRO-1/2 all-reduce each gradient bucket whole (deepspeed-zero1's replica all-reduce)
+    assert z.use_multi_rank_bucket_allreduce is True
 
 
 def test_deepspeed_zero3_schedule_for_neox_20b_on_48_nodes():

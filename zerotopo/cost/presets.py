@@ -19,11 +19,11 @@ papers/004 (Lins) compared against DeepSpeed's ZeRO-1 and MiCS (its §VI-A, ``ov
 
 - ZeRO-1/2 (``deepspeed/runtime/zero/stage_1_and_2.py``): with ``overlap_comm`` the backward hooks reduce
   the gradients at the accumulation boundary in buckets of ``reduce_bucket_size`` on a side stream; a
-  bucket is all-reduced over the data-parallel group (``use_multi_rank_bucket_allreduce``, the default
-  since DeepSpeed 0.12.5, PR #4695) and each rank keeps its partition; after the optimizer the updated
-  partitions are all-gathered at the step end in calls of ``allgather_bucket_size`` = 5e8 elements,
+  bucket is all-reduced over the data-parallel group (``use_multi_rank_bucket_allreduce``, on by
+  default in the installed DeepSpeed, checked by a test; papers/004 does not give its version) and each
+  rank keeps its partition; after the optimizer the updated partitions are all-gathered at the step end in calls of ``allgather_bucket_size`` = 5e8 elements,
   which never overlap compute (DeepSpeed issue #3338);
-- MiCS (``deepspeed/runtime/zero/mics.py``, DeepSpeed 0.9-0.17): the stage-3 schedule inside the shard
+- MiCS (``deepspeed/runtime/zero/mics.py``, added in DeepSpeed 0.9, gone from the installed one): the stage-3 schedule inside the shard
   group (a node), and at the accumulation boundary each reduce bucket's shard is all-reduced across the
   replica groups right after its reduce-scatter, on the same stream (``allreduce_mics_shard_grads``).
 
