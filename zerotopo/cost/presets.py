@@ -21,11 +21,13 @@ papers/004 (Lins) compared against DeepSpeed's ZeRO-1 and MiCS (its §VI-A, ``ov
   the gradients at the accumulation boundary in buckets of ``reduce_bucket_size`` on a side stream; a
   bucket is all-reduced over the data-parallel group (``use_multi_rank_bucket_allreduce``, on by
   default in the installed DeepSpeed, checked by a test; papers/004 does not give its version) and each
-  rank keeps its partition; after the optimizer the updated partitions are all-gathered at the step end in calls of ``allgather_bucket_size`` = 5e8 elements,
-  which never overlap compute (DeepSpeed issue #3338);
-- MiCS (``deepspeed/runtime/zero/mics.py``, added in DeepSpeed 0.9, gone from the installed one): the stage-3 schedule inside the shard
-  group (a node), and at the accumulation boundary each reduce bucket's shard is all-reduced across the
-  replica groups right after its reduce-scatter, on the same stream (``allreduce_mics_shard_grads``).
+  rank keeps its partition; after the optimizer the updated partitions are all-gathered at the step end
+  in calls of ``allgather_bucket_size`` = 5e8 elements, which never overlap compute (DeepSpeed issue
+  #3338);
+- MiCS (``deepspeed/runtime/zero/mics.py``, added in DeepSpeed 0.9, gone from the installed one): the
+  stage-3 schedule inside the shard group (a node), and at the accumulation boundary each reduce
+  bucket's shard is all-reduced across the replica groups right after its reduce-scatter, on the same
+  stream (``allreduce_mics_shard_grads``).
 
 They are cost-model presets (``zerotopo plan --plans deepspeed-zero3,deepspeed-zeropp``): the engine runs
 the ``zero3``/``zeropp``/``zero1``/``mics`` plans with its own schedule.
