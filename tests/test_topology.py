@@ -118,6 +118,8 @@ def _broken(path: str, value=None, *, delete: bool = False) -> dict:
         (_broken("tiers.1.name", "package"), "tiers", "used twice"),
         (_broken("tiers.0.name", "world"), "tiers[0].name", "reserved"),
         (_broken("description", 5), "description", "expected a string"),
+        (_broken("device.host_reduce", "yes"), "device.host_reduce", "expected true or false, found 'yes'"),
+        (_broken("device.host_reduce", 1), "device.host_reduce", "expected true or false"),
     ],
 )
 def test_every_bad_input_names_file_key_and_expectation(raw, key, words):
@@ -127,6 +129,28 @@ def test_every_bad_input_names_file_key_and_expectation(raw, key, words):
     assert msg.startswith("mini.yaml: ")
     assert info.value.key == key
     assert words in msg
+
+
+def test_cpu_ranks_say_they_reduce_on_the_computing_thread():
+    from zerotopo.cost.time import OverlapModel, step_time
+    from zerotopo.models.shape import ModelShape
+    from zerotopo.plan import get_preset
+    from zerotopo.spec.schedule import engine_units, step_schedule
+
+    assert load_topology("emulated-frontier").device.host_reduce
+    assert not load_topology("frontier").device.host_reduce
+    raw = dict(GOOD, device=dict(GOOD["device"], host_reduce=True))
+    cpu = topology_from_mapping(raw, source="mini.yaml")
+    gpu = topology_from_mapping(GOOD, source="mini.yaml")
+    assert cpu.device.host_reduce and not gpu.device.host_reduce
+    # the cost model reads it as OverlapModel(host_reduce=True): the backward waits for each reduction
+    shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
+    plan = get_preset("zero2")
+    sched = step_schedule(engine_units(shape), gpu, plan, micro_batches=2)
+    kw = {"micro_batch": 1, "checkpoint_activations": False}
+    on_cpu = step_time(sched, cpu, shape, **kw).step_time_s
+    told = step_time(sched, gpu, shape, overlap=OverlapModel(host_reduce=True), **kw).step_time_s
+    assert on_cpu == pytest.approx(told) and on_cpu > step_time(sched, gpu, shape, **kw).step_time_s
 
 
 def test_files_yaml_errors_and_unknown_names(tmp_path):

@@ -86,6 +86,9 @@ class Device:
     quant_gbps: float = 0.0
     """Rate of the int8/int4 block quantizer on one device, in GB/s of fp32 values passed over (quantize or
     dequantize); the cost model charges each quantized collective's passes at it. 0: unknown, not charged."""
+    host_reduce: bool = False
+    """The ranks reduce each micro-batch's gradients on the thread that computes (CPU ranks: no side
+    stream), so the cost model lets the backward wait for each reduction (``OverlapModel.host_reduce``)."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,13 @@ class Topology:
 # -- loading ----------------------------------------------------------------------------------------
 
 _TOP_KEYS = {"name", "description", "device", "tiers", "network", "nodes", "device_order"}
-_DEVICE_KEYS = {"name": str, "memory_gib": float, "peak_tflops": float, "quant_gbps": float}
+_DEVICE_KEYS = {
+    "name": str,
+    "memory_gib": float,
+    "peak_tflops": float,
+    "quant_gbps": float,
+    "host_reduce": bool,
+}
 _TIER_KEYS = {"name": str, "fanout": int, "bandwidth_gbps": float, "latency_us": float}
 _NETWORK_KEYS = {"name": str, "injection_gbps": float, "latency_us": float}
 
@@ -231,6 +240,14 @@ def builtin_topologies() -> list[str]:
 def _typed(
     value: Any, kind: type, source: str, key: str, *, positive: bool = True, maximum: float | None = None
 ) -> Any:
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(
+                f"expected true or false, found {short(value)} ({type(value).__name__})",
+                source=source,
+                key=key,
+            )
+        return value
     if kind is str:
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(
@@ -307,7 +324,9 @@ def topology_from_mapping(raw: Any, source: str = "<mapping>") -> Topology:
         if k not in raw:
             raise ConfigError(f"missing required key {k!r}", source=source, key=k)
     name = _typed(raw["name"], str, source, "name")
-    device = Device(**_section(raw["device"], _DEVICE_KEYS, source, "device", optional=("quant_gbps",)))
+    device = Device(
+        **_section(raw["device"], _DEVICE_KEYS, source, "device", optional=("quant_gbps", "host_reduce"))
+    )
     tiers_raw = raw["tiers"]
     if not isinstance(tiers_raw, list) or not tiers_raw:
         raise ConfigError(

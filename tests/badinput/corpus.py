@@ -233,6 +233,7 @@ TOPOLOGY_VALUES = {
     "memory-negative": ("memory_gib: 2", "memory_gib: -2"),
     "memory-list": ("memory_gib: 2", "memory_gib: [2]"),
     "tflops-string": ("peak_tflops: 0.05 ", "peak_tflops: lots "),
+    "host-reduce-string": ("host_reduce: true", "host_reduce: sometimes"),
     "fanout-zero": ("fanout: 2\n    bandwidth_gbps: 4.0", "fanout: 0\n    bandwidth_gbps: 4.0"),
     "fanout-negative": ("fanout: 2\n    bandwidth_gbps: 4.0", "fanout: -2\n    bandwidth_gbps: 4.0"),
     "fanout-fraction": ("fanout: 2\n    bandwidth_gbps: 4.0", "fanout: 2.5\n    bandwidth_gbps: 4.0"),

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zerotopo.cost.bandwidth import BandwidthTable
@@ -312,6 +312,8 @@ def step_time(
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
     overlap = overlap or OverlapModel()
+    if topology.device.host_reduce and not overlap.host_reduce:  # the machine says its ranks reduce so
+        overlap = replace(overlap, host_reduce=True)
     M = schedule.micro_batches
     samples = micro_batch * M
     flops = shape.step_flops(samples, checkpoint_activations=checkpoint_activations)
