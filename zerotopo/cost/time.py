@@ -336,7 +336,7 @@ def step_time(
         return t
 
     def quant_of(c: Collective) -> float:
-        return quantizer_time(c, topology) if c.quant_numel else 0.0
+        return quantizer_time(c, topology)  # 0 for plain codecs
 
     # the middle micro-batches are alike; the first also waits for the units' first_forward, the last
     # runs their last_reduce

@@ -531,7 +531,7 @@ def step_schedule(
     in_fwd = options.param_gather_in_forward and d.params > 1
 
     @cached
-    def replica(N: int) -> list[Collective]:
+    def replica(N: int) -> tuple[Collective, ...]:
         # once per step: cross-replica reduction of the gradient shard
         out: list[Collective] = []
         if plan.grad_reduce == "allreduce":
@@ -551,10 +551,10 @@ def step_schedule(
                 b = volume.all_reduce_bytes(N // d.optim, k, grad_shard_bytes)
                 out.append(coll("replica_reduce", "all_reduce", "optim_replicas", k, b, gcodec.name,
                                      gcodec.payload(N // d.optim, block), overlappable=in_bwd))  # fmt: skip
-        return out
+        return tuple(out)
 
     @cached
-    def param_gather(N: int) -> list[Collective]:
+    def param_gather(N: int) -> tuple[Collective, ...]:
         # once per step, after the optimizer: the updated parameters
         out: list[Collective] = []
         k = d.optim // d.params
@@ -562,7 +562,7 @@ def step_schedule(
             b = volume.all_gather_bytes(N // d.params, k, param_bytes)
             out.append(coll("param_gather", "all_gather", "param_gather", k, b, pcodec.name,
                                  pcodec.payload(N // d.params, block), overlappable=in_fwd))  # fmt: skip
-        return out
+        return tuple(out)
 
     fdepth = _prefetch_depths(units, plan, options, reverse=False)
     bdepth = _prefetch_depths(units, plan, options, reverse=True)
@@ -586,10 +586,10 @@ def step_schedule(
             out: tuple[Collective, ...] = ()
             rep: tuple[Collective, ...] = ()
             if bucket and bucket + sizes[i] > options.reduce_bucket_elems:
-                out, rep, bucket = reduce(bucket), tuple(replica(bucket)), 0
+                out, rep, bucket = reduce(bucket), replica(bucket), 0
             bucket += sizes[i]
             if i == 0:
-                out, rep, bucket = out + reduce(bucket), rep + tuple(replica(bucket)), 0
+                out, rep, bucket = out + reduce(bucket), rep + replica(bucket), 0
             reduces[i] = out
             bucket_replicas[i] = rep
     # the post-step parameter all-gather at the step end in calls of allgather_bucket_elems elements
@@ -599,14 +599,14 @@ def step_schedule(
         k = max(1, d.optim // d.params)
         per = -(-options.allgather_bucket_elems // k) * k  # whole per-rank chunks
         full, rest = divmod(total, per)
-        gather_calls = list(param_gather(per)) * full + (list(param_gather(rest)) if rest else [])
+        gather_calls = [*param_gather(per) * full, *(param_gather(rest) if rest else ())]
     for i, u in enumerate(units):
         N, G = sizes[i], gathered[i]
         is_last = i == len(units) - 1
         fwd = gather("forward", "params", d.params, fwd_codec, G) if d.params > 1 else ()
         # the last forward unit still holds its weights; with p == 1 every unit does
         bwd = gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
-        last = (bucket_replicas[i] if bucket_replicas else tuple(replica(N))) if in_bwd else ()
+        last = (bucket_replicas[i] if bucket_replicas else replica(N)) if in_bwd else ()
         first = param_gather(N) if in_fwd else ()
         steps.append(
             UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first, replica(N), param_gather(N))
