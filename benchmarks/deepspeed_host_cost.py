@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's notes on DeepSpeed's collectives
     deepspeed.init_distributed(dist_backend="gloo")
 
-    print(f"{'modules':>8} {'stage 0 ms':>11} {'stage 3 ms':>11} {'stage 3 adds, us per module per step':>38}")
+    print(
+        f"{'modules':>8} {'stage 0 ms':>11} {'stage 3 ms':>11} {'stage 3 adds, us per module per step':>38}"
+    )
     for n in counts:
         s0 = step_seconds(0, n, args.width, args.repeats)
         s3 = step_seconds(3, n, args.width, args.repeats)
