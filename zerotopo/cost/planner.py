@@ -165,11 +165,12 @@ def _prepare(
     options: CostOptions,
     degrees: Degrees | None,
     unit_layers: int | None = None,
-    schedule_options: ScheduleOptions | None = None,
+    schedule: ScheduleOptions | None = None,
 ):
-    """Everything but the step time: (plan, degrees, memory, schedule, fits)."""
+    """Everything but the step time: (plan, degrees, memory, step schedule, fits); ``schedule`` as in
+    :func:`estimate`."""
     plan, sched = resolve(plan)
-    sched = schedule_options or sched
+    sched = schedule or sched
     if unit_layers is not None and sched.granularity == "unit":
         sched = replace(sched, unit_layers=unit_layers)
     if plan.grad_dtype is None and options.grad_dtype is not None:
@@ -200,7 +201,7 @@ def _prepare(
     limit = options.memory_limit_bytes
     if limit is None:
         limit = topology.device.memory_gib * GIB
-    schedule = schedule_of(
+    steps = schedule_of(
         [],
         topology,
         plan,
@@ -213,7 +214,7 @@ def _prepare(
         degrees=d,
         units=units,
     )
-    return plan, d, memory, schedule, memory.total <= limit
+    return plan, d, memory, steps, memory.total <= limit
 
 
 def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOptions) -> PlanEstimate:
