@@ -19,15 +19,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import time
 import warnings
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from zerotopo.spawn import free_port
 
 
 def step_seconds(stage: int, modules: int, width: int, repeats: int) -> float:
@@ -85,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--modules must be positive integers separated by commas, got {args.modules!r}")
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     os.environ.update(LOCAL_RANK="0")
     try:
         import deepspeed
