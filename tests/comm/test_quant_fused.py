@@ -54,10 +54,12 @@ def test_compiled_quantization_is_bit_identical_to_the_reference(bits: int) -> N
 
 def test_kernel_choice() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert Q.kernels_for(cpu) == "reference" and Q.kernels_for(cuda) == "compiled"
+    # a device runs the Triton kernels by default (the reference where Triton is missing: see
+    # tests/comm/test_triton_quant.py); "triton" became a choice, so the refused name is another one
+    assert Q.kernels_for(cpu) == "reference" and Q.kernels_for(cuda) == "triton"
     assert Q.kernels_for(cpu, "compiled") == "compiled"
-    with pytest.raises(ValueError, match="not one of auto, compiled, reference"):
-        Q.kernels_for(cpu, "triton")
+    with pytest.raises(ValueError, match="not one of auto, compiled, reference, triton"):
+        Q.kernels_for(cpu, "cuda")
 
 
 def test_a_failed_compile_falls_back_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,6 +35,7 @@ from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.quant import (
     Quantized,
     dequantize,
+    dequantize_reduce,
     pack_payload,
     quantize_int8,
     quantize_rows,
@@ -122,7 +123,7 @@ def _all_to_all_reduce(
         tag=tag, async_op=False, stream=None, issue=lambda: issue_all_to_all(recv, payload, group),
     )  # fmt: skip
     q = unpack_payload(recv, numel=rows.numel(), bits=4, block=block, dtype=torch.float32)
-    return dequantize(q).sum(0)  # (d, n) fp32 -> the fp32 reduction
+    return dequantize_reduce(q)  # (d, n) codes -> their fp32 sum, in position order
 
 
 def _check_hops(group: Any, intra: Any, inter: Any) -> None:

@@ -4,11 +4,16 @@ Pure torch: the same code runs on CPU, CUDA and ROCm. [Note: fused kernels] The 
 about ten passes over the data with fp32 temporaries of the padded input; :func:`quantize_rows` and
 :func:`dequantize` can instead run the same code through ``torch.compile`` (Inductor: Triton on a GPU,
 C++ on a CPU), which fuses it into a reduction and a pointwise pass for quantization and one pass for
-dequantization, with no temporary larger than the output. ``ZEROTOPO_QUANT_KERNELS`` picks: ``auto``
-(default: compiled on an accelerator, reference on CPU, where a compile costs more than it saves in
-the short tests), ``compiled`` or ``reference``. When compiling fails (no compiler, an unsupported
-platform) the reference runs instead, with one warning. Both give bit-identical results (every number
-the same bits, NaN in the same places; a NaN's payload bits may differ), tested on CPU.
+dequantization, with no temporary larger than the output. The device kernels proper are Triton
+(:mod:`zerotopo.comm.triton_quant`, [Note: Triton kernels]): one pass per block for quantization, one
+for dequantization, and one for the int4 reduce-scatter's dequantize-and-sum
+(:func:`dequantize_reduce`). ``ZEROTOPO_QUANT_KERNELS`` picks: ``auto`` (default: ``triton`` on a
+CUDA or ROCm device when Triton is installed, the reference there otherwise, with a one-line notice;
+the reference on CPU, where a compile costs more than it saves in the short tests), ``triton``,
+``compiled`` or ``reference``. When compiling or launching fails (no compiler, an unsupported platform,
+a CPU tensor without ``TRITON_INTERPRET=1``) the reference runs instead, with one warning. All give
+bit-identical results (every number the same bits, NaN in the same places; a NaN's payload bits may
+differ), tested on CPU (Triton's through its interpreter).
 
 A block of ``block`` consecutive elements gets ``scale = absmax / qmax`` (``qmax`` 127 for int8, 7 for
 int4) and codes ``round(x / scale)`` in ``[-qmax, qmax]``; ``x̂ = code · scale``. So:
@@ -34,6 +39,8 @@ collectives) quantizes each row on its own, so no block straddles two ranks' chu
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import warnings
 from collections.abc import Callable
@@ -161,6 +168,26 @@ def _dequantize_ref(
     return (c_RNB * scales.view(rows, nblocks, 1)).view(rows, -1)[:, :n].to(dtype)
 
 
+def _dequantize_reduce_ref(
+    data: torch.Tensor, scales: torch.Tensor, rows: int, n: int, bits: int, block: int
+) -> torch.Tensor:
+    """The reference of :func:`dequantize_reduce`: rows added one at a time, in order."""
+    x = _dequantize_ref(data, scales, rows, n, bits, block, torch.float32)
+    acc = x[0].clone()
+    for r in range(1, rows):
+        acc += x[r]
+    return acc
+
+
+def dequantize_reduce(q: Quantized, *, kernels: str | None = None) -> torch.Tensor:
+    """The fp32 sum of the dequantized rows of ``q``: ``(numel // rows,)``, adding row 0, then row 1, ...
+    in that order (a fixed order, so every kernel gives the same bits; ``Tensor.sum`` picks its own).
+    The Triton kernel does it in one pass, without the ``(rows, n)`` fp32 temporary. ``kernels`` as for
+    :func:`quantize_rows`."""
+    args = (q.data, q.scales, q.rows, q.numel // q.rows, q.bits, q.block)
+    return _run("dequantize_reduce", _dequantize_reduce_ref, q.data.device, kernels)(*args)
+
+
 def _dequantize_into_ref(
     out2: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, rows: int, n: int, bits: int, block: int
 ) -> None:
@@ -190,19 +217,25 @@ def dequantize(q: Quantized, out: torch.Tensor | None = None, *, kernels: str | 
 # -- kernel selection (see [Note: fused kernels]) ------------------------------------------------------
 
 KERNELS_ENV = "ZEROTOPO_QUANT_KERNELS"
-KERNEL_CHOICES = ("auto", "compiled", "reference")
+KERNEL_CHOICES = ("auto", "compiled", "reference", "triton")
 _compiled: dict[str, Any] = {}  # name -> compiled function, or None once compiling failed
 
 
+def triton_installed() -> bool:
+    """Whether Triton can be imported (the ``gpu`` extra); nothing is imported to find out."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def kernels_for(device: torch.device, kernels: str | None = None) -> str:
-    """``compiled`` or ``reference``: what :func:`quantize_rows` and :func:`dequantize` run on ``device``."""
+    """``triton``, ``compiled`` or ``reference``: what :func:`quantize_rows` and :func:`dequantize` run on
+    ``device``."""
     choice = kernels or os.environ.get(KERNELS_ENV, "") or "auto"
     if choice not in KERNEL_CHOICES:
         raise ValueError(
             f"quantization kernels {choice!r} (argument or ${KERNELS_ENV}) is not one of {', '.join(KERNEL_CHOICES)}"
         )
     if choice == "auto":
-        choice = "compiled" if device.type != "cpu" else "reference"
+        choice = "reference" if device.type == "cpu" else "triton"
     return choice
 
 
@@ -214,7 +247,12 @@ def compiled_available(name: str = "quantize") -> bool:
 def _run(
     name: str, reference: Callable[..., Any], device: torch.device, kernels: str | None
 ) -> Callable[..., Any]:
-    if kernels_for(device, kernels) == "reference" or _compiled.get(name, True) is None:
+    choice = kernels_for(device, kernels)
+    if choice == "reference":
+        return reference
+    if choice == "triton":
+        return _run_triton(name, reference)
+    if _compiled.get(name, True) is None:
         return reference
     fn = _compiled.get(name)
     if fn is None:
@@ -223,7 +261,10 @@ def _run(
         except Exception as exc:  # noqa: BLE001 - no compiler backend on this platform
             return _give_up(name, reference, exc)
         _compiled[name] = fn
+    return _guarded(name, fn, reference)
 
+
+def _guarded(name: str, fn: Callable[..., Any], reference: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         try:
             return fn(*args)
@@ -234,10 +275,43 @@ def _run(
     return call
 
 
+def _run_triton(name: str, reference: Callable[..., Any]) -> Callable[..., Any]:
+    """The Triton kernel of ``name`` (see [Note: Triton kernels]), or the reference where there is none:
+    Triton not installed (one notice per process), an earlier launch failed, or an input the kernel
+    does not take (:func:`zerotopo.comm.triton_quant.supports`)."""
+    key = f"triton:{name}"
+    if _compiled.get("triton", True) is None or _compiled.get(key, True) is None:
+        return reference
+    try:
+        module = importlib.import_module("zerotopo.comm.triton_quant")
+    except ImportError as exc:
+        _compiled["triton"] = None
+        warnings.warn(
+            f"Triton is not available ({exc}); the reference quantization code runs instead (bit-identical, "
+            f"slower). Install the gpu extra (pip install 'zerotopo[gpu]') or set {KERNELS_ENV}=reference.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return reference
+    kernel = getattr(module, name)
+
+    def call(*args: Any) -> Any:
+        if not module.supports(name, *args):
+            return reference(*args)
+        return _guarded(key, kernel, reference)(*args)
+
+    return call
+
+
 def _give_up(name: str, reference: Callable[..., Any], exc: BaseException) -> Callable[..., Any]:
     _compiled[name] = None
+    what = (
+        f"the Triton {name[7:]} kernel"
+        if name.startswith("triton:")
+        else f"torch.compile of the {name} kernel"
+    )
     warnings.warn(
-        f"torch.compile of the {name} kernel failed ({type(exc).__name__}: {str(exc)[:200]}); the reference "
+        f"{what} failed ({type(exc).__name__}: {str(exc)[:200]}); the reference "
         f"quantization code runs instead (bit-identical, slower). Set {KERNELS_ENV}=reference to skip the attempt.",
         RuntimeWarning,
         stacklevel=3,
