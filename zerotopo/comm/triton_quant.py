@@ -39,7 +39,12 @@ NUM_WARPS = 4
 
 @triton.jit
 def _load(x_ptr, rowoff, col, m):
-    """Elements ``col`` of the rows starting at ``rowoff``, as fp32 by value (masked ones: 0)."""
+    """Elements ``col`` of the rows starting at ``rowoff``, as fp32 by value (masked ones: 0). bf16 is
+    widened on its bits (exact, as on a device; the interpreter's own conversion mangles subnormals)."""
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        u16 = x_ptr.to(tl.pointer_type(tl.uint16), bitcast=True)
+        b = tl.load(u16 + rowoff[:, None] + col, mask=m, other=0)
+        return (b.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     return tl.load(x_ptr + rowoff[:, None] + col, mask=m, other=0.0).to(tl.float32)
 
 
