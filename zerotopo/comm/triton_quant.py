@@ -132,16 +132,57 @@ def _load_codes(data_ptr, row, col, nbytes, m, BITS: tl.constexpr):
 
 
 @triton.jit
+def _round_shift(m, s):
+    """``m >> s`` rounded to nearest, half to even (``m`` uint32, ``1 <= s <= 31``)."""
+    rest = m & ((1 << s) - 1)
+    half = 1 << (s - 1)
+    q = m >> s
+    return q + ((rest > half) | ((rest == half) & ((q & 1) == 1))).to(tl.uint32)
+
+
+@triton.jit
 def _narrow(v, ty: tl.constexpr):
-    """``v`` (fp32) as ``ty``, rounded to nearest even as ``Tensor.to`` does. bf16 is rounded on the bits
-    (as PyTorch's CPU conversion does, and as a device's ``cvt.rn`` does): the interpreter's own bf16
-    conversion truncates."""
+    """``v`` (fp32) as ``ty``, rounded to nearest even as ``Tensor.to`` does, computed on the bits. A
+    plain conversion would let a backend fuse it with the product (gfx90a's ``v_fma_mixlo_f16`` rounds
+    the exact product to fp16 once, where the reference rounds to fp32 first), and the interpreter's
+    own bf16 conversion truncates."""
     if ty == tl.bfloat16:
-        b = v.to(tl.uint32, bitcast=True)
-        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-        r = tl.where(v != v, 0x7FC0, r)  # NaN stays NaN (rounding could carry it into Inf's bits)
-        return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return v.to(ty)
+        r = _to_bf16(v)
+    elif ty == tl.float16:
+        r = _to_fp16(v)
+    else:
+        r = v
+    return r
+
+
+@triton.jit
+def _to_bf16(v):
+    b = v.to(tl.uint32, bitcast=True)
+    r = tl.where(v != v, 0x7FC0, _round_shift(b, 16))  # NaN stays NaN (rounding could carry it to Inf)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _to_fp16(v):
+    b = v.to(tl.uint32, bitcast=True)
+    sign = (b >> 16) & 0x8000
+    e = ((b >> 23) & 0xFF).to(tl.int32)
+    # fp16 normals (fp32 exponent 113..142): drop 13 mantissa bits; a carry moves into the exponent and
+    # past 65504 into Inf. Subnormals (102..112): the value in units of 2**-24 is m >> (126 - e).
+    normal = ((e - 112).to(tl.uint32) << 23) | (b & 0x7FFFFF)  # rebiased exponent above fp32's mantissa
+    m = (b & 0x7FFFFF) | 0x800000
+    h = tl.where(e >= 113, _round_shift(normal, 13), _round_shift(m, tl.minimum(tl.maximum(126 - e, 14), 24)))
+    h = tl.where(e < 102, 0, h)
+    h = tl.where(e >= 143, 0x7C00, h)  # 65536 and beyond, and Inf
+    h = tl.where(v != v, 0x7E00, h)
+    return (h | sign).to(tl.uint16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _product(data_ptr, scale_ptr, row, col, nblocks, nbytes, block, m, BITS: tl.constexpr):
+    """``code · scale`` (fp32) of elements ``col`` of row ``row``."""
+    c = _load_codes(data_ptr, row, col, nbytes, m, BITS)
+    return c * tl.load(scale_ptr + row * nblocks + col // block, mask=m, other=0.0)
 
 
 @triton.jit
@@ -152,13 +193,6 @@ def _dequantize_kernel(data_ptr, scale_ptr, out_ptr, rows, n, nblocks, nbytes, b
     m = i < rows * n
     v = _product(data_ptr, scale_ptr, i // n, i % n, nblocks, nbytes, block, m, BITS)
     tl.store(out_ptr + i, _narrow(v, out_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _product(data_ptr, scale_ptr, row, col, nblocks, nbytes, block, m, BITS: tl.constexpr):
-    """``code · scale`` (fp32) of elements ``col`` of row ``row``."""
-    c = _load_codes(data_ptr, row, col, nbytes, m, BITS)
-    return c * tl.load(scale_ptr + row * nblocks + col // block, mask=m, other=0.0)
 
 
 @triton.jit
