@@ -44,6 +44,7 @@ _MAX_VALUE = {
     "memory_gib": 1e7,
     "peak_tflops": 1e7,
     "quant_gbps": 1e7,
+    "memory_bandwidth_gbps": 1e7,
 }
 
 
@@ -89,6 +90,9 @@ class Device:
     host_reduce: bool = False
     """The ranks reduce each micro-batch's gradients on the thread that computes (CPU ranks: no side
     stream), so the cost model lets the backward wait for each reduction (``OverlapModel.host_reduce``)."""
+    memory_bandwidth_gbps: float = 0.0
+    """Peak memory (HBM) bandwidth of one device, GB/s. Without a measured ``quant_gbps`` the cost model
+    prices the quantizer's kernels by the bytes they move at this rate (a roofline). 0: unknown."""
 
 
 @dataclass(frozen=True)
@@ -223,7 +227,9 @@ _DEVICE_KEYS = {
     "peak_tflops": float,
     "quant_gbps": float,
     "host_reduce": bool,
+    "memory_bandwidth_gbps": float,
 }
+_DEVICE_OPTIONAL = ("quant_gbps", "host_reduce", "memory_bandwidth_gbps")
 _TIER_KEYS = {"name": str, "fanout": int, "bandwidth_gbps": float, "latency_us": float}
 _NETWORK_KEYS = {"name": str, "injection_gbps": float, "latency_us": float}
 
@@ -324,9 +330,7 @@ def topology_from_mapping(raw: Any, source: str = "<mapping>") -> Topology:
         if k not in raw:
             raise ConfigError(f"missing required key {k!r}", source=source, key=k)
     name = _typed(raw["name"], str, source, "name")
-    device = Device(
-        **_section(raw["device"], _DEVICE_KEYS, source, "device", optional=("quant_gbps", "host_reduce"))
-    )
+    device = Device(**_section(raw["device"], _DEVICE_KEYS, source, "device", optional=_DEVICE_OPTIONAL))
     tiers_raw = raw["tiers"]
     if not isinstance(tiers_raw, list) or not tiers_raw:
         raise ConfigError(

@@ -76,3 +76,24 @@ def int4_reduce_scatter_2hop_bytes(numel_in: int, d_intra: int, d_inter: int, bl
     hop1 = int4_reduce_scatter_bytes(numel_in, d_intra, block)
     hop2 = int4_reduce_scatter_bytes(_per_rank(numel_in, d_intra), d_inter, block)
     return hop1, hop2
+
+
+# -- the quantizer's memory traffic (the roofline of zerotopo.comm.triton_quant) -------------------------
+
+
+def quantize_traffic(numel: int, payload: int, value_bytes: int) -> int:
+    """Bytes a quantize kernel moves through device memory: it reads ``numel`` values of ``value_bytes``
+    once and writes their ``payload`` (codes and scales). (It reads each block a second time for the
+    codes, right after the scale pass, from cache.)"""
+    return numel * value_bytes + payload
+
+
+def dequantize_traffic(numel: int, payload: int, value_bytes: int) -> int:
+    """Bytes a dequantize kernel moves: it reads the ``payload`` and writes ``numel`` values."""
+    return payload + numel * value_bytes
+
+
+def dequantize_reduce_traffic(numel: int, rows: int, payload: int) -> int:
+    """Bytes the fused int4 dequantize-and-reduce moves: it reads the ``payload`` of ``rows`` rows of
+    ``numel // rows`` values and writes their fp32 sum once."""
+    return payload + (numel // rows) * 4

@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from zerotopo.comm import volume
 from zerotopo.cost.bandwidth import BandwidthTable
 from zerotopo.errors import ConfigError
 from zerotopo.models.shape import ModelShape
@@ -148,10 +149,36 @@ class StepTime:
 
 
 def quantizer_time(c: Collective, topology: Topology) -> float:
-    """Seconds the block quantizer takes in one call of ``c`` on one rank (0 for plain codecs, or when the
-    device's ``quant_gbps`` is unknown)."""
-    rate = topology.device.quant_gbps
-    return c.quant_numel * 4 / (rate * 1e9) if c.quant_numel and rate > 0 else 0.0
+    """Seconds the block quantizer takes in one call of ``c`` on one rank: at the device's measured
+    ``quant_gbps`` when the topology gives one, else the kernels' bytes moved (:func:`quantizer_bytes`)
+    at its ``memory_bandwidth_gbps`` (a roofline); 0 for plain codecs or when neither is known."""
+    dev = topology.device
+    if not c.quant_numel:
+        return 0.0
+    if dev.quant_gbps > 0:
+        return c.quant_numel * 4 / (dev.quant_gbps * 1e9)
+    if dev.memory_bandwidth_gbps > 0:
+        return quantizer_bytes(c) / (dev.memory_bandwidth_gbps * 1e9)
+    return 0.0
+
+
+def quantizer_bytes(c: Collective, value_bytes: int = 4) -> float:
+    """Device-memory bytes the Triton quantizer kernels move in one call of ``c``, for values of
+    ``value_bytes`` (fp32 by default: the schedule does not carry the parameters' type; bf16 moves less).
+
+    int8 gather over ``d`` ranks (``quant_numel = n + n/d``; a whole-unit secondary has ``d = 1``):
+    quantize this rank's ``n/d`` values, dequantize the gathered ``n``. int4 reduce-scatter hop over
+    ``d`` ranks (``quant_numel = 2n``): quantize the ``n`` values, then one fused dequantize-and-sum of
+    the ``n`` received into ``n/d`` fp32 sums. ``message_bytes`` is the ``n`` values' payload."""
+    d, payload = c.group_size, c.message_bytes
+    if c.dtype == "int4":
+        n = c.quant_numel // 2
+        return volume.quantize_traffic(n, payload, value_bytes) + volume.dequantize_reduce_traffic(
+            n, d, payload
+        )
+    n = c.quant_numel * d // (d + 1)
+    mine = volume.quantize_traffic(n // d, payload // d, value_bytes)  # this rank's share of the message
+    return mine + volume.dequantize_traffic(n, payload, value_bytes)
 
 
 def collective_time(c: Collective, topology: Topology, table: BandwidthTable | None = None) -> float:
