@@ -1,6 +1,6 @@
 """Run the Triton quantization kernels in Triton's interpreter against the reference, on CPU tensors.
 
-Not a test module: ``tests/comm/test_triton_quant.py`` runs it in a subprocess with ``TRITON_INTERPRET=1``
+Not a test module (tests/gpu/test_triton_kernels.py reuses its inputs on a device): ``tests/comm/test_triton_quant.py`` runs it in a subprocess with ``TRITON_INTERPRET=1``
 (the interpreter must be chosen before Triton is imported, which would leak into every other test if it
 were set in the test process). Prints one JSON object: case name -> list of mismatches (empty: bit for
 bit the reference's codes, scales and values, NaN in the same places).
@@ -15,10 +15,7 @@ import warnings
 
 import torch
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    sys.exit("run with TRITON_INTERPRET=1")
-
-from zerotopo.comm import quant as Q  # noqa: E402
+from zerotopo.comm import quant as Q
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -96,6 +93,8 @@ def check_nan_rule(bits: int) -> list[str]:
 
 
 def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("run with TRITON_INTERPRET=1 (on CPU tensors the kernels run only in the interpreter)")
     # A kernel that failed would fall back to the reference with a warning and compare it with itself:
     # make that an error instead.
     warnings.simplefilter("error", RuntimeWarning)
