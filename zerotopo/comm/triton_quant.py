@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 #: Elements one program holds per loaded tile (a block larger than this is processed in chunks).
-TILE = 2048
+TILE = 1024
 #: Elements one program of the element-wise kernels handles.
 ELEMENTS = 1024
 NUM_WARPS = 4
