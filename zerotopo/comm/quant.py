@@ -40,7 +40,6 @@ collectives) quantizes each row on its own, so no block straddles two ranks' chu
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import warnings
 from collections.abc import Callable
@@ -219,11 +218,6 @@ def dequantize(q: Quantized, out: torch.Tensor | None = None, *, kernels: str | 
 KERNELS_ENV = "ZEROTOPO_QUANT_KERNELS"
 KERNEL_CHOICES = ("auto", "compiled", "reference", "triton")
 _compiled: dict[str, Any] = {}  # name -> compiled function, or None once compiling failed
-
-
-def triton_installed() -> bool:
-    """Whether Triton can be imported (the ``gpu`` extra); nothing is imported to find out."""
-    return importlib.util.find_spec("triton") is not None
 
 
 def kernels_for(device: torch.device, kernels: str | None = None) -> str:
