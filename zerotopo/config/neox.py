@@ -307,6 +307,8 @@ class NeoXArgs:
         c.choice(
             "GPT2BPETokenizer",
             "HFTokenizer",
+            "SPMTokenizer",
+            "TiktokenTokenizer",
             "CharLevelTokenizer",
             "ByteTokenizer",
             aliases={"ByteLevel": "ByteTokenizer"},
@@ -314,12 +316,18 @@ class NeoXArgs:
         "GPT2BPETokenizer",
     )
     """GPT2BPETokenizer (NeoX's default: ``vocab_file`` vocab.json + ``merge_file`` merges.txt),
-    HFTokenizer (a tokenizers JSON file in ``vocab_file``), CharLevelTokenizer (NeoX's: Unicode code
-    points) or ByteTokenizer (UTF-8 bytes; needs no file, what the bundled corpus uses)."""
+    HFTokenizer (a tokenizers JSON file in ``vocab_file``), SPMTokenizer (a SentencePiece ``tokenizer.model``
+    in ``vocab_file``), TiktokenTokenizer (a tiktoken encoding name in ``vocab_file``, when tiktoken has it
+    offline), CharLevelTokenizer (NeoX's: Unicode code points) or ByteTokenizer (UTF-8 bytes; needs no
+    file, what the bundled corpus uses)."""
     vocab_file: str | None = _key(c.optional(c.text))
     """The tokenizer JSON file (HFTokenizer) or GPT-2 ``vocab.json`` (GPT2BPETokenizer)."""
     merge_file: str | None = _key(c.optional(c.text))
     """GPT-2 ``merges.txt`` (GPT2BPETokenizer)."""
+    eod_token: str | None = _key(c.optional(c.text))
+    """zerotopo: the end-of-document token's name for HFTokenizer, SPMTokenizer or TiktokenTokenizer (e.g.
+    Llama 3's ``<|end_of_text|>``); when not set, the first of ``<|endoftext|>``, ``<|end_of_text|>``,
+    ``</s>``, ``<eos>``, ``[SEP]`` the vocabulary has (SPMTokenizer: else the model's end-of-sentence piece)."""
     seed: int = _key(c.integer(0, 2**32 - 1), 1234)
     """Seed of the model init and of the data shuffle."""
     # --- evaluation, logging, checkpoints ----------------------------------------------------------------

@@ -296,7 +296,7 @@ class HFWeights:
 def check_hf_directory(directory: str | os.PathLike, cfg: NeoXConfig) -> HFWeights:
     """Every tensor of ``cfg``'s model is in the directory with its shape, and nothing else but HF's
     buffers; returns the opened weights."""
-    from zerotopo.models.hf import IGNORABLE, hf_shapes
+    from zerotopo.models.hf import IGNORABLE, hf_shapes, is_llama
     from zerotopo.trainer.checkpoint import parameter_shapes
 
     weights = HFWeights(directory)
@@ -308,7 +308,7 @@ def check_hf_directory(directory: str | os.PathLike, cfg: NeoXConfig) -> HFWeigh
     extra = sorted(k for k in weights.shapes if k not in want and not k.endswith(IGNORABLE))
     if missing or extra:
         raise ZerotopoError(
-            f"{directory} does not hold this model: missing {missing[:4]}, unexpected {extra[:4]}; "
+            f"{directory} does not hold this {'Llama' if is_llama(cfg) else 'GPT-NeoX'} model: missing {missing[:4]}, unexpected {extra[:4]}; "
             "check num_layers, tied embeddings, biases and key/value heads against its config.json"
         )
     for k, shape in want.items():
@@ -445,6 +445,16 @@ def export_hf(
     return sorted(out.iterdir())
 
 
+def _spm_piece(path: Path, token_id: Any) -> str | None:
+    """The piece of ``token_id`` in a SentencePiece model (None when it cannot be read)."""
+    try:
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_file=os.fspath(path)).id_to_piece(int(token_id))
+    except Exception:  # noqa: BLE001 - the token name is a convenience
+        return None
+
+
 def _write_tokenizer(step_dir: Path, out: Path, tok: dict[str, Any], config: dict[str, Any]) -> None:
     """Copy the run's tokenizer files and describe them for ``AutoTokenizer``."""
     files = [
@@ -476,6 +486,11 @@ def _write_tokenizer(step_dir: Path, out: Path, tok: dict[str, Any], config: dic
             if src != dst:
                 shutil.copyfile(out / src, out / dst)
         tc["tokenizer_class"] = "GPT2Tokenizer"
+    elif tok.get("type") == "SPMTokenizer" and len(files) == 1:
+        if files[0] != "tokenizer.model":
+            shutil.copyfile(out / files[0], out / "tokenizer.model")
+        tc["tokenizer_class"] = "LlamaTokenizer"
+        eos = eos or _spm_piece(out / "tokenizer.model", config.get("eos_token_id"))
     if eos:
         tc["eos_token"] = tc["bos_token"] = eos
     (out / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")

@@ -231,7 +231,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
     probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
 
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
     cfg = model_config(args, job, tokenizer)
     precision = args.resolved_precision
     param_dtype = DTYPES[precision]
