@@ -307,10 +307,10 @@ class NeoXArgs:
         c.choice(
             "GPT2BPETokenizer",
             "HFTokenizer",
-            "SPMTokenizer",
-            "TiktokenTokenizer",
             "CharLevelTokenizer",
             "ByteTokenizer",
+            "SPMTokenizer",
+            "TiktokenTokenizer",
             aliases={"ByteLevel": "ByteTokenizer"},
         ),
         "GPT2BPETokenizer",

@@ -29,10 +29,10 @@ from zerotopo.errors import ConfigError, ZerotopoError
 TOKENIZER_TYPES = (
     "GPT2BPETokenizer",
     "HFTokenizer",
-    "SPMTokenizer",
-    "TiktokenTokenizer",
     "CharLevelTokenizer",
     "ByteTokenizer",
+    "SPMTokenizer",
+    "TiktokenTokenizer",
 )
 EOD_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 """End-of-document tokens looked for, in order, when the config names none (``<|end_of_text|>``: Llama 3)."""
