@@ -74,6 +74,7 @@ def test_swiglu_form_and_grouped_query_heads(tmp_path):
         ("mlp_type: moe", "mlp_type", "regular, llama"),
         ("num_kv_heads: 3", "num_kv_heads", "divisor of the head count"),
         ("mlp_type: llama\nactivation: swiglu", "activation", "gate twice"),
+        ("activation: silu\nbias_gelu_fusion: true", "bias_gelu_fusion", "only with activation gelu"),
     ],
 )
 def test_architecture_values_zerotopo_cannot_honour_are_refused(tmp_path, text, key, says):

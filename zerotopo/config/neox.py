@@ -803,3 +803,10 @@ def _check_architecture(a: NeoXArgs) -> None:
             source=src("activation") or src("mlp_type"),
             key="activation",
         )
+    if a.bias_gelu_fusion and a.activation != "gelu":
+        raise ConfigError(
+            f"true selects the tanh-approximate GELU, but activation is {a.activation}; bias_gelu_fusion takes "
+            "true only with activation gelu (false with silu or swiglu)",
+            source=src("bias_gelu_fusion"),
+            key="bias_gelu_fusion",
+        )
