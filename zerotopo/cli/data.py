@@ -39,9 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pre.add_argument("--output-prefix", required=True, help="outputs are <prefix>_<key>_document.bin/.idx")
     pre.add_argument("--tokenizer-type", default="ByteTokenizer", choices=TOKENIZER_TYPES)
     pre.add_argument(
-        "--vocab-file", help="tokenizers JSON (HFTokenizer) or GPT-2 vocab.json (GPT2BPETokenizer)"
+        "--vocab-file",
+        help="tokenizers JSON (HFTokenizer), GPT-2 vocab.json (GPT2BPETokenizer), SentencePiece "
+        "tokenizer.model (SPMTokenizer) or a tiktoken encoding name (TiktokenTokenizer)",
     )
     pre.add_argument("--merge-file", help="GPT-2 merges.txt (GPT2BPETokenizer)")
+    pre.add_argument(
+        "--eod-token",
+        default=None,
+        help="name of the end-of-document token (HFTokenizer, SPMTokenizer, TiktokenTokenizer), e.g. "
+        "'<|end_of_text|>' for Llama 3 (default: the first known end-of-document token the vocabulary has)",
+    )
     pre.add_argument(
         "--append-eod",
         action=argparse.BooleanOptionalAction,
@@ -75,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             tokenizer_type=args.tokenizer_type,
             vocab_file=args.vocab_file,
             merge_file=args.merge_file,
+            eod_token=args.eod_token,
             jsonl_keys=keys or ["text"],
             append_eod=args.append_eod,
             workers=args.workers,

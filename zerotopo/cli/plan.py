@@ -34,10 +34,17 @@ def resolve_model_paths(specs: list[str]) -> list[str]:
 
 
 def tokenizer_vocab(path: str | None) -> int | None:
-    """Token count of a Hugging Face tokenizers JSON file (vocabulary + added tokens) or a GPT-2
-    ``vocab.json``, if it exists."""
+    """Token count of a Hugging Face tokenizers JSON file (vocabulary + added tokens), a GPT-2
+    ``vocab.json`` or a SentencePiece ``.model``, if it exists."""
     if not path or not Path(path).is_file():
         return None
+    if str(path).endswith(".model"):  # a SentencePiece model (SPMTokenizer)
+        from zerotopo.data.tokenizers import SPMTokenizer
+
+        try:
+            return SPMTokenizer(path).vocab_size
+        except Exception:  # noqa: BLE001 - an unreadable file says nothing about the vocabulary
+            return None
     try:
         raw = json.loads(Path(path).read_text())
         if isinstance(raw, dict) and "model" not in raw and all(isinstance(v, int) for v in raw.values()):

@@ -18,7 +18,7 @@ from typing import Any
 from zerotopo.config import checks as c
 from zerotopo.config.yamlio import apply_overrides, merge_files
 from zerotopo.errors import ConfigError, short
-from zerotopo.models.config import INIT_METHODS, NeoXConfig
+from zerotopo.models.config import INIT_METHODS, NeoXConfig, mlp_width
 from zerotopo.models.shape import ModelShape
 
 # NeoX keys that select kernels, launchers or bookkeeping but not what is computed: accepted without a
@@ -192,7 +192,16 @@ class NeoXArgs:
     num_attention_heads: int = _key(c.integer(1, 1 << 16), 4)
     """Attention heads."""
     intermediate_size: int | None = _key(c.optional(c.integer(1, 1 << 22)))
-    """MLP width; ``4·hidden_size`` when not set."""
+    """MLP width; ``4·hidden_size`` when not set. With ``mlp_type: llama`` the gate/up width (``8h/3``
+    rounded up to ``mlp_multiple_of`` when not set); with ``activation: swiglu`` the ungated width that NeoX
+    scales by 2/3 and splits between gate and up (see :func:`zerotopo.models.config.mlp_width`)."""
+    mlp_multiple_of: int | None = _key(c.optional(c.integer(1, 1 << 20)))
+    """The MLP width is rounded up to a multiple of this (NeoX: 256 for ``mlp_type: llama``, else 1)."""
+    mlp_type: str = _key(c.choice("regular", "llama"), "regular")
+    """``regular`` (two matrices) or ``llama``: NeoX's gated ``LLaMAParallelMLP``, ``w2(act(w1·x) * w3·x)``,
+    without biases unless ``use_bias_in_mlp: true`` is given."""
+    num_kv_heads: int | None = _key(c.optional(c.integer(1, 1 << 16)))
+    """Key/value heads: grouped-query attention (1: multi-query); ``num_attention_heads`` when not set."""
     seq_length: int = _key(c.integer(1, 1 << 24), 128)
     """Tokens per training sample."""
     max_position_embeddings: int | None = _key(c.optional(c.integer(1, 1 << 24)))
@@ -205,14 +214,19 @@ class NeoXArgs:
     """Base of the rotary frequencies."""
     gpt_j_residual: bool = _key(c.boolean, False)
     """Parallel attention+MLP residual (NeoX-20B, Pythia); NeoX's default is sequential."""
-    norm: str = _key(c.const("layernorm", "zerotopo's NeoX model uses LayerNorm"), "layernorm")
-    """Normalization; only ``layernorm``."""
+    norm: str = _key(c.choice("layernorm", "rmsnorm"), "layernorm")
+    """Normalization: ``layernorm`` or ``rmsnorm`` (Llama's)."""
     layernorm_epsilon: float = _key(c.number(0.0, 1.0, lo_open=True), 1e-5)
     """LayerNorm epsilon."""
+    rms_norm_epsilon: float = _key(c.number(0.0, 1.0, lo_open=True), 1e-8)
+    """RMSNorm epsilon (NeoX's default 1e-8; Llama 1e-6)."""
+    use_bias_in_norms: bool = _key(c.boolean, True)
+    """Biases (offsets) in the norms."""
     bias_gelu_fusion: bool = _key(c.boolean, False)
     """NeoX's fused bias+GELU kernel, which computes the tanh approximation; here it selects that GELU."""
-    activation: str = _key(c.const("gelu", "zerotopo's NeoX model uses GELU"), "gelu")
-    """MLP activation; only ``gelu``."""
+    activation: str = _key(c.choice("gelu", "silu", "swiglu"), "gelu")
+    """MLP activation: ``gelu``, ``silu`` (gated with ``mlp_type: llama``: SwiGLU) or ``swiglu`` (NeoX's
+    gated SiLU on the regular MLP)."""
     use_bias_in_attn_linear: bool = _key(c.boolean, True)
     """Biases on the QKV and attention output projections."""
     use_bias_in_mlp: bool = _key(c.boolean, True)
@@ -221,7 +235,8 @@ class NeoXArgs:
     """The tokenizer's vocabulary is padded up to a multiple of this (fast matmuls)."""
     no_weight_tying: bool = _key(c.boolean, True)
     """Untied input and output embeddings. NeoX's own default is False (tied), but every released
-    NeoX/Pythia config sets it true, so zerotopo defaults to untied; set false to tie."""
+    NeoX/Pythia config sets it true, so zerotopo defaults to untied. False (tied) plans, but training it is
+    refused before any rank starts: the engine shards each parameter in one unit."""
     init_method: str = _key(c.choice(*INIT_METHODS), "normal")
     """Init of embeddings, QKV and the first MLP projection: normal | scaled_normal | small_init | wang_init."""
     output_layer_init_method: str = _key(c.choice(*INIT_METHODS), "scaled_normal")
@@ -294,17 +309,25 @@ class NeoXArgs:
             "HFTokenizer",
             "CharLevelTokenizer",
             "ByteTokenizer",
+            "SPMTokenizer",
+            "TiktokenTokenizer",
             aliases={"ByteLevel": "ByteTokenizer"},
         ),
         "GPT2BPETokenizer",
     )
     """GPT2BPETokenizer (NeoX's default: ``vocab_file`` vocab.json + ``merge_file`` merges.txt),
-    HFTokenizer (a tokenizers JSON file in ``vocab_file``), CharLevelTokenizer (NeoX's: Unicode code
-    points) or ByteTokenizer (UTF-8 bytes; needs no file, what the bundled corpus uses)."""
+    HFTokenizer (a tokenizers JSON file in ``vocab_file``), SPMTokenizer (a SentencePiece ``tokenizer.model``
+    in ``vocab_file``), TiktokenTokenizer (a tiktoken encoding name in ``vocab_file``, when tiktoken has it
+    offline), CharLevelTokenizer (NeoX's: Unicode code points) or ByteTokenizer (UTF-8 bytes; needs no
+    file, what the bundled corpus uses)."""
     vocab_file: str | None = _key(c.optional(c.text))
     """The tokenizer JSON file (HFTokenizer) or GPT-2 ``vocab.json`` (GPT2BPETokenizer)."""
     merge_file: str | None = _key(c.optional(c.text))
     """GPT-2 ``merges.txt`` (GPT2BPETokenizer)."""
+    eod_token: str | None = _key(c.optional(c.text))
+    """zerotopo: the end-of-document token's name for HFTokenizer, SPMTokenizer or TiktokenTokenizer (e.g.
+    Llama 3's ``<|end_of_text|>``); when not set, the first of ``<|endoftext|>``, ``<|end_of_text|>``,
+    ``</s>``, ``<eos>``, ``[SEP]`` the vocabulary has (SPMTokenizer: else the model's end-of-sentence piece)."""
     seed: int = _key(c.integer(0, 2**32 - 1), 1234)
     """Seed of the model init and of the data shuffle."""
     # --- evaluation, logging, checkpoints ----------------------------------------------------------------
@@ -396,21 +419,37 @@ class NeoXArgs:
         m = self.make_vocab_size_divisible_by
         return -(-vocab_size // m) * m
 
+    def mlp_style(self) -> str:
+        """``regular``, ``llama`` (``mlp_type: llama``) or ``gated`` (``activation: swiglu``)."""
+        return "llama" if self.mlp_type == "llama" else "gated" if self.activation == "swiglu" else "regular"
+
     def model_config(self, vocab_size: int) -> NeoXConfig:
         """The model for a tokenizer of ``vocab_size`` tokens (padded here)."""
+        style = self.mlp_style()
+        width = self.intermediate_size
+        if style != "regular" or self.mlp_multiple_of:
+            width = mlp_width(self.hidden_size, self.intermediate_size, self.mlp_multiple_of, style)
+        # NeoX's LLaMAParallelMLP has no biases; an explicit use_bias_in_mlp still wins
+        mlp_bias = self.use_bias_in_mlp if style != "llama" or "use_bias_in_mlp" in self.sources else False
         return NeoXConfig(
             vocab_size=self.padded_vocab(vocab_size),
             hidden_size=self.hidden_size,
             num_layers=self.num_layers,
             num_attention_heads=self.num_attention_heads,
-            intermediate_size=self.intermediate_size,
+            intermediate_size=width,
+            norm=self.norm,
+            rms_norm_epsilon=self.rms_norm_epsilon,
+            use_bias_in_norms=self.use_bias_in_norms,
+            activation="silu" if self.activation == "swiglu" else self.activation,
+            gated_mlp=style != "regular",
+            num_kv_heads=self.num_kv_heads,
             max_position_embeddings=self.max_position_embeddings or self.seq_length,
             rotary_pct=self.rotary_pct,
             rotary_emb_base=self.rotary_emb_base,
             gpt_j_residual=self.gpt_j_residual,
             layernorm_epsilon=self.layernorm_epsilon,
             use_bias_in_attn_linear=self.use_bias_in_attn_linear,
-            use_bias_in_mlp=self.use_bias_in_mlp,
+            use_bias_in_mlp=mlp_bias,
             gelu_approximate=self.bias_gelu_fusion,
             tie_embeddings=not self.no_weight_tying,
             init_method=self.init_method,
@@ -689,6 +728,7 @@ def _cross_check(a: NeoXArgs) -> None:
             source=src("hidden_size") or src("num_attention_heads"),
             key="hidden_size",
         )
+    _check_architecture(a)
     acc, prec = a.grad_accum_dtype, a.resolved_precision
     if acc is not None and acc not in ("fp32", prec):
         raise ConfigError(
@@ -743,4 +783,30 @@ def _cross_check(a: NeoXArgs) -> None:
             f"{a.min_lr} is above the peak learning rate {a.lr}; expected min_lr <= optimizer.params.lr",
             source=src("min_lr"),
             key="min_lr",
+        )
+
+
+def _check_architecture(a: NeoXArgs) -> None:
+    """Architecture keys whose combination zerotopo cannot honour, refused naming the key and its values."""
+    src = a.sources.get
+    if a.num_kv_heads is not None and a.num_attention_heads % a.num_kv_heads:
+        raise ConfigError(
+            f"{a.num_kv_heads} does not divide num_attention_heads {a.num_attention_heads}; num_kv_heads takes a "
+            "divisor of the head count (1: multi-query attention, num_attention_heads: multi-head)",
+            source=src("num_kv_heads"),
+            key="num_kv_heads",
+        )
+    if a.mlp_type == "llama" and a.activation == "swiglu":
+        raise ConfigError(
+            "activation swiglu with mlp_type llama would gate twice; with mlp_type llama set activation to silu "
+            "(SwiGLU) or gelu, or keep activation swiglu with mlp_type regular (NeoX's newer form)",
+            source=src("activation") or src("mlp_type"),
+            key="activation",
+        )
+    if a.bias_gelu_fusion and a.activation != "gelu":
+        raise ConfigError(
+            f"true selects the tanh-approximate GELU, but activation is {a.activation}; bias_gelu_fusion takes "
+            "true only with activation gelu (false with silu or swiglu)",
+            source=src("bias_gelu_fusion"),
+            key="bias_gelu_fusion",
         )

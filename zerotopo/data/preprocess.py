@@ -185,6 +185,7 @@ def preprocess_neox(
     tokenizer_type: str,
     vocab_file: str | None = None,
     merge_file: str | None = None,
+    eod_token: str | None = None,
     jsonl_keys: Sequence[str] = ("text",),
     append_eod: bool = False,
     workers: int = 1,
@@ -197,7 +198,7 @@ def preprocess_neox(
         raise ZerotopoError("no input: give --input FILE.jsonl[,FILE2.jsonl.gz,...]")
     if len(set(jsonl_keys)) != len(jsonl_keys) or not jsonl_keys:
         raise ZerotopoError(f"--jsonl-keys {list(jsonl_keys)}: give each key once")
-    tokenizer_args = (tokenizer_type, vocab_file, merge_file)
+    tokenizer_args = (tokenizer_type, vocab_file, merge_file, eod_token)
     tokenizer = build_tokenizer(*tokenizer_args)  # errors here, not in a worker
     for path in inputs:
         open_text(path).close()  # a missing file or codec fails before any output exists

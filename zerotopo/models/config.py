@@ -7,6 +7,50 @@ from dataclasses import dataclass
 from zerotopo.models.shape import ModelShape
 
 INIT_METHODS = ("normal", "scaled_normal", "small_init", "wang_init")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "silu")
+
+
+def check_trainable(cfg: NeoXConfig, key: str = "no_weight_tying", source: str | None = None) -> None:
+    """Refuse, before any rank starts, a model the sharding engine cannot train: tied embeddings (the
+    engine shards each parameter in exactly one unit, and the embedding and the head are two units).
+    ``key`` names the setting in the user's terms (``no_weight_tying`` in a NeoX config,
+    ``tie_word_embeddings`` in a Hugging Face config.json)."""
+    from zerotopo.errors import ConfigError
+
+    if cfg.tie_embeddings:
+        fix = "set no_weight_tying: true" if key == "no_weight_tying" else "untie the checkpoint's embeddings"
+        raise ConfigError(
+            f"tied input and output embeddings ({key}: {'false' if key == 'no_weight_tying' else 'true'}) "
+            "cannot be trained: the engine shards each parameter in exactly one unit, and the embedding and "
+            f"the output head are two units; {fix} (untied, as every released NeoX, Pythia and Llama-7B config)",
+            source=source,
+            key=key,
+        )
+
+
+def mlp_width(hidden_size: int, intermediate_size: int | None, multiple_of: int | None, style: str) -> int:
+    """The MLP width (of each gate/up projection when gated) as GPT-NeoX derives it.
+
+    ``style`` ``regular``: ``intermediate_size`` or ``4·h``, rounded up to ``multiple_of``. ``llama``
+    (NeoX's ``LLaMAParallelMLP``, ``mlp_type: llama``): ``intermediate_size`` as given, else ``8h/3`` rounded
+    up to ``multiple_of`` (256 when unset): 11008 for ``h`` = 4096. ``gated`` (NeoX's ``ParallelMLP`` with
+    ``activation: swiglu``): ``intermediate_size`` (default ``4h``) names the ungated width; two thirds of
+    it are split between gate and up and each half is rounded up to ``multiple_of``: 32768 gives 11008.
+    """
+    m = multiple_of or (256 if style == "llama" else 1)
+
+    def up(n: int) -> int:
+        return -(-n // m) * m
+
+    if style == "llama":
+        return intermediate_size or up(int(2 * hidden_size * 4 / 3))
+    ffn = intermediate_size or 4 * hidden_size
+    if style == "gated":
+        return up(int(ffn * 2 / 3) // 2)
+    if style != "regular":
+        raise ValueError(f"MLP style {style!r}; expected regular, llama or gated")
+    return up(ffn)
 
 
 @dataclass
@@ -22,7 +66,8 @@ class NeoXConfig:
     num_attention_heads: int
     """Attention heads; ``hidden_size`` must be a multiple."""
     intermediate_size: int | None = None
-    """MLP width; ``4·hidden_size`` when None."""
+    """MLP width (of each of the gate and up projections when ``gated_mlp``); ``4·hidden_size`` when None.
+    NeoX's derivations from its keys are in :func:`mlp_width`."""
     max_position_embeddings: int = 2048
     """Longest sequence the model is meant for (recorded for Hugging Face's config; rotary tables are
     computed for the actual length)."""
@@ -51,6 +96,18 @@ class NeoXConfig:
     """Standard deviation of the ``normal`` and ``scaled_normal`` inits."""
     checkpoint_activations: bool = False
     """Recompute each layer's activations in the backward pass instead of storing them."""
+    norm: str = "layernorm"
+    """``layernorm`` (GPT-NeoX, Pythia) or ``rmsnorm`` (Llama: ``x·rsqrt(mean(x²) + eps)·weight``)."""
+    rms_norm_epsilon: float = 1e-8
+    """Epsilon of every RMSNorm (NeoX's default 1e-8; Llama uses 1e-6 or 1e-5)."""
+    use_bias_in_norms: bool = True
+    """Biases (offsets) in the norms; Llama has none."""
+    activation: str = "gelu"
+    """The MLP's activation: ``gelu`` or ``silu`` (with ``gated_mlp``: SwiGLU)."""
+    gated_mlp: bool = False
+    """A gated MLP ``w2(act(w1·x) * w3·x)`` (NeoX's ``mlp_type: llama`` / ``activation: swiglu``)."""
+    num_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention; 1 is multi-query); ``num_attention_heads`` when None."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -61,6 +118,15 @@ class NeoXConfig:
         for name in ("init_method", "output_layer_init_method"):
             if getattr(self, name) not in INIT_METHODS:
                 raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {', '.join(INIT_METHODS)}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm={self.norm!r}; expected one of {', '.join(NORMS)}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}; expected one of {', '.join(ACTIVATIONS)}")
+        if self.num_attention_heads % self.kv_heads:
+            raise ValueError(
+                f"num_kv_heads={self.num_kv_heads} does not divide num_attention_heads "
+                f"{self.num_attention_heads}; pick a divisor (1 is multi-query attention)"
+            )
         if not 0.0 <= self.rotary_pct <= 1.0:
             raise ValueError(f"rotary_pct={self.rotary_pct}; expected a fraction in [0, 1]")
         if self.rotary_ndims % 2:
@@ -72,6 +138,14 @@ class NeoXConfig:
     @property
     def ffn_size(self) -> int:
         return self.intermediate_size or 4 * self.hidden_size
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def norm_epsilon(self) -> float:
+        return self.rms_norm_epsilon if self.norm == "rmsnorm" else self.layernorm_epsilon
 
     @property
     def head_dim(self) -> int:
@@ -93,4 +167,9 @@ class NeoXConfig:
             intermediate_size=self.ffn_size,
             tied_embeddings=self.tie_embeddings,
             name=name,
+            num_kv_heads=self.kv_heads,
+            gated_mlp=self.gated_mlp,
+            attention_bias=self.use_bias_in_attn_linear,
+            mlp_bias=self.use_bias_in_mlp,
+            norm_bias=self.use_bias_in_norms,
         )

@@ -1,9 +1,17 @@
-"""Hugging Face ``GPTNeoXForCausalLM`` state dicts and config, and safetensors files, for :class:`GPTNeoX`.
+"""Hugging Face ``GPTNeoXForCausalLM`` and ``LlamaForCausalLM`` state dicts, configs and safetensors files.
 
-zerotopo's parameter names differ from Hugging Face's only by prefix (the head is a module here), and the
-fused QKV layout is the same (see [Note: NeoX layout] in ``neox.py``), so conversion is a renaming.
-``transformers`` is not needed: the files written here open with ``GPTNeoXForCausalLM.from_pretrained``
-once ``hf_config_dict`` is saved as ``config.json`` beside them.
+A model with NeoX's own architecture (LayerNorm, GELU MLP, one key/value head per query head) is a
+``GPTNeoXForCausalLM``: the names differ only by prefix and the fused QKV layout is the same (see [Note: NeoX
+layout] in ``neox.py``), so conversion is a renaming. A Llama-architecture model (RMSNorm without biases,
+gated SiLU MLP, full rotary, sequential residual; any number of key/value heads) is a ``LlamaForCausalLM``:
+the fused ``query_key_value`` rows are cut into ``q_proj``/``k_proj``/``v_proj`` (per head when there are as
+many key/value heads as query heads, in three blocks otherwise) and the MLP's ``w1``/``w3``/``w2`` are
+``gate_proj``/``up_proj``/``down_proj``; Llama's rotary is the same non-interleaved ``rotate_half`` form.
+Anything else has no Hugging Face architecture that holds it, and :func:`export_architecture` says which
+key prevents each.
+
+``transformers`` is not needed: the files written here open with ``from_pretrained`` once
+``hf_config_dict`` is saved as ``config.json`` beside them.
 """
 
 from __future__ import annotations
@@ -24,9 +32,28 @@ _TOP_LEVEL = {
     "head.final_layer_norm.bias": "gpt_neox.final_layer_norm.bias",
     "head.embed_out.weight": "embed_out.weight",
 }
+_LLAMA_TOP_LEVEL = {
+    "embed_in.weight": "model.embed_tokens.weight",
+    "head.final_layer_norm.weight": "model.norm.weight",
+    "head.embed_out.weight": "lm_head.weight",
+}
+_LLAMA_LAYER = {
+    "input_layernorm": "input_layernorm",
+    "post_attention_layernorm": "post_attention_layernorm",
+    "attention.dense": "self_attn.o_proj",
+    "mlp.w1": "mlp.gate_proj",
+    "mlp.w3": "mlp.up_proj",
+    "mlp.w2": "mlp.down_proj",
+}
+# Hugging Face's non-parameter buffers: functions of the config, never loaded
+IGNORABLE = (".attention.bias", ".attention.masked_bias", ".inv_freq")
+
+Segment = tuple[str, int, int]
+"""``(hf_name, first_row, rows)``: a run of rows of a Hugging Face tensor inside a zerotopo parameter."""
 
 
 def _hf_name(name: str) -> str:
+    """The ``GPTNeoXForCausalLM`` name of a zerotopo parameter."""
     if name in _TOP_LEVEL:
         return _TOP_LEVEL[name]
     if name.startswith("layers."):
@@ -34,50 +61,132 @@ def _hf_name(name: str) -> str:
     raise KeyError(f"parameter {name!r} has no Hugging Face GPT-NeoX name")
 
 
-def to_hf_state_dict(model: GPTNeoX) -> dict[str, torch.Tensor]:
-    """The model's parameters under ``GPTNeoXForCausalLM`` key names (detached, same storage).
+def is_llama(cfg: NeoXConfig) -> bool:
+    """Whether the model is written as ``LlamaForCausalLM`` (see :func:`export_architecture`)."""
+    return cfg.norm == "rmsnorm" or cfg.gated_mlp or cfg.kv_heads != cfg.num_attention_heads
 
-    With tied embeddings ``embed_out.weight`` is left out, as Hugging Face does when
+
+def export_architecture(cfg: NeoXConfig) -> str:
+    """``GPTNeoXForCausalLM`` or ``LlamaForCausalLM``, or a ZerotopoError naming each key that no Hugging
+    Face architecture can express together with the others."""
+    if is_llama(cfg):
+        wrong = [
+            ("norm", cfg.norm, "rmsnorm"),
+            ("use_bias_in_norms", cfg.use_bias_in_norms, False),
+            ("mlp_type", "llama" if cfg.gated_mlp else "regular", "llama"),
+            ("activation", cfg.activation, "silu"),
+            ("rotary_pct", cfg.rotary_pct, 1.0),
+            ("gpt_j_residual", cfg.gpt_j_residual, False),
+        ]
+        name = "LlamaForCausalLM"
+    else:
+        wrong = [
+            ("use_bias_in_norms", cfg.use_bias_in_norms, True),
+            ("use_bias_in_mlp", cfg.use_bias_in_mlp, True),
+        ]
+        name = "GPTNeoXForCausalLM"
+    bad = [f"{key}: {ours!r} (needs {want!r})" for key, ours, want in wrong if ours != want]
+    if bad:
+        raise ZerotopoError(
+            f"this model has no Hugging Face architecture: as the nearest, {name}, it would need "
+            f"{'; '.join(bad)}. transformers' GPTNeoXForCausalLM always has MLP and LayerNorm biases, and "
+            "LlamaForCausalLM needs RMSNorm, a gated SiLU MLP, full rotary and a sequential residual; train "
+            "with those keys to export, or keep the zerotopo checkpoint"
+        )
+    return name
+
+
+def hf_segments(cfg: NeoXConfig, name: str, rows: int) -> list[Segment]:
+    """Where the ``rows`` rows of zerotopo parameter ``name`` come from in the Hugging Face state dict."""
+    if not is_llama(cfg):
+        return [(_hf_name(name), 0, rows)]
+    if name in _LLAMA_TOP_LEVEL:
+        return [(_LLAMA_TOP_LEVEL[name], 0, rows)]
+    prefix, _, rest = name.partition(".")
+    index, _, rest = rest.partition(".")
+    module, _, kind = rest.rpartition(".")
+    base = f"model.layers.{index}."
+    if prefix == "layers" and module in _LLAMA_LAYER:
+        return [(f"{base}{_LLAMA_LAYER[module]}.{kind}", 0, rows)]
+    if prefix == "layers" and module == "attention.query_key_value":
+        q, k, v = (f"{base}self_attn.{p}_proj.{kind}" for p in "qkv")
+        N, K, D = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
+        if K == N:  # per head q|k|v, see [Note: NeoX layout]
+            return [(t, n * D, D) for n in range(N) for t in (q, k, v)]
+        return [(q, 0, N * D), (k, 0, K * D), (v, 0, K * D)]
+    raise KeyError(f"parameter {name!r} has no Hugging Face Llama name")
+
+
+def hf_shapes(cfg: NeoXConfig, shapes: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The Hugging Face tensors (name -> shape) that zerotopo parameters of ``shapes`` become."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        shape = tuple(int(s) for s in shape)
+        for hf, row0, rows in hf_segments(cfg, name, shape[0]):
+            out[hf] = (max(out.get(hf, (0,))[0], row0 + rows), *shape[1:])
+    return out
+
+
+def split_to_hf(cfg: NeoXConfig, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A zerotopo parameter as its Hugging Face tensors (rows copied out where the layout interleaves)."""
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    at = 0
+    for hf, row0, rows in hf_segments(cfg, name, tensor.shape[0]):
+        parts.setdefault(hf, []).append((row0, tensor[at : at + rows]))
+        at += rows
+    return {
+        hf: ts[0][1] if len(ts) == 1 else torch.cat([t for _, t in sorted(ts, key=lambda x: x[0])])
+        for hf, ts in parts.items()
+    }
+
+
+def join_from_hf(cfg: NeoXConfig, name: str, rows: int, get) -> torch.Tensor:
+    """A zerotopo parameter of ``rows`` rows assembled from Hugging Face tensors (``get(hf_name)``)."""
+    return torch.cat([get(hf)[row0 : row0 + n] for hf, row0, n in hf_segments(cfg, name, rows)])
+
+
+def to_hf_state_dict(model: GPTNeoX) -> dict[str, torch.Tensor]:
+    """The model's parameters under Hugging Face key names (detached; renamed tensors share storage).
+
+    With tied embeddings the output projection is left out, as Hugging Face does when
     ``tie_word_embeddings`` is set (and because safetensors refuses two names for one storage).
     """
     sd = {}
     for name, tensor in model.state_dict().items():
         if name == "head.embed_out.weight" and model.config.tie_embeddings:
             continue
-        sd[_hf_name(name)] = tensor.detach()
+        sd.update(split_to_hf(model.config, name, tensor.detach()))
     return sd
 
 
 def load_hf_state_dict(model: GPTNeoX, sd: dict[str, torch.Tensor], *, source: str = "state dict") -> None:
-    """Copy a ``GPTNeoXForCausalLM``-style state dict into ``model`` (shapes must match exactly).
-
-    Hugging Face's non-parameter buffers (``attention.bias``, ``masked_bias``, ``rotary_emb.inv_freq``)
-    are ignored: they are functions of the config.
-    """
-    expected = {_hf_name(n): n for n in model.state_dict()}
-    ignorable = (".attention.bias", ".attention.masked_bias", ".inv_freq")
-    unexpected = [k for k in sd if k not in expected and not k.endswith(ignorable)]
-    tied = model.config.tie_embeddings
-    missing = [k for k in expected if k not in sd and not (tied and k == "embed_out.weight")]
+    """Copy a Hugging Face state dict (of the architecture :func:`is_llama` picks) into ``model``; shapes
+    must match exactly. Hugging Face's non-parameter buffers are ignored: they are functions of the config."""
+    cfg = model.config
+    own = {
+        n: t
+        for n, t in model.state_dict().items()
+        if not (cfg.tie_embeddings and n == "head.embed_out.weight")
+    }
+    expected = hf_shapes(cfg, {n: t.shape for n, t in own.items()})
+    unexpected = [k for k in sd if k not in expected and not k.endswith(IGNORABLE)]
+    missing = [k for k in expected if k not in sd]
     if missing or unexpected:
         raise ZerotopoError(
-            f"{source} does not match this GPT-NeoX model: missing {missing[:5]}"
+            f"{source} does not match this model: missing {missing[:5]}"
             f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
             f"{' ...' if len(unexpected) > 5 else ''}; check that the config (layers, tied embeddings, "
-            "biases) is the one the checkpoint was trained with"
+            "biases, key/value heads) is the one the checkpoint was trained with"
         )
-    own = model.state_dict()
+    for hf_key, shape in expected.items():
+        if tuple(sd[hf_key].shape) != shape:
+            raise ZerotopoError(
+                f"{source}: {hf_key} has shape {tuple(sd[hf_key].shape)}, the model expects {shape}; "
+                "the config's hidden_size, vocabulary, heads or intermediate_size differ from the checkpoint's"
+            )
     with torch.no_grad():
-        for hf_key, name in expected.items():
-            if hf_key not in sd:
-                continue  # the tied output projection, already loaded through embed_in
-            src, dst = sd[hf_key], own[name]
-            if tuple(src.shape) != tuple(dst.shape):
-                raise ZerotopoError(
-                    f"{source}: {hf_key} has shape {tuple(src.shape)}, the model expects {tuple(dst.shape)}; "
-                    "the config's hidden_size, vocabulary or intermediate_size differ from the checkpoint's"
-                )
-            dst.copy_(src)
+        for name, dst in own.items():
+            dst.copy_(join_from_hf(cfg, name, dst.shape[0], sd.__getitem__))
 
 
 def save_safetensors(model: GPTNeoX, path: str | os.PathLike) -> None:
@@ -99,7 +208,10 @@ def load_safetensors(model: GPTNeoX, path: str | os.PathLike) -> None:
 
 
 def hf_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
-    """The ``config.json`` fields ``GPTNeoXForCausalLM`` needs to rebuild this model."""
+    """The ``config.json`` fields ``GPTNeoXForCausalLM`` or ``LlamaForCausalLM`` needs to rebuild this
+    model (see :func:`export_architecture` for the models neither can hold exactly)."""
+    if is_llama(cfg):
+        return _llama_config_dict(cfg)
     return {
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
@@ -121,8 +233,33 @@ def hf_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
     }
 
 
+def _llama_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.ffn_size,
+        "hidden_act": cfg.activation,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_epsilon,
+        "rope_theta": float(cfg.rotary_emb_base),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(cfg.rotary_emb_base)},
+        "attention_bias": cfg.use_bias_in_attn_linear,
+        "mlp_bias": cfg.use_bias_in_mlp,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "initializer_range": cfg.init_std,
+        "torch_dtype": "float32",
+    }
+
+
 def save_pretrained(model: GPTNeoX, directory: str | os.PathLike) -> None:
-    """A directory ``GPTNeoXForCausalLM.from_pretrained`` opens: ``config.json`` and ``model.safetensors``."""
+    """A directory ``from_pretrained`` opens: ``config.json`` and ``model.safetensors``."""
+    export_architecture(model.config)
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     config = hf_config_dict(model.config)

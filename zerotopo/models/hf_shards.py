@@ -1,7 +1,7 @@
-"""Hugging Face GPT-NeoX directories in and out, one parameter slice at a time.
+"""Hugging Face GPT-NeoX and Llama directories in and out, one parameter slice at a time.
 
-In: ``config.json`` (transformers <5 ``rotary_pct``/``rotary_emb_base`` or >=5 ``rope_parameters``)
-becomes a :class:`NeoXConfig`; weights come from ``model.safetensors`` or the shards an index
+In: ``config.json`` (GPT-NeoX: transformers <5 ``rotary_pct``/``rotary_emb_base`` or >=5 ``rope_parameters``;
+Llama, or Mistral without a sliding window) becomes a :class:`NeoXConfig`; weights come from ``model.safetensors`` or the shards an index
 (``model.safetensors.index.json``) names, and each rank reads only the elements of each parameter its
 optimizer chunk holds (``safe_open(...).get_slice``: a few rows, never a whole file).
 
@@ -44,7 +44,15 @@ ARCH_KEYS = [
     ("use_bias_in_attn_linear", "use_bias_in_attn_linear", "attention_bias"),
     ("bias_gelu_fusion", "gelu_approximate", "hidden_act"),
     ("no_weight_tying", "tie_embeddings", "tie_word_embeddings"),
+    ("norm", "norm", "model_type (llama: rmsnorm)"),
+    ("rms_norm_epsilon", "rms_norm_epsilon", "rms_norm_eps"),
+    ("use_bias_in_norms", "use_bias_in_norms", "model_type (llama: none)"),
+    ("use_bias_in_mlp", "use_bias_in_mlp", "mlp_bias"),
+    ("num_kv_heads", "kv_heads", "num_key_value_heads"),
+    ("mlp_type", "gated_mlp", "model_type (llama: gated)"),
+    ("activation", "activation", "hidden_act"),
 ]
+HF_MODEL_TYPES = ("gpt_neox", "llama", "mistral")
 
 
 # -- config -------------------------------------------------------------------------------------------
@@ -55,22 +63,32 @@ def read_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
     raw = read_json_object(
         path, "a Hugging Face model directory needs its config.json", "give the directory of a GPT-NeoX model"
     )
-    if raw.get("model_type", "gpt_neox") != "gpt_neox":
+    if raw.get("model_type", "gpt_neox") not in HF_MODEL_TYPES:
         raise ZerotopoError(
-            f"{path}: model_type is {raw.get('model_type')!r}; zerotopo trains GPT-NeoX models"
+            f"{path}: model_type is {raw.get('model_type')!r}; zerotopo reads {', '.join(HF_MODEL_TYPES)} "
+            "(GPTNeoXForCausalLM, LlamaForCausalLM, MistralForCausalLM without a sliding window)"
         )
     return raw
 
 
-def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXConfig:
-    """The model a ``GPTNeoXConfig`` dict describes (both the <5 and the >=5 transformers layouts)."""
+def _rope(raw: dict[str, Any], source: str) -> dict[str, Any]:
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     if not isinstance(rope, dict):
         raise ZerotopoError(f"{source}: rope_parameters must be an object")
-    if rope.get("rope_type", "default") not in ("default", None):
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ZerotopoError(
-            f"{source}: rope_type {rope.get('rope_type')!r} is not supported (only default rotary)"
+            f"{source}: rope_type {rope.get('rope_type', rope.get('type'))!r} is not supported (only default "
+            "rotary; Llama 3.1's llama3 scaling and YaRN are not implemented)"
         )
+    return rope
+
+
+def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXConfig:
+    """The model a ``GPTNeoXConfig`` or ``LlamaConfig``/``MistralConfig`` dict describes (both the <5 and
+    the >=5 transformers layouts)."""
+    if raw.get("model_type", "gpt_neox") in ("llama", "mistral"):
+        return _llama_to_config(raw, source)
+    rope = _rope(raw, source)
     pct = rope.get("partial_rotary_factor", raw.get("rotary_pct", raw.get("partial_rotary_factor", 0.25)))
     base = rope.get("rope_theta", raw.get("rotary_emb_base", raw.get("rope_theta", 10000)))
     act = raw.get("hidden_act", "gelu")
@@ -100,6 +118,55 @@ def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXC
         raise ZerotopoError(f"{source}: {exc}") from None
 
 
+def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
+    """A ``LlamaConfig`` (or a ``MistralConfig`` whose sliding window covers every position)."""
+    rope = _rope(raw, source)
+    window, positions = raw.get("sliding_window"), raw.get("max_position_embeddings", 2048)
+    if window is not None and not (isinstance(window, int) and window >= positions):
+        raise ZerotopoError(
+            f"{source}: sliding_window {window!r} is below max_position_embeddings {positions}; zerotopo "
+            "computes full causal attention (set sliding_window to null for a model trained without one)"
+        )
+    act = raw.get("hidden_act", "silu")
+    if act not in ("silu", "gelu"):
+        raise ZerotopoError(f"{source}: hidden_act {act!r} is not supported (silu, or gelu)")
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    if raw.get("head_dim") not in (None, hidden // heads):
+        raise ZerotopoError(
+            f"{source}: head_dim {raw['head_dim']} is not hidden_size / num_attention_heads = {hidden // heads}; "
+            "zerotopo's attention keeps heads x head_dim = hidden_size"
+        )
+    if int(raw.get("pretraining_tp", 1) or 1) != 1:
+        raise ZerotopoError(f"{source}: pretraining_tp {raw['pretraining_tp']}; only 1 is supported")
+    try:
+        base = float(rope.get("rope_theta", raw.get("rope_theta", 10000)))
+        return NeoXConfig(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            intermediate_size=int(raw["intermediate_size"]),
+            max_position_embeddings=int(positions),
+            rotary_pct=1.0,
+            rotary_emb_base=int(base) if base.is_integer() else base,
+            gpt_j_residual=False,
+            norm="rmsnorm",
+            rms_norm_epsilon=float(raw.get("rms_norm_eps", 1e-6)),
+            use_bias_in_norms=False,
+            use_bias_in_attn_linear=bool(raw.get("attention_bias", False)),
+            use_bias_in_mlp=bool(raw.get("mlp_bias", False)),
+            activation=act,
+            gated_mlp=True,
+            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            init_std=float(raw.get("initializer_range", 0.02)),
+        )
+    except KeyError as exc:
+        raise ZerotopoError(f"{source}: missing {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ZerotopoError(f"{source}: {exc}") from None
+
+
 def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> NeoXConfig:
     """The run's model from a Hugging Face directory: its architecture, with the run's own training
     settings (init, activation checkpointing). A key the run's config sets explicitly to another value
@@ -113,8 +180,7 @@ def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> 
         if field == "intermediate_size":
             ours, theirs = run_cfg.ffn_size, hf.ffn_size
         if key in sources and ours != theirs:
-            shown_ours = (not ours) if key == "no_weight_tying" else ours
-            shown_theirs = (not theirs) if key == "no_weight_tying" else theirs
+            shown_ours, shown_theirs = _shown(key, ours), _shown(key, theirs)
             diffs.append(
                 f"{key}: {shown_ours!r} in {sources[key]}, the model has {hf_name} = {shown_theirs!r}"
             )
@@ -127,6 +193,15 @@ def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> 
     for keep in ("init_method", "output_layer_init_method", "checkpoint_activations"):
         merged[keep] = getattr(run_cfg, keep)
     return NeoXConfig(**merged)
+
+
+def _shown(key: str, value: Any) -> Any:
+    """A NeoXConfig value as the NeoX key says it."""
+    if key == "no_weight_tying":
+        return not value
+    if key == "mlp_type":
+        return "llama" if value else "regular"
+    return value
 
 
 # -- weights in ---------------------------------------------------------------------------------------
@@ -186,6 +261,23 @@ class HFWeights:
                         f"{self.directory / f}: has no tensor {name!r}, which {INDEX_FILE} puts there"
                     )
 
+    def read_param_flat(self, cfg: NeoXConfig, name: str, shape: Any, start: int, stop: int) -> torch.Tensor:
+        """Elements ``[start, stop)`` of zerotopo parameter ``name`` (of ``shape``) flattened, as fp32, read
+        from the Hugging Face tensors it is made of (see :func:`zerotopo.models.hf.hf_segments`)."""
+        from zerotopo.models.hf import hf_segments
+
+        shape = tuple(int(x) for x in shape)
+        row = 1
+        for x in shape[1:]:
+            row *= x
+        out, at = [], 0  # at: the first element of the current segment in the parameter
+        for hf, row0, rows in hf_segments(cfg, name, shape[0]):
+            lo, hi = max(start, at), min(stop, at + rows * row)
+            if lo < hi:
+                out.append(self.read_flat(hf, row0 * row + lo - at, row0 * row + hi - at))
+            at += rows * row
+        return torch.cat(out) if out else torch.empty(0)
+
     def read_flat(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Elements ``[start, stop)`` of tensor ``name`` flattened, as fp32, reading only the rows
         that hold them."""
@@ -204,20 +296,20 @@ class HFWeights:
 def check_hf_directory(directory: str | os.PathLike, cfg: NeoXConfig) -> HFWeights:
     """Every tensor of ``cfg``'s model is in the directory with its shape, and nothing else but HF's
     buffers; returns the opened weights."""
-    from zerotopo.models.hf import _hf_name
+    from zerotopo.models.hf import IGNORABLE, hf_shapes, is_llama
     from zerotopo.trainer.checkpoint import parameter_shapes
 
     weights = HFWeights(directory)
-    want = {_hf_name(n): tuple(s) for n, s in parameter_shapes(cfg).items()}
+    shapes = parameter_shapes(cfg)
     if cfg.tie_embeddings:
-        want.pop("embed_out.weight", None)
-    ignorable = (".attention.bias", ".attention.masked_bias", ".inv_freq")
+        shapes.pop("head.embed_out.weight", None)
+    want = hf_shapes(cfg, shapes)
     missing = sorted(set(want) - set(weights.shapes))
-    extra = sorted(k for k in weights.shapes if k not in want and not k.endswith(ignorable))
+    extra = sorted(k for k in weights.shapes if k not in want and not k.endswith(IGNORABLE))
     if missing or extra:
         raise ZerotopoError(
-            f"{directory} does not hold this GPT-NeoX model: missing {missing[:4]}, unexpected {extra[:4]}; "
-            "check num_layers, tied embeddings and biases against its config.json"
+            f"{directory} does not hold this {'Llama' if is_llama(cfg) else 'GPT-NeoX'} model: missing {missing[:4]}, unexpected {extra[:4]}; "
+            "check num_layers, tied embeddings, biases and key/value heads against its config.json"
         )
     for k, shape in want.items():
         if weights.shapes[k] != shape:
@@ -230,14 +322,13 @@ def check_hf_directory(directory: str | os.PathLike, cfg: NeoXConfig) -> HFWeigh
 def load_hf_shards(directory: str | os.PathLike, model, optimizer, cfg: NeoXConfig) -> None:
     """Collective: fill the optimizer's fp32 master chunks from a Hugging Face directory, each rank reading
     only its own elements of each parameter, then rebuild the parameter shards (moments start at zero)."""
-    from zerotopo.models.hf import _hf_name
     from zerotopo.trainer.checkpoint import _pieces, settle_optimizer
 
     weights = check_hf_directory(directory, cfg)
     with torch.no_grad():
         for i, u in enumerate(model.units):
             for s, off, view in _pieces(u, optimizer.master[i]):
-                view.copy_(weights.read_flat(_hf_name(s.name), off, off + view.numel()))
+                view.copy_(weights.read_param_flat(cfg, s.name, s.shape, off, off + view.numel()))
     settle_optimizer(model, optimizer, step=0, zero_moments=True)
 
 
@@ -270,13 +361,14 @@ def export_hf(
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     dtype: str = "fp32",
 ) -> list[Path]:
-    """Write a zerotopo checkpoint as a Hugging Face GPT-NeoX directory; returns the files written.
+    """Write a zerotopo checkpoint as a Hugging Face ``GPTNeoXForCausalLM`` or ``LlamaForCausalLM`` directory
+    (see :func:`zerotopo.models.hf.export_architecture`); returns the files written.
 
     Parameters are read from the DCP shards one output file at a time; ``out`` must not exist or be
     empty (nothing is overwritten), and appears complete or not at all (written next to it, renamed)."""
     from safetensors.torch import save_file
 
-    from zerotopo.models.hf import _hf_name, hf_config_dict
+    from zerotopo.models.hf import export_architecture, hf_config_dict, split_to_hf
     from zerotopo.trainer.checkpoint import check_compatible, find_checkpoint, open_checkpoint, read_tensors
 
     if dtype not in _OUT_DTYPES:
@@ -289,6 +381,7 @@ def export_hf(
     ckpt = open_checkpoint(step_dir)
     cfg = ckpt.manifest["config"]
     check_compatible(ckpt, cfg)
+    export_architecture(cfg)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ZerotopoError(
@@ -317,10 +410,11 @@ def export_hf(
             flat = read_tensors(step_dir, {f"param/{m}": (torch.Size(shapes[m]).numel(),) for m in names})
             tensors = {}
             for m in names:
-                t = flat.pop(f"param/{m}").reshape(shapes[m]).to(torch_dtype).contiguous()
-                tensors[_hf_name(m)] = t
-                weight_map[_hf_name(m)] = fname
-                total += t.numel() * t.element_size()
+                full = flat.pop(f"param/{m}").reshape(shapes[m]).to(torch_dtype)
+                for hf, t in split_to_hf(cfg, m, full).items():
+                    tensors[hf] = t.contiguous()
+                    weight_map[hf] = fname
+                    total += t.numel() * t.element_size()
             save_file(tensors, os.fspath(tmp / fname), metadata={"format": "pt"})
             del tensors
         if n > 1:
@@ -349,6 +443,16 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return sorted(out.iterdir())
+
+
+def _spm_piece(path: Path, token_id: Any) -> str | None:
+    """The piece of ``token_id`` in a SentencePiece model (None when it cannot be read)."""
+    try:
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_file=os.fspath(path)).id_to_piece(int(token_id))
+    except Exception:  # noqa: BLE001 - the token name is a convenience
+        return None
 
 
 def _write_tokenizer(step_dir: Path, out: Path, tok: dict[str, Any], config: dict[str, Any]) -> None:
@@ -382,6 +486,11 @@ def _write_tokenizer(step_dir: Path, out: Path, tok: dict[str, Any], config: dic
             if src != dst:
                 shutil.copyfile(out / src, out / dst)
         tc["tokenizer_class"] = "GPT2Tokenizer"
+    elif tok.get("type") == "SPMTokenizer" and len(files) == 1:
+        if files[0] != "tokenizer.model":
+            shutil.copyfile(out / files[0], out / "tokenizer.model")
+        tc["tokenizer_class"] = "LlamaTokenizer"
+        eos = eos or _spm_piece(out / "tokenizer.model", config.get("eos_token_id"))
     if eos:
         tc["eos_token"] = tc["bos_token"] = eos
     (out / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")

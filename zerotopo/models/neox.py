@@ -4,9 +4,16 @@ A model is three kinds of modules, each called exactly once per forward through 
 the input embedding ``embed_in``, the transformer layers ``layers[i]`` and the ``head`` (final LayerNorm and
 output projection). The sharding engine wraps those as units; nothing here knows about sharding.
 
-[Note: NeoX layout] The fused ``query_key_value`` projection produces, per token, ``heads`` groups of
-``[q | k | v]`` each ``head_dim`` wide (``[heads, 3·head_dim]``), not ``[q_all | k_all | v_all]``. Keeping this
-layout lets Hugging Face ``GPTNeoXForCausalLM`` and NeoX checkpoints load without any permutation.
+The Llama family is the same model with NeoX's switches (``norm: rmsnorm``, a gated SiLU MLP, grouped-query
+attention through ``num_kv_heads``, no biases, full rotary, sequential residual); the unit description in
+``shape.py`` lists every parameter each switch adds or removes.
+
+[Note: NeoX layout] With one key/value head per query head the fused ``query_key_value`` projection
+produces, per token, ``heads`` groups of ``[q | k | v]`` each ``head_dim`` wide (``[heads, 3·head_dim]``), not
+``[q_all | k_all | v_all]``. Keeping this layout lets Hugging Face ``GPTNeoXForCausalLM`` and NeoX checkpoints
+load without any permutation. With fewer key/value heads (grouped-query attention) NeoX splits the projection
+into blocks instead, ``[q_all | k_all | v_all]`` (``heads·head_dim``, then ``kv_heads·head_dim`` twice), and
+so does this model.
 """
 
 from __future__ import annotations
@@ -72,56 +79,115 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((rot, rest), dim=-1)
 
 
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, ``x·rsqrt(mean(x²) + eps)·weight (+ bias)``, computed in fp32 as Llama does."""
+
+    def __init__(self, size: int, eps: float, bias: bool):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return self.weight * y if self.bias is None else self.weight * y + self.bias
+
+
+def make_norm(cfg: NeoXConfig) -> nn.Module:
+    """The configured norm over the model width (``norm``, its epsilon, ``use_bias_in_norms``)."""
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.hidden_size, cfg.rms_norm_epsilon, cfg.use_bias_in_norms)
+    return nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon, bias=cfg.use_bias_in_norms)
+
+
+def activation(cfg: NeoXConfig):
+    """The MLP's activation function."""
+    if cfg.activation == "silu":
+        return F.silu
+    approximate = "tanh" if cfg.gelu_approximate else "none"
+    return lambda x: F.gelu(x, approximate=approximate)
+
+
 class NeoXAttention(nn.Module):
-    """Causal self-attention with NeoX's fused per-head QKV layout and partial rotary embeddings."""
+    """Causal self-attention with NeoX's fused QKV layout, partial rotary and optional grouped-query heads."""
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
-        h = cfg.hidden_size
-        self.query_key_value = nn.Linear(h, 3 * h, bias=cfg.use_bias_in_attn_linear)
-        self.dense = nn.Linear(h, h, bias=cfg.use_bias_in_attn_linear)
+        self.num_heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
+        h, d = cfg.hidden_size, cfg.head_dim
+        qkv_out = (self.num_heads + 2 * self.kv_heads) * d
+        self.query_key_value = nn.Linear(h, qkv_out, bias=cfg.use_bias_in_attn_linear)
+        self.dense = nn.Linear(self.num_heads * d, h, bias=cfg.use_bias_in_attn_linear)
         self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x_BSH)
-        o_BNSD = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        gqa = self.kv_heads != self.num_heads  # each key/value head serves num_heads / kv_heads query heads
+        o_BNSD = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         B, N, S, D = o_BNSD.shape
         return self.dense(o_BNSD.transpose(1, 2).reshape(B, S, N * D))  # [B, S, N, D] -> [B, S, H]
 
     def qkv(self, x_BSH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys (both rotated) and values, each ``[B, heads, S, head_dim]``."""
+        """Queries ``[B, heads, S, head_dim]``, keys (both rotated) and values ``[B, kv_heads, S, head_dim]``."""
         B, S, _ = x_BSH.shape
-        # [B, S, 3H] -> [B, S, N, 3D]: per head q|k|v, see [Note: NeoX layout]
-        qkv_BSN3D = self.query_key_value(x_BSH).view(B, S, self.num_heads, 3 * self.head_dim)
-        qkv_BNS3D = qkv_BSN3D.transpose(1, 2)  # heads before positions, as SDPA wants
-        q, k, v = qkv_BNS3D.split(self.head_dim, dim=-1)  # each [B, N, S, D]
+        N, K, D = self.num_heads, self.kv_heads, self.head_dim
+        qkv = self.query_key_value(x_BSH)
+        if K == N:  # [B, S, N·3D] -> [B, S, N, 3D]: per head q|k|v, see [Note: NeoX layout]
+            q, k, v = qkv.view(B, S, N, 3 * D).transpose(1, 2).split(D, dim=-1)  # each [B, N, S, D]
+        else:  # [q_all | k_all | v_all] blocks, see [Note: NeoX layout]
+            q_BSND, k_BSKD, v_BSKD = qkv.split([N * D, K * D, K * D], dim=-1)
+            q = q_BSND.view(B, S, N, D).transpose(1, 2)
+            k, v = (t.view(B, S, K, D).transpose(1, 2) for t in (k_BSKD, v_BSKD))
         cos, sin = self.rotary.cos_sin(S, x_BSH.device, q.dtype)
         return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
 
 
 class NeoXMLP(nn.Module):
-    """The feed-forward block: ``dense_4h_to_h(gelu(dense_h_to_4h(x)))``."""
+    """The feed-forward block: ``dense_4h_to_h(act(dense_h_to_4h(x)))``."""
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
         self.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.use_bias_in_mlp)
         self.dense_4h_to_h = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.use_bias_in_mlp)
-        self.approximate = "tanh" if cfg.gelu_approximate else "none"
+        self.act = activation(cfg)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x_BSH), approximate=self.approximate))
+        return self.dense_4h_to_h(self.act(self.dense_h_to_4h(x_BSH)))
+
+    def linears(self) -> list[tuple[nn.Linear, bool]]:
+        """Each projection and whether it is an output projection (for the init)."""
+        return [(self.dense_h_to_4h, False), (self.dense_4h_to_h, True)]
 
 
-class NeoXLayer(nn.Module):
-    """One transformer layer: two LayerNorms, attention and MLP with a parallel or sequential residual."""
+class GatedMLP(nn.Module):
+    """The gated (SwiGLU with SiLU) block of NeoX's ``LLaMAParallelMLP``: ``w2(act(w1(x)) * w3(x))``."""
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
-        self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        h, f = cfg.hidden_size, cfg.ffn_size
+        self.w1 = nn.Linear(h, f, bias=cfg.use_bias_in_mlp)  # gate
+        self.w3 = nn.Linear(h, f, bias=cfg.use_bias_in_mlp)  # up
+        self.w2 = nn.Linear(f, h, bias=cfg.use_bias_in_mlp)  # down
+        self.act = activation(cfg)
+
+    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.act(self.w1(x_BSH)) * self.w3(x_BSH))
+
+    def linears(self) -> list[tuple[nn.Linear, bool]]:
+        """Each projection and whether it is an output projection (for the init)."""
+        return [(self.w1, False), (self.w3, False), (self.w2, True)]
+
+
+class NeoXLayer(nn.Module):
+    """One transformer layer: two norms, attention and MLP with a parallel or sequential residual."""
+
+    def __init__(self, cfg: NeoXConfig):
+        super().__init__()
+        self.input_layernorm = make_norm(cfg)
+        self.post_attention_layernorm = make_norm(cfg)
         self.attention = NeoXAttention(cfg)
-        self.mlp = NeoXMLP(cfg)
+        self.mlp = GatedMLP(cfg) if cfg.gated_mlp else NeoXMLP(cfg)
         self.gpt_j_residual = cfg.gpt_j_residual
         self.checkpoint_activations = cfg.checkpoint_activations
 
@@ -139,7 +205,7 @@ class NeoXLayer(nn.Module):
 
 
 class NeoXHead(nn.Module):
-    """Final LayerNorm and the output projection to vocabulary logits.
+    """Final norm and the output projection to vocabulary logits.
 
     With tied embeddings ``embed_out.weight`` *is* ``embed_in.weight`` (the same Parameter object, set by
     :class:`GPTNeoX`), so the parameter appears in two units; a sharding engine must either support shared
@@ -148,7 +214,7 @@ class NeoXHead(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        self.final_layer_norm = make_norm(cfg)
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -195,7 +261,7 @@ class GPTNeoX(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """NeoX init: weights normal with the configured std, biases zero, LayerNorms ones/zeros."""
+        """NeoX init: weights normal with the configured std, biases zero, norms ones/zeros."""
         for module in self.unit_modules():
             self.init_unit(module)
 
@@ -207,13 +273,9 @@ class GPTNeoX(nn.Module):
         if module is self.embed_in:
             nn.init.normal_(module.weight, std=std_in)
         elif isinstance(module, NeoXLayer):
-            for linear, std in (
-                (module.attention.query_key_value, std_in),
-                (module.attention.dense, std_out),
-                (module.mlp.dense_h_to_4h, std_in),
-                (module.mlp.dense_4h_to_h, std_out),
-            ):
-                nn.init.normal_(linear.weight, std=std)
+            attention = [(module.attention.query_key_value, False), (module.attention.dense, True)]
+            for linear, is_output in attention + module.mlp.linears():
+                nn.init.normal_(linear.weight, std=std_out if is_output else std_in)
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
         elif module is self.head:
@@ -223,9 +285,10 @@ class GPTNeoX(nn.Module):
                 f"{type(module).__name__} is not a unit of this model (embed_in, a layer or head)"
             )
         for m in module.modules():
-            if isinstance(m, nn.LayerNorm):
+            if isinstance(m, (nn.LayerNorm, RMSNorm)):
                 nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
 
     def num_parameters(self) -> int:
         """Distinct parameters (a tied embedding counts once)."""

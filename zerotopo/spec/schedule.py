@@ -309,10 +309,10 @@ def units_from_numels(unit_numels: list[int]) -> list[Unit]:
 
 
 def _layer_flops(shape: ModelShape) -> tuple[float, float]:
-    """Forward FLOPs per sample of one layer and of the head, splitting NeoX's formula
-    ``24·s·L·h²·(1 + s/6h + V/16Lh)`` into ``L·(24·s·h² + 4·s²·h)`` and ``1.5·s·h·V``."""
-    s, h, V = shape.seq_length, shape.hidden_size, shape.vocab_size
-    return 24.0 * s * h * h + 4.0 * s * s * h, 1.5 * s * h * V
+    """Forward FLOPs per sample of one layer and of the head, from the shape's unit description (for NeoX's
+    shapes ``24·s·L·h²·(1 + s/6h + V/16Lh)`` split into ``L·(24·s·h² + 4·s²·h)`` and ``1.5·s·h·V``)."""
+    s = shape.seq_length
+    return s * shape.layer_unit().flops_per_token, s * shape.head_unit().flops_per_token
 
 
 def engine_units(shape: ModelShape, unit_layers: int = 1) -> list[Unit]:
@@ -334,31 +334,56 @@ def engine_units(shape: ModelShape, unit_layers: int = 1) -> list[Unit]:
 
 def module_units(shape: ModelShape, persistence_threshold: int = 0) -> list[Unit]:
     """One unit per weight matrix, as DeepSpeed ZeRO-3 gathers submodules: per layer the QKV projection,
-    the attention output, the two MLP matrices; biases and LayerNorms ride along with their module and
-    are gathered unless below ``persistence_threshold`` elements (then never gathered)."""
-    h, f = shape.hidden_size, shape.ffn
-    layer_f, head_f = _layer_flops(shape)
-    dense_f = 24.0 * shape.seq_length * h * h  # the weight-matrix term of NeoX's formula, split by weights
-    per_weight = dense_f / (4 * h * h + 2 * h * f) if h else 0.0
+    the attention output and each MLP matrix (two, or three when gated); biases and norms ride along with
+    the next weight matrix and are gathered unless below ``persistence_threshold`` elements (then never
+    gathered). Parameters and FLOPs come from the shape's unit description."""
+    seq = shape.seq_length
+    layer = shape.layer_unit()
+    attention_f = seq * shape.attention_flops()
 
-    def unit(name: str, params: list[int], weights: int, extra: float = 0.0) -> Unit:
+    def unit(name: str, params: list[int], matmul: int, extra: float = 0.0) -> Unit:
         gathered = sum(p for p in params if p >= persistence_threshold)
-        return Unit(name, sum(params), gathered, per_weight * weights + extra)
+        return Unit(name, sum(params), gathered, 2.0 * seq * matmul + extra)
 
-    layer = [
+    by_module: dict[str, list] = {}
+    for p in layer.params:
+        by_module.setdefault(p.module, []).append(p)
+    # each norm (weight and bias as one) rides with the matrix that reads its output
+    mlp = [m for m in by_module if m.startswith("mlp.")]
+    norm_of = {"attention.query_key_value": "input_layernorm", mlp[0]: "post_attention_layernorm"}
+    units = []
+    for module, params in by_module.items():
+        if module.endswith("layernorm"):
+            continue
+        sizes = [p.numel for p in params]
+        if module in norm_of:
+            sizes.append(sum(p.numel for p in by_module[norm_of[module]]))
+        matmul = sum(p.numel for p in params if p.matmul)
         # attention scores and context (the s²h term) run between QKV and the output projection
-        unit("layer.qkv", [3 * h * h, 3 * h, 2 * h], 3 * h * h, layer_f - dense_f),
-        unit("layer.dense", [h * h, h], h * h),
-        unit("layer.mlp_in", [h * f, f, 2 * h], h * f),
-        unit("layer.mlp_out", [f * h, h], f * h),
-    ]
-    head_params = [2 * h] + ([] if shape.tied_embeddings else [shape.vocab_size * h])
+        extra = attention_f if module == "attention.query_key_value" else 0.0
+        units.append(unit(_MODULE_UNIT_NAMES.get(module, module), sizes, matmul, extra))
+    head = shape.head_unit()
     emb = shape.embedding_params()
+    head_f = seq * head.flops_per_token
+    head_params = [sum(p.numel for p in head.params if not p.matmul)] + [
+        p.numel for p in head.params if p.matmul
+    ]
     return (
         [Unit("embedding", emb, emb if emb >= persistence_threshold else 0)]
-        + layer * shape.num_layers
+        + units * shape.num_layers
         + [unit("head", head_params, 0, head_f)]
     )
+
+
+_MODULE_UNIT_NAMES = {
+    "attention.query_key_value": "layer.qkv",
+    "attention.dense": "layer.dense",
+    "mlp.dense_h_to_4h": "layer.mlp_in",
+    "mlp.dense_4h_to_h": "layer.mlp_out",
+    "mlp.w1": "layer.mlp_in",
+    "mlp.w3": "layer.mlp_up",
+    "mlp.w2": "layer.mlp_out",
+}
 
 
 # -- the schedule ------------------------------------------------------------------------------------

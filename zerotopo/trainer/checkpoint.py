@@ -504,10 +504,11 @@ def _int_field(manifest: dict, key: str, path: Path) -> int:
 
 
 def _model_config(model: dict[str, Any], mpath: Path) -> NeoXConfig:
-    from dataclasses import fields
+    from dataclasses import MISSING, fields
 
     names = [f.name for f in fields(NeoXConfig)]
-    missing = [n for n in names if n not in model]
+    # fields added since (norm, num_kv_heads, ...) take their defaults, which older checkpoints trained with
+    missing = [f.name for f in fields(NeoXConfig) if f.name not in model and f.default is MISSING]
     extra = [k for k in model if k not in names]
     if missing or extra:
         what = f"lacks {missing[0]!r}" if missing else f"has an unknown field {str(extra[0])[:40]!r}"

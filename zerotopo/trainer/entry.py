@@ -46,7 +46,7 @@ def preflight(job: TrainJob):
     if args.data_path:
         data_prefix(args)
     schedule_for(args, args.train_iters or 100)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
     cfg = model_config(args, job, tokenizer)
     check_checkpoint_source(args, job, cfg)
     micro, _, _ = args.batch_sizes(topology.world_size)

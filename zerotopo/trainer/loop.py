@@ -31,6 +31,7 @@ from zerotopo.fsutil import write_text_atomic
 from zerotopo.launch.advice import topology_mismatch_advice
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
 from zerotopo.logs import attach_run_log, close_run_log, console_muted, get_logger, on_terminal, setup_console
+from zerotopo.models.config import check_trainable
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 from zerotopo.plan import PRESETS
 from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -183,6 +184,9 @@ def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
                 f"{cfg.vocab_size} embedding rows; use the tokenizer the model was trained with",
                 key="tokenizer_type",
             )
+    check_trainable(
+        cfg, "tie_word_embeddings" if hf else "no_weight_tying", hf or args.sources.get("no_weight_tying")
+    )
     return cfg
 
 
@@ -227,7 +231,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
     probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
 
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
     cfg = model_config(args, job, tokenizer)
     precision = args.resolved_precision
     param_dtype = DTYPES[precision]
