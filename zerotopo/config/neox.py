@@ -1,7 +1,7 @@
 """GPT-NeoX-style training configs: several YAML files merged into one validated :class:`NeoXArgs`.
 
 Rules (as GPT-NeoX's ``megatron/neox_arguments``): files are merged, a key given in two files is an error
-naming both, ``-`` and ``_`` are the same in keys, unknown keys are reported by name in one warning, and an
+naming both, ``-`` and ``_`` are the same in keys, unknown keys are one error naming them, and an
 invalid value is a :class:`~zerotopo.errors.ConfigError` naming the file, key, value and what is allowed.
 ``overrides`` (``zerotopo train --set key=value``) win over the files.
 """
@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerotopo.config import checks as c
-from zerotopo.config.neox_keys import ARCHITECTURE_KEYS, NO_EFFECT_KEYS, REFUSED_UNLESS_DEFAULT, refused_value
+from zerotopo.config.neox_keys import (  # noqa: F401 - NO_EFFECT_KEYS and REFUSED_UNLESS_DEFAULT are re-exported
+    ARCHITECTURE_KEYS,
+    NO_EFFECT_KEYS,
+    REFUSED_UNLESS_DEFAULT,
+    refused_value,
+)
 from zerotopo.config.yamlio import apply_overrides, merge_files
 from zerotopo.errors import ConfigError, short
 from zerotopo.models.config import INIT_METHODS, NeoXConfig
