@@ -9,6 +9,7 @@ zerotopo itself never loads a pickled ``.metadata``.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import warnings
@@ -44,27 +45,21 @@ def read_state(
 ) -> dict[str, torch.Tensor]:
     """``{name: whole tensor}`` of a checkpoint: the weights under the model's parameter names, and with
     more ``kinds`` the optimizer's moments as ``exp_avg/<name>`` and ``exp_avg_sq/<name>``."""
-    from zerotopo.trainer.checkpoint import (
-        _model_config,
-        check_compatible,
-        open_checkpoint,
-        parameter_shapes,
-        read_tensors,
-    )
+    from zerotopo.trainer.checkpoint import check_compatible, open_checkpoint, read_tensors
 
     if dtype not in DTYPES:
         raise ZerotopoError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     step_dir = _step_dir(checkpoint)
     ckpt = open_checkpoint(step_dir)
-    cfg = _model_config(ckpt.manifest["config"], step_dir)
-    check_compatible(ckpt, cfg)
-    shapes = parameter_shapes(cfg)
-    wanted = {f"{k}/{n}": tuple(s) for k in kinds for n, s in shapes.items()}
+    check_compatible(ckpt, ckpt.manifest["config"])
+    shapes: dict[str, list[int]] = ckpt.manifest["parameters"]
+    # Stored flat (each rank's pieces of a parameter are ranges of its flat view): read flat, reshape.
+    wanted = {f"{k}/{n}": (math.prod(s),) for k in kinds for n, s in shapes.items()}
     tensors = read_tensors(step_dir, wanted)
     out = {}
     for key, t in tensors.items():
         kind, name = key.split("/", 1)
-        out[name if kind == "param" else key] = t.to(DTYPES[dtype]).contiguous()
+        out[name if kind == "param" else key] = t.reshape(shapes[name]).to(DTYPES[dtype]).contiguous()
     return out
 
 
