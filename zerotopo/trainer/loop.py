@@ -203,6 +203,23 @@ def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
     return cfg
 
 
+def recognise_topology(job: TrainJob, args: NeoXArgs, info) -> TrainJob:
+    """``job`` with the machine's built-in topology when none was given and the launcher and devices
+    name it unmistakably (a Frontier node), with a notice; otherwise ``job`` as it is."""
+    from dataclasses import replace
+
+    from zerotopo.launch.advice import recognised_topology
+
+    name = None if job.topology or args.topology else recognised_topology(info, os.environ)
+    if name is None:
+        return job
+    if info.rank == 0:
+        log.info(
+            f"no topology given: ranks on ROCm devices of a Slingshot system, 8 per node; using --topology {name}"
+        )
+    return replace(job, topology=name)
+
+
 def hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
     """The Hugging Face directory the run starts from: ``--from-hf``, or ``load:`` naming one."""
     from zerotopo.trainer.checkpoint import is_hf_directory
@@ -256,6 +273,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     with console_muted() if job.config_warnings_shown else contextlib.nullcontext():
         args = job.load_args(quiet=rank != 0)
     info = discover(prefer=None if job.launcher in ("auto", "local") else job.launcher)
+    job = recognise_topology(job, args, info)
     topology = job.load_topology(args, nodes=info.num_nodes if info.launcher != "local" else None)
     if info.world_size != topology.world_size:
         raise ConfigError(
