@@ -39,7 +39,7 @@ def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("runs")
     # NeoX's local_setup.yml names the same directory for save and load; nothing is there yet.
     (work / "local_setup.yml").write_text(
-        "save: checkpoints\nload: checkpoints\ncheckpoint_factor: 2\nattention_config: [[[\"flash\"], 2]]\n"
+        'save: checkpoints\nload: checkpoints\ncheckpoint_factor: 2\nattention_config: [[["flash"], 2]]\n'
     )
     sets = ["--set", "train_iters=4", "--set", "log_interval=2", "--set", "eval_interval=4"]
     first = _train(["tiny", "local_setup.yml", *sets, "--set", "eval_iters=1", "--run-dir", "run"], work)
