@@ -66,16 +66,16 @@ def test_overrides_win_without_duplicate(tmp_path):
     assert args.sources["num_layers"] == "--set"
 
 
-def test_unknown_keys_one_warning(tmp_path):
+def test_unknown_keys_one_error(tmp_path):
+    # Unknown keys used to be dropped with one warning; now they are one error naming every one of them.
     a = write(
         tmp_path,
         "a.yml",
         "num_layers: 2\nfoo_bar: 1\nwarp-drive: true\ndata-impl: mmap\nfp16: {enabled: true, wat: 1}\n",
     )
-    with pytest.warns(UserWarning) as record:
+    with pytest.raises(ConfigError) as record:
         load_neox_config([a])
-    assert len(record) == 1
-    message = str(record[0].message)
+    message = str(record.value)
     assert "foo_bar" in message and "warp_drive" in message and "fp16.wat" in message
     assert "data_impl" not in message  # a NeoX key with no effect here is accepted quietly
 

@@ -47,7 +47,7 @@ def test_frontier_sbatch():
     assert commands[0][: len(mkdir)] == mkdir and commands[0][-2:] == ["miopen-dir", cache]
     assert commands[1:] == [
         [*srun, "zerotopo", "env", "--check", "--topology", "frontier", "--nodes", "2"],
-        [*srun, "zerotopo", "train", "configs/big.yml", "--set", "train_iters=5"],
+        [*srun, "zerotopo", "train", "--topology", "frontier", "configs/big.yml", "--set", "train_iters=5"],
     ]
 
 

@@ -40,6 +40,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "write a checkpoint as a Hugging Face GPT-NeoX directory (sharded safetensors)",
     ),
     "env": ("zerotopo.cli.env", "show what rank discovery found and warn about bad settings"),
+    "export": (
+        "zerotopo.cli.export_state",
+        "write a checkpoint as one safetensors state dict or a standard torch DCP directory",
+    ),
+    "config": ("zerotopo.cli.config", "list the GPT-NeoX config keys: honoured, without effect, refused"),
 }
 
 

@@ -154,3 +154,12 @@ def int_list(value: Any) -> tuple[int, ...]:
     if any(v < 0 for v in out):
         raise ValueError("expected non-negative integers")
     return out
+
+
+def weights(value: Any) -> tuple[float, ...]:
+    """NeoX's ``*_data_weights``: non-negative numbers with a positive sum."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = tuple(_number(v, float) for v in items)
+    if not out or any(v < 0 for v in out) or sum(out) <= 0:
+        raise ValueError("expected non-negative weights with a positive sum, like [0.7, 0.3]")
+    return out

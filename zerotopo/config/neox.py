@@ -1,7 +1,7 @@
 """GPT-NeoX-style training configs: several YAML files merged into one validated :class:`NeoXArgs`.
 
 Rules (as GPT-NeoX's ``megatron/neox_arguments``): files are merged, a key given in two files is an error
-naming both, ``-`` and ``_`` are the same in keys, unknown keys are reported by name in one warning, and an
+naming both, ``-`` and ``_`` are the same in keys, unknown keys are one error naming them, and an
 invalid value is a :class:`~zerotopo.errors.ConfigError` naming the file, key, value and what is allowed.
 ``overrides`` (``zerotopo train --set key=value``) win over the files.
 """
@@ -16,32 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerotopo.config import checks as c
+from zerotopo.config.neox_keys import (  # noqa: F401 - NO_EFFECT_KEYS and REFUSED_UNLESS_DEFAULT are re-exported
+    NO_EFFECT_KEYS,
+    REFUSED_UNLESS_DEFAULT,
+    refused_value,
+)
 from zerotopo.config.yamlio import apply_overrides, merge_files
 from zerotopo.errors import ConfigError, short
 from zerotopo.models.config import INIT_METHODS, NeoXConfig, mlp_width
 from zerotopo.models.shape import ModelShape
 
-# NeoX keys that select kernels, launchers or bookkeeping but not what is computed: accepted without a
-# warning. The reason is part of the registry, so docs/configs.md and the field-coverage test read it.
-NO_EFFECT_KEYS: dict[str, str] = {
-    "data_impl": "zerotopo reads mmap indexed datasets only (NeoX's default)",
-    "distributed_backend": "the backend follows the device (NCCL/RCCL on GPUs, gloo on CPU)",
-    "steps_per_print": "DeepSpeed's own print interval; log_interval sets zerotopo's",
-    "wall_clock_breakdown": "DeepSpeed's timers; zerotopo's ledger times every collective",
-    "scaled_upper_triang_masked_softmax_fusion": "a fused kernel of the same softmax",
-    "scaled_masked_softmax_fusion": "a fused kernel of the same softmax",
-    "rope_fusion": "a fused kernel of the same rotary embedding",
-    "layernorm_fusion": "a fused kernel of the same LayerNorm",
-    "checkpoint_num_layers": "activation checkpointing recomputes one layer at a time",
-    "partition_activations": "model-parallel activation partitioning; zerotopo has no model parallelism",
-    "synchronize_each_layer": "a debugging barrier",
-    "output_layer_parallelism": "model-parallel layout of the output layer",
-    "contiguous_checkpointing": "memory layout of checkpointed activations",
-    "num_workers": "data-loader worker processes; zerotopo reads the mmap files in the training process",
-    "launcher": "NeoX's deepy.py launcher choice; zerotopo detects srun, mpiexec and torchrun",
-    "deepspeed_mpi": "NeoX's deepy.py launcher choice; zerotopo detects srun, mpiexec and torchrun",
-    "comment": "free text",
-}
+# Accepted without effect, with the reason: zerotopo/config/neox_keys.py (docs/configs.md reads it).
 IGNORED_KEYS = frozenset(NO_EFFECT_KEYS)
 
 # The keys of DeepSpeed's zero_optimization block. Those the plan reads pick the plan; the bucket and
@@ -303,6 +288,21 @@ class NeoXArgs:
     corpus when not set."""
     split: tuple[float, float, float] = _key(c.split, (969 / 1000, 30 / 1000, 1 / 1000))
     """Train/valid/test weights over documents, e.g. ``"969,30,1"`` (NeoX's default)."""
+    train_data_paths: tuple[str, ...] | None = _key(c.optional(c.str_or_list))
+    """Training dataset prefixes, each read whole and blended by ``train_data_weights`` as NeoX's
+    BlendableDataset does (instead of ``data_path`` and ``split``)."""
+    train_data_weights: tuple[float, ...] | None = _key(c.optional(c.weights))
+    """Blend weights of ``train_data_paths`` (normalized; equal when not set)."""
+    valid_data_paths: tuple[str, ...] | None = _key(c.optional(c.str_or_list))
+    """Validation dataset prefixes (with ``train_data_paths``); no evaluation when not set."""
+    valid_data_weights: tuple[float, ...] | None = _key(c.optional(c.weights))
+    """Blend weights of ``valid_data_paths``."""
+    test_data_paths: tuple[str, ...] | None = _key(c.optional(c.str_or_list))
+    """Test dataset prefixes (with ``train_data_paths``); checked to exist, as NeoX builds them."""
+    test_data_weights: tuple[float, ...] | None = _key(c.optional(c.weights))
+    """Blend weights of ``test_data_paths``."""
+    eod_mask_loss: bool = _key(c.boolean, False)
+    """No loss on the positions whose input is the end-of-document token (NeoX's loss mask)."""
     tokenizer_type: str = _key(
         c.choice(
             "GPT2BPETokenizer",
@@ -339,6 +339,9 @@ class NeoXArgs:
     """Steps between log lines."""
     save: str | None = _key(c.optional(c.text))
     """Directory to save checkpoints to."""
+    finetune: bool = _key(c.boolean, False)
+    """Start from the weights in ``load`` only: a fresh optimizer, step counter and data position (a
+    zerotopo checkpoint, or a GPT-NeoX ``global_stepN`` directory, which always loads this way)."""
     load: str | None = _key(c.optional(c.text))
     """Directory to resume from (a ``save:`` directory or one ``step_<N>`` in it, any plan or world size), or
     a Hugging Face GPT-NeoX directory to start from; a directory with no checkpoint yet starts at step 0."""
@@ -581,11 +584,12 @@ def load_neox_config(
     apply_overrides(values, sources, overrides)
     args, unknown = build_args(values, sources)
     if unknown:
-        warnings.warn(
-            "unknown config keys ignored: "
+        raise ConfigError(
+            "config keys not implemented by zerotopo and not GPT-NeoX keys it accepts: "
             + ", ".join(unknown)
-            + " (see docs/configs.md for supported keys)",
-            stacklevel=2,
+            + "; fix the spelling or drop them (`zerotopo config keys` lists every accepted key)",
+            source=next((sources[k] for k in unknown if k in sources), None),
+            key=unknown[0].split(" ")[0],
         )
     return args
 
@@ -646,13 +650,28 @@ def build_args(values: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[N
                 kwargs["grad_accum_dtype"] = block["grad_accum_dtype"]
         elif key in ("attention_config", "sparsity_config"):
             _unsupported(key, value, values, sources)
+        elif key in REFUSED_UNLESS_DEFAULT:
+            why = refused_value(key, value)
+            if why:
+                raise ConfigError(why, source=sources.get(key), key=key)
         elif key not in NO_EFFECT_KEYS:
-            unknown.append(str(key))
+            unknown.append(_with_suggestion(str(key), fields))
     if kwargs.get("zero_optimization") is not None:
         unknown += _zero_optimization(kwargs["zero_optimization"], sources)
     args = NeoXArgs(**kwargs)
     _cross_check(args)
     return args, sorted(unknown)
+
+
+def _with_suggestion(key: str, fields) -> str:
+    """``key`` with the accepted key it most likely misspells, if any."""
+    import difflib
+
+    known = sorted(
+        set(fields) | set(NO_EFFECT_KEYS) | set(REFUSED_UNLESS_DEFAULT) | {"optimizer", "fp16", "bf16"}
+    )
+    close = difflib.get_close_matches(key, known, n=1)
+    return key + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _attention_types(value: Any, source: str | None) -> list[str]:
@@ -778,6 +797,7 @@ def _cross_check(a: NeoXArgs) -> None:
             source=src("checkpoint_factor"),
             key="checkpoint_factor",
         )
+    _check_data_keys(a)
     if a.min_lr > a.lr:
         raise ConfigError(
             f"{a.min_lr} is above the peak learning rate {a.lr}; expected min_lr <= optimizer.params.lr",
@@ -810,3 +830,30 @@ def _check_architecture(a: NeoXArgs) -> None:
             source=src("bias_gelu_fusion"),
             key="bias_gelu_fusion",
         )
+
+
+def _check_data_keys(a: NeoXArgs) -> None:
+    """NeoX's two ways to name data are exclusive, and each weights list matches its paths."""
+    src = a.sources.get
+    if a.data_path and a.train_data_paths:
+        raise ConfigError(
+            "data_path and train_data_paths are both set; NeoX reads one of them: keep data_path (split by "
+            "split) or train/valid/test_data_paths (blended by their weights)",
+            source=src("train_data_paths") or src("data_path"),
+            key="train_data_paths",
+        )
+    for kind in ("train", "valid", "test"):
+        paths, weights = getattr(a, f"{kind}_data_paths"), getattr(a, f"{kind}_data_weights")
+        if weights is not None and (paths is None or len(weights) != len(paths)):
+            raise ConfigError(
+                f"{len(weights)} weights for {len(paths or ())} {kind}_data_paths; give one weight per path",
+                source=src(f"{kind}_data_weights"),
+                key=f"{kind}_data_weights",
+            )
+        if paths and kind != "train" and not a.train_data_paths:
+            raise ConfigError(
+                f"{kind}_data_paths without train_data_paths; set train_data_paths too (or use data_path "
+                "with split)",
+                source=src(f"{kind}_data_paths"),
+                key="train_data_paths",
+            )

@@ -16,6 +16,7 @@ from typing import Any
 from zerotopo.config.neox import (
     EQUIVALENT_VALUES,
     NO_EFFECT_KEYS,
+    REFUSED_UNLESS_DEFAULT,
     UNSUPPORTED_KEYS,
     ZERO_OFFLOAD_KEYS,
     ZERO_PLAN_KEYS,
@@ -76,7 +77,8 @@ def render() -> str:
         "",
         "zerotopo reads GPT-NeoX YAML configs: `zerotopo train a.yml b.yml --set key=value`. Files are merged; a",
         "key in two files is an error naming both; `-` and `_` are the same in keys (`num-layers` = `num_layers`);",
-        "keys zerotopo does not know are listed in one warning; a bad value is an error naming the file, key,",
+        "a key that is neither zerotopo's nor a NeoX key listed below is an error naming it (with the key it most",
+        "likely misspells); a bad value is an error naming the file, key,",
         "value and what is allowed. `--set` overrides win over files, and dotted keys reach into blocks",
         "(`--set optimizer.params.lr=3e-4`). Every key below is used by the trainer; NeoX keys that select",
         "kernels or bookkeeping are accepted without effect, and those zerotopo cannot honour are refused when",
@@ -145,6 +147,15 @@ def render() -> str:
         "| key | why it changes nothing here |",
         "| --- | --- |",
         *(f"| `{k}` | {v} |" for k, v in NO_EFFECT_KEYS.items()),
+        "",
+        "## NeoX keys refused unless they hold NeoX's default",
+        "",
+        "NeoX's default changes nothing and is accepted; any other value stops the run before any rank starts.",
+        "`zerotopo config keys` prints this table and the one above.",
+        "",
+        "| key | NeoX's default | what to do instead |",
+        "| --- | --- | --- |",
+        *(f"| `{k}` | `{d!r}` | {fix} |" for k, (d, fix) in REFUSED_UNLESS_DEFAULT.items()),
         "",
     ]
     return "\n".join(lines)

@@ -210,10 +210,12 @@ def _build_one(
     indexed = MMapIndexedDataset(prefix)
     out: list[GPTDataset | None] = []
     for name, (start, end), n in zip(SPLIT_NAMES, split_documents(len(indexed), split), num_samples):
-        if end <= start or n <= 0:
+        docs = np.arange(start, end, dtype=np.int64)
+        # A validation or test split too small to hold one sample is skipped (None), as NeoX skips it;
+        # an empty train split is an error (build_train_valid_test).
+        if end <= start or n <= 0 or (name != "train" and indexed.sizes[docs].sum(dtype=np.int64) <= 1):
             out.append(None)
             continue
-        docs = np.arange(start, end, dtype=np.int64)
         out.append(GPTDataset(name, indexed, docs, seq_length, n, seed, cache=cache))
     return out
 
@@ -310,3 +312,78 @@ class DistributedBatches:
             rows = [self.dataset[int(i)] for i in self.sample_indices(step)]
             yield torch.from_numpy(np.stack(rows))
             step += 1
+
+
+def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """NeoX's ``build_blending_indices`` (megatron/data/helpers.cpp): sample ``i`` comes from the dataset
+    furthest behind its share, ``argmax_k(weight_k · max(i, 1) - taken_k)`` (the first on ties), and is
+    that dataset's next sample. Returns ``(dataset_index, dataset_sample_index)``."""
+    w = [float(x) for x in weights]
+    taken = [0] * len(w)
+    dataset_index = np.empty(size, dtype=np.int64)
+    sample_index = np.empty(size, dtype=np.int64)
+    for i in range(size):
+        scale = max(i, 1)
+        errors = [wk * scale - tk for wk, tk in zip(w, taken)]
+        k = errors.index(max(errors))
+        dataset_index[i], sample_index[i] = k, taken[k]
+        taken[k] += 1
+    return dataset_index, sample_index
+
+
+class BlendableDataset:
+    """NeoX's ``BlendableDataset``: the datasets' samples interleaved by :func:`blending_indices` over the
+    sum of their lengths (each was built with its share of the samples, see :func:`build_weighted_splits`)."""
+
+    def __init__(self, name: str, datasets: Sequence[GPTDataset], weights: Sequence[float]):
+        w = np.asarray(weights, dtype=np.float64)
+        self.name, self.datasets, self.weights = name, list(datasets), w / w.sum()
+        self.dataset_index, self.dataset_sample_index = blending_indices(
+            self.weights, sum(len(d) for d in datasets)
+        )
+        self.cache_hit = all(ds.cache_hit for ds in datasets)
+
+    def __len__(self) -> int:
+        return len(self.dataset_index)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        ds = self.datasets[int(self.dataset_index[i])]
+        return ds[int(self.dataset_sample_index[i]) % len(ds)]
+
+
+def weighted_num_samples(weights: Sequence[float], num_samples: int) -> tuple[np.ndarray, list[int]]:
+    """NeoX's ``get_normalized_weights_and_num_samples``: weights normalized, and each dataset asked for
+    its share with 0.5% slack, ``ceil(num_samples · weight · 1.005)``."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    return w, [int(np.ceil(num_samples * wk * 1.005)) for wk in w]
+
+
+def build_weighted_splits(
+    paths: Sequence[Sequence[str] | None],
+    weights: Sequence[Sequence[float] | None],
+    seq_length: int,
+    num_samples: tuple[int, int, int],
+    seed: int,
+    *,
+    cache: bool = True,
+) -> tuple[BlendableDataset | None, BlendableDataset | None, BlendableDataset | None]:
+    """NeoX's ``build_weighted_datasets``: per split (train, valid, test) each prefix is one whole dataset
+    (all its documents) asked for its weighted share of the split's samples, and the split is their
+    :class:`BlendableDataset`. A split without paths, or asked for no samples, is None."""
+    out: list[BlendableDataset | None] = []
+    for k, name in enumerate(SPLIT_NAMES):
+        prefixes, n = paths[k], num_samples[k]
+        if not prefixes or n <= 0:
+            out.append(None)
+            continue
+        w, counts = weighted_num_samples(weights[k] or [1.0] * len(prefixes), n)
+        members = []
+        for i, (prefix, count) in enumerate(zip(prefixes, counts)):
+            indexed = MMapIndexedDataset(prefix)
+            docs = np.arange(len(indexed), dtype=np.int64)
+            members.append(
+                GPTDataset(f"{name}_{i}", indexed, docs, seq_length, max(count, 1), seed, cache=cache)
+            )
+        out.append(BlendableDataset(name, members, w))
+    return out[0], out[1], out[2]

@@ -90,6 +90,9 @@ def topology_mismatch_advice(info: RankInfo, topology) -> str:
         )
     nodes = world // dpn
     per_node = info.tasks_per_node[0] if info.tasks_per_node else info.local_world_size
+    if per_node != dpn and info.num_nodes > 1:
+        # Ranks on several real hosts: the machine's topology is wanted, not emulated nodes.
+        return topology_choice_advice(info, per_node)
     if per_node != dpn:
         # All ranks on fewer hosts than the topology has nodes: group them into emulated nodes.
         return (
@@ -97,3 +100,24 @@ def topology_mismatch_advice(info: RankInfo, topology) -> str:
             f"--emulated-nodes {nodes}; or launch {dpn} tasks per node on {nodes} nodes"
         )
     return f"pass --nodes {nodes} (the launcher's {info.num_nodes} nodes), or drop --nodes"
+
+
+def topology_choice_advice(info: RankInfo, per_node: int) -> str:
+    """Name the ``--topology`` for a job of ``info.num_nodes`` hosts with ``per_node`` ranks each."""
+    from zerotopo.topology import builtin_topologies, load_topology
+
+    fits = [n for n in builtin_topologies() if load_topology(n).devices_per_node == per_node]
+    gpus = [n for n in fits if not n.startswith("emulated")]
+    names = ["frontier"] if "frontier" in gpus and info.device_kind == "rocm" else gpus or fits
+    if len(names) == 1:
+        return f"pass --topology {names[0]} (a node of {per_node} devices, {info.num_nodes} nodes)"
+    listed = ", ".join(names) if names else "a topology YAML file"
+    return f"pass --topology with a node of {per_node} devices ({listed}) for these {info.num_nodes} nodes"
+
+
+def recognised_topology(info: RankInfo, environ: Mapping[str, str]) -> str | None:
+    """The built-in topology this rank is unmistakably on, else None: a Frontier node is a Slingshot
+    (HPE Cray EX) system whose ranks drive ROCm devices, 8 per node (one per MI250X GCD)."""
+    per_node = info.tasks_per_node[0] if info.tasks_per_node else info.local_world_size
+    frontier = is_slingshot_system(environ, info.hostname) and info.device_kind == "rocm" and per_node == 8
+    return "frontier" if frontier else None

@@ -33,7 +33,14 @@ def preflight(job: TrainJob):
     """Every check that needs no process group, run once before spawning ranks, so a bad config is one
     clear error instead of eight: config, topology, plan, data files, vocabulary and memory fit."""
     from zerotopo.data.tokenizers import build_tokenizer
-    from zerotopo.trainer.loop import DTYPES, check_checkpoint_source, check_memory, data_prefix, model_config
+    from zerotopo.trainer.loop import (
+        DTYPES,
+        check_checkpoint_source,
+        check_memory,
+        data_files,
+        data_prefix,
+        model_config,
+    )
     from zerotopo.trainer.schedule import schedule_for
 
     env_number("ZEROTOPO_THREADS_PER_RANK", 1, 1, 1024, integer=True)
@@ -43,8 +50,8 @@ def preflight(job: TrainJob):
     plan = job.load_plan(args)
     plan.degrees(topology)
     args.batch_sizes(topology.world_size)  # config errors before missing files
-    if args.data_path:
-        data_prefix(args)
+    if data_files(args):
+        data_prefix(args)  # every data file the config names exists
     schedule_for(args, args.train_iters or 100)
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
     cfg = model_config(args, job, tokenizer)
@@ -91,7 +98,7 @@ def check_writable_dir(path: str, source: str) -> None:
 
 def run_training(job: TrainJob) -> dict[str, Any] | None:
     """Train; returns rank 0's summary (None on other ranks of an external launch)."""
-    from zerotopo.trainer.loop import train_rank
+    from zerotopo.trainer.loop import data_files, train_rank
 
     if launched_externally(job):
         import torch.distributed as dist
@@ -111,7 +118,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
     if args.save:
         check_writable_dir(args.save, args.sources.get("save", "save"))
     job = dataclasses.replace(job, config_warnings_shown=True)
-    if not args.data_path:
+    if not data_files(args):
         # Build the bundled corpus once here, before the ranks all ask for it.
         from zerotopo.data.corpus import default_corpus_prefix
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import build_mesh
@@ -39,7 +38,14 @@ from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
 from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
 from zerotopo.trainer.retention import prune_checkpoints
-from zerotopo.trainer.schedule import schedule_for
+from zerotopo.trainer.schedule import held_schedule, schedule_for
+from zerotopo.trainer.steps import (
+    allocated_peak,
+    elapsed_eta,
+    lm_loss,
+    train_samples_needed,
+    usable_valid_split,
+)
 
 log = get_logger("train")
 
@@ -56,34 +62,70 @@ class RankContext:
     is_main: bool
 
 
+DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths")
+
+
+def data_files(args: NeoXArgs) -> list[tuple[str, str]]:
+    """``(key, prefix)`` of every dataset the config names (``data_path`` or NeoX's
+    ``train/valid/test_data_paths``)."""
+    return [(key, prefix) for key in DATA_KEYS for prefix in getattr(args, key) or ()]
+
+
+def check_data_file(args: NeoXArgs, key: str, prefix: str) -> None:
+    """A ConfigError naming ``prefix``'s missing ``.bin``/``.idx`` file and the key that names it, with
+    the command that writes it."""
+    missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
+    if not missing:
+        return
+    stem, _, jkey = prefix.rpartition("_")[0].rpartition("_")
+    named = prefix.endswith("_document") and stem
+    raise ConfigError(
+        f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
+        f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {stem if named else 'PREFIX'}"
+        f"{f' --jsonl-keys {jkey}' if named and jkey != 'text' else ''}"
+        f" --tokenizer-type {args.tokenizer_type}"
+        + "".join(
+            f" --{flag} {value}"
+            for flag, value in (("vocab-file", args.vocab_file), ("merge-file", args.merge_file))
+            if value
+        )
+        + " --append-eod`"
+        + ("" if named else f" (it writes PREFIX_text_document; set {key} to that)"),
+        source=args.sources.get(key),
+        key=key,
+    )
+
+
 def data_prefix(args: NeoXArgs) -> str | list[str]:
     """The dataset prefixes: the config's ``data_path`` (several are blended by size), else the bundled
-    corpus."""
+    corpus. Every file the config names (NeoX's ``*_data_paths`` too) is checked to exist first."""
+    files = data_files(args)
+    for key, prefix in files:
+        check_data_file(args, key, prefix)
     if args.data_path:
-        for prefix in args.data_path:
-            missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
-            if missing:
-                stem, _, key = prefix.rpartition("_")[0].rpartition("_")
-                named = prefix.endswith("_document") and stem
-                raise ConfigError(
-                    f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
-                    f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {stem if named else 'PREFIX'}"
-                    f"{f' --jsonl-keys {key}' if named and key != 'text' else ''}"
-                    f" --tokenizer-type {args.tokenizer_type}"
-                    + "".join(
-                        f" --{flag} {value}"
-                        for flag, value in (("vocab-file", args.vocab_file), ("merge-file", args.merge_file))
-                        if value
-                    )
-                    + " --append-eod`"
-                    + ("" if named else " (it writes PREFIX_text_document; set data_path to that)"),
-                    source=args.sources.get("data_path"),
-                    key="data_path",
-                )
         return list(args.data_path)
+    if files:
+        return [prefix for _, prefix in files]
     from zerotopo.data.corpus import default_corpus_prefix
 
     return default_corpus_prefix(args.tokenizer_type)
+
+
+def build_datasets(args: NeoXArgs, num_samples: tuple[int, int, int]):
+    """Train, valid and test datasets as NeoX builds them: weighted ``*_data_paths`` blends, else
+    ``data_path`` (or the bundled corpus) split by ``split``."""
+    prefix = data_prefix(args)
+    if args.train_data_paths:
+        from zerotopo.data.dataset import build_weighted_splits
+
+        return build_weighted_splits(
+            [args.train_data_paths, args.valid_data_paths, args.test_data_paths],
+            [args.train_data_weights, args.valid_data_weights, args.test_data_weights],
+            args.seq_length,
+            num_samples,
+            args.seed,
+        )
+    return build_train_valid_test(prefix, args.split, args.seq_length, num_samples, args.seed)
 
 
 def check_memory(
@@ -146,19 +188,37 @@ def check_memory(
 def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
     """The model config for ``tokenizer``; the data's largest token id must fit its embedding."""
     cfg = args.model_config(tokenizer.vocab_size)
-    if args.data_path:
+    if data_files(args):
         from zerotopo.data.indexed import MMapIndexedDataset
 
-        for prefix in args.data_path:
+        for key, prefix in data_files(args):
+            check_data_file(args, key, prefix)  # missing files are named before any vocabulary check
             top = MMapIndexedDataset(prefix).max_token_id()
             if top >= cfg.vocab_size:
                 raise ConfigError(
                     f"{prefix} holds token id {top}, but the model's vocabulary has {cfg.vocab_size} entries "
                     f"(tokenizer {args.tokenizer_type}); preprocess the data with the tokenizer the config names",
-                    source=args.sources.get("data_path"),
-                    key="data_path",
+                    source=args.sources.get(key),
+                    key=key,
                 )
     return cfg
+
+
+def recognise_topology(job: TrainJob, args: NeoXArgs, info) -> TrainJob:
+    """``job`` with the machine's built-in topology when none was given and the launcher and devices
+    name it unmistakably (a Frontier node), with a notice; otherwise ``job`` as it is."""
+    from dataclasses import replace
+
+    from zerotopo.launch.advice import recognised_topology
+
+    name = None if job.topology or args.topology else recognised_topology(info, os.environ)
+    if name is None:
+        return job
+    if info.rank == 0:
+        log.info(
+            f"no topology given: ranks on ROCm devices of a Slingshot system, 8 per node; using --topology {name}"
+        )
+    return replace(job, topology=name)
 
 
 def hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
@@ -194,8 +254,13 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig) -> N
     """Pre-flight of what the run loads (no process group): a zerotopo checkpoint in ``load:`` is read
     and checked against the model (manifest, metadata, every shard file present and long enough), a
     Hugging Face directory has every tensor with its shape."""
+    from zerotopo.models.neox_ckpt import check_neox_checkpoint, neox_step_dir
     from zerotopo.trainer.checkpoint import find_checkpoint, preflight_load
 
+    neox_dir = neox_step_dir(args.load) if args.load else None
+    if neox_dir is not None:
+        check_neox_checkpoint(neox_dir, cfg)
+        return
     if args.load and find_checkpoint(args.load) is not None:
         preflight_load(args.load, cfg)
         return
@@ -212,6 +277,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     with console_muted() if job.config_warnings_shown else contextlib.nullcontext():
         args = job.load_args(quiet=rank != 0)
     info = discover(prefer=None if job.launcher in ("auto", "local") else job.launcher)
+    job = recognise_topology(job, args, info)
     topology = job.load_topology(args, nodes=info.num_nodes if info.launcher != "local" else None)
     if info.world_size != topology.world_size:
         raise ConfigError(
@@ -267,16 +333,19 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     )
     iters = args.train_iters or 100
     schedule = schedule_for(args, iters)
-
-    prefix = data_prefix(args)
-    eval_runs = iters // args.eval_interval + 1
-    num_samples = (iters * global_batch, max(eval_runs * args.eval_iters * micro * ctx.world, 1), 1)
-    train_ds, valid_ds, _ = build_train_valid_test(
-        prefix, args.split, args.seq_length, num_samples, args.seed
-    )
+    lr_at = held_schedule(schedule, iters, optimizer)
 
     run_dir = job.resolve_run_dir(plan.name)
     start_step, consumed = resume(args, job, model, optimizer, cfg, ctx)
+    eval_runs = iters // args.eval_interval + 1
+    num_samples = (
+        train_samples_needed(iters, start_step, consumed, global_batch, ctx),
+        max(eval_runs * args.eval_iters * micro * ctx.world, 1),
+        1,
+    )
+    train_ds, valid_ds, _ = build_datasets(args, num_samples)
+    valid_ds = usable_valid_split(valid_ds, micro, ctx, args)
+    eod = tokenizer.eod if args.eod_mask_loss else None
     train_batches = iter(DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=consumed))
     writer = None
     if ctx.is_main:
@@ -336,8 +405,9 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     first_loss = last_loss = None
     valid_losses: list[float] = []
     t_run = time.perf_counter()
+    skipped_total = 0
     for step in range(start_step, iters):
-        lr = schedule(step)
+        lr = lr_at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
@@ -346,7 +416,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             batch = next(train_batches).to(device, non_blocking=True)  # no stream sync on the step path
             inputs, labels = batch[:, :-1], batch[:, 1:]
             logits = model(inputs)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+            loss = lm_loss(logits, inputs, labels, eod)
             model.set_is_last_backward(mb == accum - 1)  # step-end reductions start in this backward
             model.scale_loss(loss / accum).backward()
             loss_sum += loss.detach()
@@ -364,6 +434,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             "step_time_s": dt,
             "tokens_per_s": tokens_per_step / dt,
             "tflops_per_device": flops_per_step / dt / ctx.world / 1e12,
+            "peak_memory_bytes": allocated_peak(probe),
         }
         if peak:
             row["mfu"] = row["tflops_per_device"] / peak
@@ -379,6 +450,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                 r["loss"] = value
                 r.update({k: float(v) for k, v in r.items() if isinstance(v, torch.Tensor)})
                 r["skipped"] = int(bool(r["skipped"]))
+                skipped_total += r["skipped"]
                 r["perplexity"] = math.exp(min(value, 50.0))
                 if writer:
                     writer.write(r)
@@ -392,9 +464,12 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     if k.startswith("bytes_")
                 )
                 msg = (
-                    f"step {r['step']:>5}/{iters} | loss {r['loss']:.4f} | lr {lr:.2e} | "
+                    f"step {r['step']:>5}/{iters} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
                     f"{r['tokens_per_s']:.0f} tok/s | {r['tflops_per_device'] * 1e3:.2f} GFLOPS/dev"
                     + (f" | MFU {r['mfu'] * 100:.1f}%" if "mfu" in r else "")
+                    + (f" | loss scale {r['loss_scale']:g}" if loss_scale is not None else "")
+                    + f" | skipped {skipped_total}"
+                    + f" | {elapsed_eta(time.perf_counter() - t_run, step + 1 - start_step, iters - step - 1)}"
                     + f" | {tiers}"
                 )
                 _say(bar, msg)
@@ -402,8 +477,8 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     bar.set_postfix(loss=f"{r['loss']:.3f}")
             pending.clear()
             ledger.poll()  # resolve the completed collective timings (never waits)
-        if args.eval_iters and ((step + 1) % args.eval_interval == 0 or last_step):
-            vloss = evaluate(model, valid_ds, micro, ctx, args.eval_iters)
+        if valid_ds is not None and args.eval_iters and ((step + 1) % args.eval_interval == 0 or last_step):
+            vloss = evaluate(model, valid_ds, micro, ctx, args.eval_iters, eod)
             valid_losses.append(vloss)
             if writer:
                 writer.write(
@@ -511,11 +586,25 @@ def resume(
 ) -> tuple[int, int]:
     """``(step, samples consumed)`` to start from: a zerotopo checkpoint (any plan, any world size), a
     Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
-    from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory
+    from zerotopo.models.neox_ckpt import load_neox_weights, neox_step_dir
+    from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory, settle_optimizer
 
     hf_dir = hf_source(args, job)
+    neox_dir = neox_step_dir(args.load) if args.load else None
+    if neox_dir is not None:
+        load_neox_weights(neox_dir, model, optimizer, cfg)
+        if ctx.is_main:
+            log.info(f"weights from the GPT-NeoX checkpoint {neox_dir} (finetune: fresh optimizer, step 0)")
+        return 0, 0
     if args.load and not is_hf_directory(Path(args.load)) and find_checkpoint(args.load) is not None:
         state = load_checkpoint(args.load, model, optimizer, cfg=cfg, seed=args.seed)
+        if args.finetune:
+            settle_optimizer(model, optimizer, step=0, zero_moments=True)
+            if ctx.is_main:
+                log.info(
+                    f"finetune: weights of step {state.step} from {state.source}; fresh optimizer, step 0"
+                )
+            return 0, 0
         if ctx.is_main:
             log.info(f"resumed from the checkpoint of step {state.step} in {state.source}")
         return state.step, state.consumed_samples
@@ -573,14 +662,14 @@ def _mean_over_ranks(values: torch.Tensor) -> list[float]:
 
 
 @torch.no_grad()
-def evaluate(model, dataset, micro: int, ctx: RankContext, eval_iters: int) -> float:
-    """Mean validation loss over ``eval_iters`` micro-batches per rank (the same samples every time)."""
+def evaluate(model, dataset, micro: int, ctx: RankContext, eval_iters: int, eod: int | None = None) -> float:
+    """Mean validation loss over ``eval_iters`` micro-batches per rank (the same samples every time;
+    a split shorter than that is read round again, as NeoX's evaluation iterator does)."""
     total = torch.zeros((), device=ctx.device)
-    batches = iter(DistributedBatches(dataset, micro, ctx.rank, ctx.world, start_sample=0))
+    batches = iter(DistributedBatches(dataset, micro, ctx.rank, ctx.world, start_sample=0, cycle=True))
     for _ in range(eval_iters):
         batch = next(batches).to(ctx.device)
-        logits = model(batch[:, :-1])
-        total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        total += lm_loss(model(batch[:, :-1]), batch[:, :-1], batch[:, 1:], eod)
     return _mean_over_ranks((total / eval_iters).reshape(1))[0]
 
 

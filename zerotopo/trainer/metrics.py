@@ -29,6 +29,7 @@ BASE_COLUMNS = (
     "tokens_per_s",
     "tflops_per_device",
     "mfu",
+    "peak_memory_bytes",
 )
 
 

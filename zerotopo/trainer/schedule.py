@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from zerotopo.errors import ConfigError
 
 DEEPSPEED_SCHEDULERS = ("WarmupLR", "WarmupDecayLR")
@@ -189,3 +191,21 @@ def schedule_for(args, iters: int):
         decay_iters=args.decay_iters or iters,
         style=args.lr_decay_style,
     )
+
+
+def held_schedule(schedule, iters: int, optimizer):
+    """``step -> learning rate`` as DeepSpeed steps its scheduler: only after an applied optimizer step.
+
+    Without a loss scaler every step is applied and this is ``schedule(step)``. With fp16 dynamic loss
+    scaling an overflow skips the step on the device, and DeepSpeed (so NeoX) does not advance the
+    scheduler then: the rate is the schedule at the count of applied steps, looked up on the device in
+    a table of the schedule, so the host never waits for the overflow flag (DESIGN.md rule 3)."""
+    if getattr(optimizer, "scaler", None) is None:
+        return schedule
+    applied = optimizer._device_steps
+    table = torch.tensor([schedule(k) for k in range(iters + 1)], dtype=torch.float64, device=applied.device)
+
+    def lr_at(step: int) -> torch.Tensor:
+        return table[applied.long().clamp(max=iters)]
+
+    return lr_at

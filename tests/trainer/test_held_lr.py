@@ -1,0 +1,29 @@
+"""The learning rate holds on an fp16 step the loss scaler skipped, as DeepSpeed's scheduler (so NeoX's)
+does not step then; without a scaler it is the schedule at the step."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from zerotopo.trainer.schedule import LRSchedule, held_schedule
+
+
+def test_lr_follows_applied_steps_under_a_loss_scaler():
+    schedule = LRSchedule.from_args(lr=1e-3, min_lr=1e-4, warmup=0.2, decay_iters=10, style="cosine")
+    applied = torch.zeros((), dtype=torch.float64)
+    optimizer = types.SimpleNamespace(scaler=object(), _device_steps=applied)
+    lr_at = held_schedule(schedule, 10, optimizer)
+    seen = []
+    for step, skipped in enumerate([False, True, True, False, False]):
+        lr = lr_at(step)
+        assert isinstance(lr, torch.Tensor)  # looked up on the device: no host wait for the flag
+        seen.append(float(lr))
+        applied += 0 if skipped else 1  # what the engine's step does with the overflow flag
+    assert seen == [schedule(0), schedule(1), schedule(1), schedule(1), schedule(2)]
+
+
+def test_without_a_scaler_the_schedule_is_used_as_is():
+    schedule = LRSchedule.from_args(lr=1e-3, min_lr=0.0, warmup=0.0, decay_iters=10, style="linear")
+    assert held_schedule(schedule, 10, types.SimpleNamespace(scaler=None)) is schedule
