@@ -656,7 +656,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"(default {d.network_mbit:g}: package 800, node 200)",
     )
     p.add_argument("--shape", default="", help="per-tier rate overrides, e.g. package=1000,node=250")
-    p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the JSON report instead of the table, and nothing else on stdout (the ranks' output "
+        "goes to --log)",
+    )
+    p.add_argument(
+        "--log", metavar="FILE", help="with --json: where the ranks' output goes (default: a temp file)"
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--plot", metavar="PNG", help="write a bar chart (tokens/s, bytes per tier) to PNG")
     p.add_argument(
@@ -701,9 +709,18 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zerotopo.bench.quiet import log_path, stdout_to
+
     opts = options_from_args(args)
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench compare"
-    report = compare(opts, command=command)
+    if args.json:
+        # stdout carries the JSON alone: the ranks' output goes to a log
+        log = getattr(args, "log", None) or log_path()
+        print(f"# rank output: {log}", file=sys.stderr)
+        with stdout_to(log):
+            report = compare(opts, command=command)
+    else:
+        report = compare(opts, command=command)
     text = json.dumps(report, indent=1, default=str)
     if args.output:
         with open(args.output, "w") as f:
