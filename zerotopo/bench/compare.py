@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zerotopo.bench import FLOOR_ROW, FRAMEWORK_ROWS
+from zerotopo.bench.regime import measured_ratio, target_regime
 from zerotopo.errors import ConfigError, ZerotopoError
 
 ZEROTOPO_ROWS = ("zerotopo", "planner", "zero3", "zeropp", "mics")
@@ -504,6 +505,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         if r.get("predicted_step_time_s") and r.get("step_time_s"):
             r["predicted_over_measured"] = r["predicted_step_time_s"] / r["step_time_s"]
     planner = next((r for r in rows if r["name"] == "planner"), None)
+    target = target_regime()
     return {
         "command": command,
         "machine": f"{socket.gethostname()}, {os.cpu_count()} CPUs",
@@ -537,6 +539,12 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         "planner_pick": planner["plan"] if planner else None,
         "fastest_zerotopo_row": max(zt, key=lambda r: r["tokens_per_s"])["name"] if zt else None,
         "ratios": ratios(rows),
+        "regime": {
+            "target": target.description,
+            "target_R": target.zero3,
+            "target_R_deepspeed_zero3": target.deepspeed_zero3,
+            "measured_R": measured_ratio(rows),
+        },
         "rows": rows,
     }
 
@@ -586,6 +594,14 @@ def format_report(report: dict[str, Any]) -> str:
             + (f"  (= {r['same_as']})" if r.get("same_as") else "")
         )
     lines.append("")
+    regime = report.get("regime")
+    if regime:
+        got = regime["measured_R"]
+        lines.append(
+            f"regime R (ZeRO-3 communication / compute): target {regime['target_R']:.2f} "
+            f"(DeepSpeed ZeRO-3 {regime['target_R_deepspeed_zero3']:.2f}; {regime['target']}), measured "
+            + ("- (needs the no-comm and zero3 rows)" if got is None else f"{got:.2f}")
+        )
     lines.append(f"predictions: compute {report['predicted_compute']}")
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
