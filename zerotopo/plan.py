@@ -14,7 +14,7 @@ Every placement of DeepSpeed ZeRO-1/2/3, ZeRO++, MiCS, FSDP/HSDP and Lins is a :
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -484,12 +484,21 @@ def load_plan(spec: str | Mapping[str, Any] | Plan, source: str = "plan") -> Pla
     )
 
 
-def enumerate_plans(topology: Topology, *, quantized: bool = True, secondary: bool = True) -> list[Plan]:
+def enumerate_plans(
+    topology: Topology,
+    *,
+    quantized: bool = True,
+    secondary: bool = True,
+    degree_filter: Callable[[int], bool] | None = None,
+    keep: Callable[[int, int, int, int | None], bool] | None = None,
+) -> list[Plan]:
     """Every valid Lins-style plan for ``topology``: nested degree triples, optional secondary
     partitions (bf16 or int8, any divisor of the world), with and without
-    quantized collectives. Names are their labels."""
+    quantized collectives. Names are their labels. ``degree_filter`` keeps only the degrees it accepts
+    and ``keep`` only the ``(params, grads, optim, secondary)`` it accepts (the planner's search space),
+    before any plan is built."""
     world = topology.world_size
-    divs = divisors(world)
+    divs = [x for x in divisors(world) if degree_filter is None or degree_filter(x)]
     plans: list[Plan] = []
     for p in divs:
         for g in (x for x in divs if x % p == 0):
@@ -503,6 +512,8 @@ def enumerate_plans(topology: Topology, *, quantized: bool = True, secondary: bo
                 q_opts = [(False, False)]
                 if quantized:
                     q_opts += [(qw, qg) for qw, qg in itertools.product((False, True), repeat=2) if qw or qg]
+                if keep is not None:
+                    sec_opts = [(s, dt) for s, dt in sec_opts if keep(p, g, o, s)]
                 for (s, dt), (qw, qg) in itertools.product(sec_opts, q_opts):
                     if qw and p == 1 and s is None:
                         continue  # nothing to gather: int8 weights would change nothing

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zerotopo.bench import FLOOR_ROW, FRAMEWORK_ROWS
+from zerotopo.bench.regime import measured_ratio, target_regime
 from zerotopo.errors import ConfigError, ZerotopoError
 
 ZEROTOPO_ROWS = ("zerotopo", "planner", "zero3", "zeropp", "mics")
@@ -41,6 +42,8 @@ DEFAULT_ROWS = (FLOOR_ROW,) + ZEROTOPO_ROWS + FRAMEWORK_ROWS
 EXACT_RTOL = 2e-3
 """Relative loss tolerance between rows that all communicate in fp32 (summation order differs)."""
 QUANTIZED_RTOL = 3e-2
+DEFAULT_REPEAT = 3
+"""``--repeat``'s default: runs of every row, so each figure is a median with its spread."""
 """Relative loss tolerance for rows with int8 weight gathers / int4 gradient reduce-scatters."""
 
 MODELS: dict[str, dict[str, int]] = {
@@ -82,6 +85,9 @@ class CompareOptions:
     calibration: str | None = None
     """A ``zerotopo calibrate`` file whose tiers, curves and overlap price the predictions (default: the
     topology file and its shipped bandwidth table)."""
+    repeat: int = 1
+    """Runs of every row (interleaved: all rows, then all rows again); a row's step time is the median of
+    its runs' medians, reported with their min and max (``--repeat``, default :data:`DEFAULT_REPEAT`)."""
 
 
 # -- model and data ---------------------------------------------------------------------------------
@@ -147,7 +153,7 @@ def _worker(
     cfg, seq = model_config(opts)
     out = []
     warm_up(cfg)
-    for name, plan in specs:
+    for repeat, (name, plan) in ((k, x) for k in range(opts.repeat) for x in specs):
         try:
             prepare_row(name)
         except ImportError as exc:  # the same on every rank, before any collective of the row
@@ -172,7 +178,7 @@ def _worker(
             losses.append(loss)
         sent1 = link_tier_bytes(tier_classes)
         peak = memory.peak_bytes()
-        if opts.profile_dir:
+        if opts.profile_dir and repeat == 0:
             profile_step(
                 row, batches(opts, cfg.vocab_size, seq, rank, step + 1), opts.profile_dir, name, rank
             )
@@ -180,6 +186,7 @@ def _worker(
         out.append(
             {
                 "name": name,
+                "repeat": repeat,
                 "degrees": row.info.get("degrees", ""),
                 "step_times_s": times,
                 "losses": losses,
@@ -369,12 +376,14 @@ def assemble(
     opts: CompareOptions, per_rank: list[list[dict]], meta: dict[str, Any], tokens_per_step: int
 ) -> list[dict[str, Any]]:
     """Rank results -> one JSON row per requested row (rank 0's times, means and maxima over ranks)."""
-    by_name = {r["name"]: i for i, r in enumerate(per_rank[0])}
+    runs: dict[str, list[int]] = {}
+    for i, r in enumerate(per_rank[0]):
+        runs.setdefault(r["name"], []).append(i)
     rows = []
     for name in opts.rows:
         m = meta[name]
         source = m.get("same_as", name)
-        ranks = [results[by_name[source]] for results in per_rank]
+        ranks = [results[runs[source][0]] for results in per_rank]  # the first run
         r0 = ranks[0]
         row: dict[str, Any] = {"name": name, "kind": m["kind"], "plan": m["plan"]}
         if m.get("same_as"):
@@ -383,14 +392,22 @@ def assemble(
             row.update({"error": r0["error"], "step_time_s": None, "final_loss": None})
             rows.append(row)
             continue
-        step = statistics.median(r0["step_times_s"])
-        peaks = [r["peak_memory_bytes"] for r in ranks]
+        # each run's median step, then the median of those: the row's figure, with the runs' spread
+        medians = [statistics.median(per_rank[0][i]["step_times_s"]) for i in runs[source]]
+        step = statistics.median(medians)
+        peaks = [
+            None if None in (p := [results[i]["peak_memory_bytes"] for i in runs[source]]) else max(p)
+            for results in per_rank
+        ]
         final = sum(r["losses"][-1] for r in ranks) / len(ranks)
         row.update(
             {
                 "degrees": r0["degrees"],
                 "step_time_s": step,
                 "step_times_s": r0["step_times_s"],
+                "repeat_step_times_s": medians,
+                "step_time_min_s": min(medians),
+                "step_time_max_s": max(medians),
                 "tokens_per_s": tokens_per_step / step,
                 "predicted_step_time_s": m["predicted"],
                 "predicted_tier_bytes": m.get("predicted_tier_bytes"),
@@ -448,7 +465,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     from zerotopo.spawn import spawn
     from zerotopo.topology import load_topology
 
-    for key in ("steps", "micro_batches", "batch"):
+    for key in ("steps", "micro_batches", "batch", "repeat"):
         if getattr(opts, key) < 1:
             raise ConfigError(f"expected a positive number, got {getattr(opts, key)}", key=f"--{key}")
     topo = load_topology(opts.topology)
@@ -488,6 +505,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         if r.get("predicted_step_time_s") and r.get("step_time_s"):
             r["predicted_over_measured"] = r["predicted_step_time_s"] / r["step_time_s"]
     planner = next((r for r in rows if r["name"] == "planner"), None)
+    target = target_regime()
     return {
         "command": command,
         "machine": f"{socket.gethostname()}, {os.cpu_count()} CPUs",
@@ -510,6 +528,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         "tokens_per_step": tokens,
         "steps": opts.steps,
         "warmup": opts.warmup,
+        "repeat": opts.repeat,
         "lr": opts.lr,
         "wall_s": wall,
         "predicted_compute": compute,
@@ -520,11 +539,22 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         "planner_pick": planner["plan"] if planner else None,
         "fastest_zerotopo_row": max(zt, key=lambda r: r["tokens_per_s"])["name"] if zt else None,
         "ratios": ratios(rows),
+        "regime": {
+            "target": target.description,
+            "target_R": target.zero3,
+            "target_R_deepspeed_zero3": target.deepspeed_zero3,
+            "measured_R": measured_ratio(rows),
+        },
         "rows": rows,
     }
 
 
 # -- output -----------------------------------------------------------------------------------------
+
+
+def _spread(r: dict[str, Any]) -> str:
+    lo, hi = r.get("step_time_min_s"), r.get("step_time_max_s")
+    return "-" if lo is None else f"{lo:.3f}-{hi:.3f}"
 
 
 def _mib(x: float | None) -> str:
@@ -546,9 +576,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['topology']} ({report['world_size']} ranks, {shaped}); model {m['name']} "
         f"({m['parameters'] / 1e6:.2f}M parameters, seq {m['seq']}); {report['micro_batches']} micro-batches "
         f"x {report['micro_batch']} sequences per rank, global batch {report['global_batch']}, "
-        f"{report['dtype']}, {report['steps']} timed steps after {report['warmup']}",
+        f"{report['dtype']}, {report['steps']} timed steps after {report['warmup']}, "
+        f"{report.get('repeat', 1)} runs per row (step s: median, min-max of the runs' medians)",
         "",
-        f"{'row':<16} {'degrees':<26} {'step s':>7} {'pred s':>7} {'tokens/s':>9} {'peak MiB':>8} "
+        f"{'row':<16} {'degrees':<26} {'step s':>7} {'min-max':>13} {'pred s':>7} {'tokens/s':>9} {'peak MiB':>8} "
         f"{'final loss':>10}  MB sent per rank per step by tier",
     ]
     for r in report["rows"]:
@@ -558,11 +589,19 @@ def format_report(report: dict[str, Any]) -> str:
         pred = r["predicted_step_time_s"]
         lines.append(
             f"{r['name']:<16} {r['degrees'][:26]:<26} {r['step_time_s']:>7.3f} "
-            f"{'-' if pred is None else f'{pred:.3f}':>7} {r['tokens_per_s']:>9.0f} "
+            f"{_spread(r):>13} {'-' if pred is None else f'{pred:.3f}':>7} {r['tokens_per_s']:>9.0f} "
             f"{_mib(r['peak_memory_bytes']):>8} {r['final_loss']:>10.5f}  {_tiers(r['tier_bytes_per_step'])}"
             + (f"  (= {r['same_as']})" if r.get("same_as") else "")
         )
     lines.append("")
+    regime = report.get("regime")
+    if regime:
+        got = regime["measured_R"]
+        lines.append(
+            f"regime R (ZeRO-3 communication / compute): target {regime['target_R']:.2f} "
+            f"(DeepSpeed ZeRO-3 {regime['target_R_deepspeed_zero3']:.2f}; {regime['target']}), measured "
+            + ("- (needs the no-comm and zero3 rows)" if got is None else f"{got:.2f}")
+        )
     lines.append(f"predictions: compute {report['predicted_compute']}")
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
@@ -644,6 +683,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", type=int, help="vocabulary of a NeoX YAML model (default 1024)")
     p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr:g})")
     p.add_argument(
+        "--repeat",
+        type=int,
+        default=DEFAULT_REPEAT,
+        help=f"runs of every row, interleaved; figures are medians with min-max (default {DEFAULT_REPEAT})",
+    )
+    p.add_argument(
         "--no-emulate",
         action="store_true",
         help="run on plain loopback (no namespaces, tiers unshaped, no per-tier bytes); no root needed",
@@ -656,7 +701,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"(default {d.network_mbit:g}: package 800, node 200)",
     )
     p.add_argument("--shape", default="", help="per-tier rate overrides, e.g. package=1000,node=250")
-    p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the JSON report instead of the table, and nothing else on stdout (the ranks' output "
+        "goes to --log)",
+    )
+    p.add_argument(
+        "--log", metavar="FILE", help="with --json: where the ranks' output goes (default: a temp file)"
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--plot", metavar="PNG", help="write a bar chart (tokens/s, bytes per tier) to PNG")
     p.add_argument(
@@ -679,6 +732,8 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         raise ConfigError("no rows given", key="--rows")
     if args.warmup < 0:
         raise ConfigError(f"expected 0 or more, got {args.warmup}", key="--warmup")
+    if not 1 <= getattr(args, "repeat", 1) <= 100:
+        raise ConfigError(f"expected 1 to 100, got {args.repeat}", key="--repeat")
     return replace(
         CompareOptions(),
         topology=args.topology,
@@ -697,13 +752,23 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         timeout_s=args.timeout,
         profile_dir=os.path.abspath(args.profile) if args.profile else None,
         calibration=args.calibration,
+        repeat=getattr(args, "repeat", DEFAULT_REPEAT),
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    from zerotopo.bench.quiet import log_path, stdout_to
+
     opts = options_from_args(args)
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench compare"
-    report = compare(opts, command=command)
+    if args.json:
+        # stdout carries the JSON alone: the ranks' output goes to a log
+        log = getattr(args, "log", None) or log_path()
+        print(f"# rank output: {log}", file=sys.stderr)
+        with stdout_to(log):
+            report = compare(opts, command=command)
+    else:
+        report = compare(opts, command=command)
     text = json.dumps(report, indent=1, default=str)
     if args.output:
         with open(args.output, "w") as f:

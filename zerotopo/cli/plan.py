@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from zerotopo.config.neox import NeoXArgs, load_neox_config
 from zerotopo.cost.calibration import calibrated
 from zerotopo.cost.comm import intra_inter_bytes
 from zerotopo.cost.memory import GIB
-from zerotopo.cost.planner import CostOptions, PlanEstimate, plan_candidates, recommendation
+from zerotopo.cost.planner import MODEL_ERROR, CostOptions, PlanEstimate, plan_candidates, recommendation
 from zerotopo.cost.presets import resolve
 from zerotopo.errors import ConfigError
 from zerotopo.models.shape import ModelShape
@@ -109,6 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--all-degrees", action="store_true", help="search degrees that are not tier-aligned too"
     )
     parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="with --plans auto: simulate every candidate that could be among the fastest, instead of "
+        f"stopping where none left could beat those found by more than the model's measured error "
+        f"({100 * MODEL_ERROR:g}%%); slow on large machines",
+    )
+    parser.add_argument(
         "--explain",
         metavar="PLAN",
         default=None,
@@ -170,6 +179,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         grad_dtype=args.grad_dtype or neox.grad_dtype,
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
         unit_layers=unit_layers,
+        search_tolerance=0.0 if getattr(args, "exact", False) else MODEL_ERROR,
         **measured,
     )
     est = plan_candidates(shape, topo, plans=args.plans, aligned=not args.all_degrees, options=options)
@@ -374,7 +384,9 @@ def run(args: argparse.Namespace) -> int:
             plot(args.plot, counts, series, text.splitlines()[0].split(":")[0])
             print(f"# chart written to {args.plot}")
         return 0
+    started = time.perf_counter()
     est, topo, shape, options = estimates(args)
+    searched = f"# planner: {time.perf_counter() - started:.2f} s for the search"
     if args.explain:
         key = args.explain.strip().lower()
         match = [e for e in est if e.name.lower() == key]
@@ -385,10 +397,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         print(json.dumps([e.to_json(topo) for e in est], indent=2))
+        print(searched, file=sys.stderr)  # stdout stays pure JSON
     else:
         print(table(est, topo, shape, options))
         advice = recommendation(est, shape, topo, options)
         if advice:
             print()
             print(advice)
+        print(searched)
     return 0

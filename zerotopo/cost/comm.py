@@ -107,8 +107,10 @@ def schedule_of(
     options: ScheduleOptions = ENGINE,
     degrees: Degrees | None = None,
     units=None,
+    shared: dict | None = None,
 ) -> StepSchedule:
-    """The per-unit :class:`~zerotopo.spec.schedule.StepSchedule` :func:`comm_per_step` merges."""
+    """The per-unit :class:`~zerotopo.spec.schedule.StepSchedule` :func:`comm_per_step` merges
+    (``shared``: as in :func:`~zerotopo.spec.schedule.step_schedule`)."""
     gw = grad_width(plan, param_bytes)
     return step_schedule(
         units if units is not None else units_from_numels(unit_numels),
@@ -122,6 +124,7 @@ def schedule_of(
         fp16=fp16,
         options=options,
         degrees=degrees,
+        shared=shared,
     )
 
 

@@ -131,8 +131,8 @@ def _memory(
     counts = Counter(unit_numels)
 
     # padded sizes split evenly over every degree: whole numbers, no fractions needed
-    def size(n: int) -> Fraction | int:
-        return padded_numel(n, d) if padded else Fraction(n)
+    sizes = {n: padded_numel(n, d) if padded else Fraction(n) for n in counts}
+    size = sizes.__getitem__
 
     def div(x: Fraction | int, k: int) -> Fraction | int:
         return x // k if padded else x / k

@@ -19,17 +19,22 @@ from zerotopo.cost.bandwidth import BandwidthTable, default_table
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
 from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, max_model_params
 from zerotopo.cost.presets import COST_PRESETS, resolve
-from zerotopo.cost.time import OverlapModel, StepTime, collective_time, step_time
+from zerotopo.cost.time import OverlapModel, StepTime, collective_time, quantizer_time, step_time
 from zerotopo.errors import PlanError
 from zerotopo.models.shape import ModelShape
 from zerotopo.plan import PRESETS, Degrees, Plan, enumerate_plans
-from zerotopo.spec.schedule import ScheduleOptions, StepSchedule, engine_units, module_units
+from zerotopo.spec.schedule import Collective, ScheduleOptions, StepSchedule, engine_units, module_units
 from zerotopo.topology import Topology
 
 #: Lins-style plans added to the presets by ``plans="auto"``.
 AUTO_TOP = 5
 #: Step times this close (relative) count as a tie in the recommendation; the smaller plan wins.
 TIE = 0.005
+#: The relative error of the model's step predictions against measured steps: every engine and
+#: DeepSpeed row of ``zerotopo bench compare`` within 15% of its measured step (docs/cost-model.md,
+#: "Measured error"). Plans closer than this are reported as tied, and ``plans="auto"`` stops its
+#: search where no candidate left could beat the ones found by more than this.
+MODEL_ERROR = 0.15
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,15 @@ class CostOptions:
     unit_layers: tuple[int, ...] = (1,)
     """Layers per unit the planner may choose from for engine plans (the engine runs 1; larger units
     send larger messages and hold larger buffers). Each plan keeps its fastest fitting choice."""
+    search_tolerance: float = MODEL_ERROR
+    """``plans="auto"`` simulates candidates in order of a lower bound on their step time and stops once
+    the bound passes the AUTO_TOP-th best simulated time times ``1 - search_tolerance``: a candidate
+    left out is at most that much faster than the ones reported (tied within the model's error). 0: an
+    exact search (every candidate whose bound is below the AUTO_TOP-th best is simulated)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.search_tolerance < 1:
+            raise ValueError(f"search_tolerance must be in [0, 1), got {self.search_tolerance!r}")
 
     def table(self, topology: Topology) -> BandwidthTable | None:
         if self.bandwidth is not None:
@@ -158,7 +172,21 @@ def in_search_space(
     )
 
 
-def _prepare(
+@dataclass(frozen=True)
+class _Fit:
+    """A candidate before its schedule: the resolved plan, its units and its memory."""
+
+    plan: Plan
+    degrees: Degrees
+    options: ScheduleOptions
+    units: list
+    memory: MemoryBreakdown
+    fits: bool
+    grad_bytes: int
+    reduce_bytes: int
+
+
+def _fit(
     plan: Plan,
     shape: ModelShape,
     topology: Topology,
@@ -166,9 +194,9 @@ def _prepare(
     degrees: Degrees | None,
     unit_layers: int | None = None,
     schedule: ScheduleOptions | None = None,
-):
-    """Everything but the step time: (plan, degrees, memory, step schedule, fits); ``schedule`` as in
-    :func:`estimate`."""
+    units_cache: dict | None = None,
+) -> _Fit:
+    """The memory side of a candidate (no schedule is built: the planner prunes by memory first)."""
     plan, sched = resolve(plan)
     sched = schedule or sched
     if unit_layers is not None and sched.granularity == "unit":
@@ -177,11 +205,16 @@ def _prepare(
         plan = replace(plan, grad_dtype=options.grad_dtype)
     d = degrees or plan.degrees(topology)
     o = options
-    units = (
-        module_units(shape, sched.persistence_threshold)
-        if sched.granularity == "module"
-        else engine_units(shape, sched.unit_layers)
-    )
+    key = (sched.granularity, sched.persistence_threshold, sched.unit_layers)
+    units = None if units_cache is None else units_cache.get(key)
+    if units is None:
+        units = (
+            module_units(shape, sched.persistence_threshold)
+            if sched.granularity == "module"
+            else engine_units(shape, sched.unit_layers)
+        )
+        if units_cache is not None:
+            units_cache[key] = units
     gw = grad_width(plan, o.param_bytes)
     grad_bytes = gw if o.grad_bytes is None else o.grad_bytes
     reduce_bytes = gw if o.reduce_bytes is None else o.reduce_bytes
@@ -201,20 +234,47 @@ def _prepare(
     limit = options.memory_limit_bytes
     if limit is None:
         limit = topology.device.memory_gib * GIB
-    steps = schedule_of(
+    return _Fit(plan, d, sched, units, memory, memory.total <= limit, grad_bytes, reduce_bytes)
+
+
+def _schedule(
+    f: _Fit, topology: Topology, options: CostOptions, shared: dict | None, units: list | None = None
+) -> StepSchedule:
+    """``f``'s step schedule (of ``units`` when given: the distinct units the lower bound needs)."""
+    return schedule_of(
         [],
         topology,
-        plan,
-        micro_batches=o.grad_accum,
-        param_bytes=o.param_bytes,
-        reduce_bytes=reduce_bytes,
-        grad_shard_bytes=grad_bytes,
-        fp16=o.fp16,
-        options=sched,
-        degrees=d,
-        units=units,
+        f.plan,
+        micro_batches=options.grad_accum,
+        param_bytes=options.param_bytes,
+        reduce_bytes=f.reduce_bytes,
+        grad_shard_bytes=f.grad_bytes,
+        fp16=options.fp16,
+        options=f.options,
+        degrees=f.degrees,
+        units=f.units if units is None else units,
+        shared=shared,
     )
-    return plan, d, memory, steps, memory.total <= limit
+
+
+def _prepare(
+    plan: Plan,
+    shape: ModelShape,
+    topology: Topology,
+    options: CostOptions,
+    degrees: Degrees | None,
+    unit_layers: int | None = None,
+    schedule: ScheduleOptions | None = None,
+    shared: dict | None = None,
+):
+    """Everything but the step time: (plan, degrees, memory, step schedule, fits); ``schedule`` as in
+    :func:`estimate`, ``shared`` as in :func:`~zerotopo.spec.schedule.step_schedule`."""
+    f = _fit(plan, shape, topology, options, degrees, unit_layers, schedule)
+    return _complete(f, topology, options, shared)
+
+
+def _complete(f: _Fit, topology: Topology, options: CostOptions, shared: dict | None):
+    return f.plan, f.degrees, f.memory, _schedule(f, topology, options, shared), f.fits
 
 
 def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOptions) -> PlanEstimate:
@@ -248,54 +308,123 @@ def estimate(
     *,
     degrees: Degrees | None = None,
     schedule: ScheduleOptions | None = None,
+    shared: dict | None = None,
 ) -> PlanEstimate:
     """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
     cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
-    engine's; ``schedule`` replaces either (a framework run with other settings)."""
+    engine's; ``schedule`` replaces either (a framework run with other settings). ``shared``: as in
+    :func:`~zerotopo.spec.schedule.step_schedule`."""
     sched = schedule or resolve(plan)[1]
     choices = options.unit_layers if sched.granularity == "unit" and schedule is None else (None,)
     out = [
-        _finish(_prepare(plan, shape, topology, options, degrees, k, schedule), shape, topology, options)
+        _finish(
+            _prepare(plan, shape, topology, options, degrees, k, schedule, shared), shape, topology, options
+        )
         for k in choices
     ]
     return min(out, key=_sort_key)
 
 
 def _lower_bound(
-    schedule: StepSchedule, shape: ModelShape, topology: Topology, options: CostOptions
+    schedule: StepSchedule,
+    shape: ModelShape,
+    topology: Topology,
+    options: CostOptions,
+    weights: Sequence[int] | None = None,
+    times: dict[int, tuple] | None = None,
 ) -> float:
     """A step time no simulation of ``schedule`` can beat: every micro-batch lasts at least its compute,
     its gathers back to back and its reductions back to back (the first's parameter gathers and the
     last's cross-replica reductions spread over all, which no split beats; sharing links and slowdown
     only add), and the step end adds its collectives less what may
-    hide."""
+    hide.
+
+    ``weights``: ``schedule`` holds each distinct unit once (:func:`_distinct_units`) and ``weights[i]``
+    is how many units unit ``i`` stands for. ``times``: collective times by object, kept across calls
+    (each held, so its id stays its own)."""
     o = options
     table = o.table(topology)
     M = schedule.micro_batches
     peak = topology.device.peak_tflops * 1e12
     flops = shape.step_flops(o.micro_batch * M, checkpoint_activations=o.checkpoint_activations)
     compute = flops / (peak * o.efficiency) / M if peak > 0 else 0.0
-    seen: dict[int, float] = {}
+    # by object, holding it: an id is unique only while its object lives
+    seen: dict[int, tuple[Collective, float]] = {} if times is None else times
 
     def total(colls) -> float:
         out = 0.0
         for c in colls:
-            if id(c) not in seen:
-                seen[id(c)] = collective_time(c, topology, table)
-            out += seen[id(c)]
+            hit = seen.get(id(c))
+            if hit is None:
+                hit = seen[id(c)] = (c, collective_time(c, topology, table))
+            out += hit[1]
         return out
 
-    g = sum(total(u.forward) + total(u.backward) for u in schedule.units)
-    r = sum(total(u.reduce) for u in schedule.units)
+    units = schedule.units
+    w = [1] * len(units) if weights is None else weights
+    g = sum(k * (total(u.forward) + total(u.backward)) for k, u in zip(w, units))
+    r = sum(k * total(u.reduce) for k, u in zip(w, units))
     # the first micro-batch's parameter gathers and the last one's cross-replica reductions: on their
     # own stream, or queued with the reductions (c == 2) or all communication (c == 1)
-    extra = sum(total(u.last_reduce) + total(u.first_forward) for u in schedule.units)
+    extra = sum(k * (total(u.last_reduce) + total(u.first_forward)) for k, u in zip(w, units))
     c = o.overlap.concurrent
     comm = g + r if c == 1 else max(g, r)
     edge = g + r + extra / M if c == 1 else max(g, r + extra / M) if c == 2 else max(g, r, extra / M)
-    end = total(schedule.step_end)
+    # [Note: slowdown bound] the block quantizer's passes Q run on the compute stream (time.py), and a
+    # stream busy for B seconds in a micro-batch spends each second either beside compute, slowing it by
+    # sigma, or beside the quantizer passes and the slowdown itself (at most Q + the slowdown), or while
+    # neither runs (added whole): the micro-batch lasts at least compute + max(Q, (sigma B + Q)/(1 + sigma))
+    sigma = o.overlap.compute_slowdown
+    q = sum(
+        k * sum(quantizer_time(x, topology) for x in u.forward + u.backward + u.reduce)
+        for k, u in zip(w, units)
+    )
+    slowed = compute + max(q, (sigma * comm + q) / (1 + sigma))
+    if weights is None:
+        end = total(schedule.step_end)
+    else:
+        # each unit's step-end share: its cross-replica reduction and parameter gather where the
+        # schedule did not move them into the micro-batches; then the scalars
+        end = sum(
+            k * (total(() if u.last_reduce else u.replica) + total(() if u.first_forward else u.param_gather))
+            for k, u in zip(w, units)
+        ) + total(x for x in schedule.step_end if x.phase == "scalar")
     bwd_share = 1 - 1 / (4.0 if o.checkpoint_activations else 3.0)
-    return M * max(compute, comm, edge) + end - min(o.overlap.step_end_overlap * end, compute * bwd_share)
+    return M * max(slowed, comm, edge) + end - min(o.overlap.step_end_overlap * end, compute * bwd_share)
+
+
+def _distinct_units(units: list) -> tuple[list, list[int]] | None:
+    """Each distinct unit once, the last kept last (it has no backward gather), and how many units each
+    stands for: every per-unit collective of the engine's schedule depends only on the unit, so sums
+    over units need each once. None when the units are all distinct."""
+    firsts: dict = {}
+    counts: dict = {}
+    for u in units[:-1]:
+        key = (u.numel, u.gathered)
+        firsts.setdefault(key, u)
+        counts[key] = counts.get(key, 0) + 1
+    if len(firsts) + 1 == len(units):
+        return None
+    return [*firsts.values(), units[-1]], [*counts.values(), 1]
+
+
+def _bound(f: _Fit, shape: ModelShape, topology: Topology, options: CostOptions, search: dict) -> float:
+    """:func:`_lower_bound` of a candidate, from a schedule of its distinct units where the schedule's
+    per-unit collectives depend on the unit alone (no buckets), else from its whole schedule."""
+    o = f.options
+    distinct = (
+        _distinct_units(f.units)
+        if o.reduce_bucket_elems is None and o.allgather_bucket_elems is None
+        else None
+    )
+    times = search.setdefault("times", {})
+    shared = search.setdefault("collectives", {})
+    if distinct is None:
+        return _lower_bound(_schedule(f, topology, options, shared), shape, topology, options, times=times)
+    units, weights = distinct
+    sched = _schedule(f, topology, options, shared, units)
+    # a sum of k equal terms may round differently from k additions: keep the bound below the exact one
+    return _lower_bound(sched, shape, topology, options, weights, times) * (1 - 1e-9)
 
 
 def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:
@@ -329,6 +458,20 @@ def _sort_key(e: PlanEstimate) -> tuple:
     return (not e.fits, e.time.step_time_s, e.memory.total, e.plan.name)
 
 
+def _search_space(topology: Topology, aligned: bool, taken: set[tuple]) -> list[tuple[Plan, Degrees]]:
+    """The Lins-style candidates (:func:`in_search_space`) not already costed as a preset."""
+    keep = (lambda x: is_tier_aligned(x, topology)) if aligned else None
+    out = []
+    for p in enumerate_plans(topology, degree_filter=keep):
+        d = p.degrees(topology)
+        if (
+            in_search_space(p, topology, aligned=aligned, degrees=d)
+            and placement(p, topology, d) not in taken
+        ):
+            out.append((p, d))
+    return out
+
+
 def plan_candidates(
     shape: ModelShape,
     topology: Topology,
@@ -349,50 +492,58 @@ def plan_candidates(
     opts = options or CostOptions(micro_batch=micro_batch, grad_accum=grad_accum, **option_kwargs)
     if isinstance(plans, str) and plans not in ("all", "auto", "presets"):
         plans = [p for p in plans.split(",") if p.strip()]
+    # [Note: one search] the candidates of one call share their collectives (built once for the degrees,
+    # codec and size they depend on), those collectives' times, and the model's units
+    search: dict = {}
+    shared = search.setdefault("collectives", {})
     if not isinstance(plans, str):
         chosen = [p if isinstance(p, Plan) else resolve(p)[0] for p in plans]
-        return sorted((estimate(p, shape, topology, opts) for p in chosen), key=_sort_key)
+        return sorted((estimate(p, shape, topology, opts, shared=shared) for p in chosen), key=_sort_key)
     presets = _presets(topology)
-    out = [estimate(p, shape, topology, opts) for p in presets]
+    out = [estimate(p, shape, topology, opts, shared=shared) for p in presets]
     if plans == "presets":
         return sorted(out, key=_sort_key)
-    taken = {placement(p, topology) for p in presets}
-    prepared = []
-    for p in enumerate_plans(topology):
-        d = p.degrees(topology)
-        if (
-            in_search_space(p, topology, aligned=aligned, degrees=d)
-            and placement(p, topology, d) not in taken
-        ):
-            prepared.extend(_prepare(p, shape, topology, opts, d, k) for k in opts.unit_layers)
+    space = _search_space(topology, aligned, {placement(p, topology) for p in presets})
+    units: dict = {}
+    fits = [
+        _fit(p, shape, topology, opts, d, k, units_cache=units) for p, d in space for k in opts.unit_layers
+    ]
     if plans == "all":
         best: dict[tuple, PlanEstimate] = {}
-        for x in prepared:  # each plan with its best unit size
-            e = _finish(x, shape, topology, opts)
+        for f in fits:  # each plan with its best unit size
+            e = _finish(_complete(f, topology, opts, shared), shape, topology, opts)
             key = placement(e.plan, topology, e.degrees)
             if key not in best or _sort_key(e) < _sort_key(best[key]):
                 best[key] = e
         return sorted(out + list(best.values()), key=_sort_key)
-    # auto: the AUTO_TOP fastest fitting plans, simulating candidates in order of a lower bound on their
-    # step time and stopping once the bound passes the AUTO_TOP-th best simulated time (exact)
+    return sorted(out + _auto(fits, shape, topology, opts, search), key=_sort_key)
+
+
+def _auto(
+    fits: list[_Fit], shape: ModelShape, topology: Topology, options: CostOptions, search: dict
+) -> list[PlanEstimate]:
+    """The :data:`AUTO_TOP` fastest fitting candidates: pruned by memory first, then simulated in order of
+    a lower bound on their step time, stopping once the bound passes the AUTO_TOP-th best simulated
+    time less ``options.search_tolerance`` (0: exact, no candidate left out could have been faster).
+    Schedules are built only for the bound (each distinct unit once) and for the candidates simulated."""
     bounded = sorted(
-        ((_lower_bound(x[3], shape, topology, opts), i, x) for i, x in enumerate(prepared) if x[4]),
+        ((_bound(f, shape, topology, options, search), i, f) for i, f in enumerate(fits) if f.fits),
         key=lambda t: (t[0], t[1]),
     )
-    lins: list[PlanEstimate] = []
-    for bound, _, x in bounded:
-        if len(lins) >= AUTO_TOP and bound > lins[AUTO_TOP - 1].time.step_time_s:
+    best: dict[tuple, PlanEstimate] = {}  # each placement with its best unit size
+    top: list[PlanEstimate] = []  # the AUTO_TOP best of ``best``, sorted
+    keep = 1 - options.search_tolerance
+    for bound, _, f in bounded:
+        if len(top) >= AUTO_TOP and bound > top[AUTO_TOP - 1].time.step_time_s * keep:
             break
-        e = _finish(x, shape, topology, opts)
+        e = _finish(_complete(f, topology, options, search["collectives"]), shape, topology, options)
         key = placement(e.plan, topology, e.degrees)
-        same = [i for i, y in enumerate(lins) if placement(y.plan, topology, y.degrees) == key]
-        if same and _sort_key(lins[same[0]]) <= _sort_key(e):
+        old = best.get(key)
+        if old is not None and _sort_key(old) <= _sort_key(e):
             continue  # the same plan with another unit size is already faster
-        if same:
-            lins.pop(same[0])
-        lins.append(e)
-        lins.sort(key=_sort_key)
-    return sorted(out + lins[:AUTO_TOP], key=_sort_key)
+        best[key] = e
+        top = sorted([x for x in top if x is not old] + [e], key=_sort_key)[:AUTO_TOP]
+    return top
 
 
 def best_plan(estimates: list[PlanEstimate]) -> PlanEstimate | None:
@@ -463,4 +614,24 @@ def recommendation(
     if best.unit_layers not in (None, 1):
         name += f" with {best.unit_layers} layers per unit"
     lines.insert(0, f"recommended: {name}: {reason}")
+    tied = tie_line(runnable, topology)
+    if tied:
+        lines.insert(1, tied)
     return "\n".join(lines)
+
+
+def tie_line(estimates: list[PlanEstimate], topology: Topology, error: float = MODEL_ERROR) -> str:
+    """One line naming the plans whose predicted steps lie within the model's measured ``error`` of the
+    fastest (the model cannot rank them), the tie broken by memory; empty when only one does."""
+    fastest = min(estimates, key=_sort_key)
+    tied = [e for e in estimates if e.time.step_time_s <= fastest.time.step_time_s * (1 + error)]
+    if len(tied) < 2:
+        return ""
+    small = min(tied, key=lambda e: (e.memory.total, e.time.step_time_s))
+    slowest = max(e.time.step_time_s for e in tied)
+    return (
+        f"tied: {len(tied)} plans predict {fastest.time.step_time_s:.3f}-{slowest:.3f} s per step, within "
+        f"the model's measured error ({100 * error:g}%) of each other, so it cannot rank them; by memory "
+        f"{small.name} ({small.plan.label(topology)}) wins with {small.memory.total / GIB:.1f} GiB per "
+        f"device against {fastest.memory.total / GIB:.1f} GiB for the fastest, {fastest.name}"
+    )

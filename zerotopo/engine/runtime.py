@@ -242,12 +242,14 @@ class Runtime:
         if u.state is not UnitState.SHARDED:
             return
         steps = self.steps[u.index]
-        (c,) = steps.backward if backward else steps.forward  # a sharded unit gathers in one call
-        if c.group == "secondary":
+        colls = steps.backward if backward else steps.forward
+        if backward and self.degrees.secondary is not None:
             if u.secondary is not None:
-                self._issue_secondary_gather(u, c)
+                # a whole-unit bf16 secondary (s = 1) has no collective: the copy is the full unit
+                self._issue_secondary_gather(u, colls[0] if colls else None)
                 return
-            (c,) = steps.forward  # no partition written (no forward with grad since the step): the primary
+            colls = steps.forward  # no partition written (no forward with grad since the step): the primary
+        (c,) = colls  # a sharded unit gathers in one call
         u.alloc_full()
         group = self.mesh.group(c.group)
         tag = f"{'backward' if backward else 'forward'} {u.name}"
@@ -269,10 +271,10 @@ class Runtime:
         u.gather = (pending, None)
         u.state = UnitState.GATHERING
 
-    def _issue_secondary_gather(self, u: FlatUnit, c: Collective) -> None:
-        """Backward all-gather ``c`` over the secondary group from this rank's secondary partition."""
+    def _issue_secondary_gather(self, u: FlatUnit, c: Collective | None) -> None:
+        """Backward all-gather ``c`` over the secondary group from this rank's secondary partition (None:
+        the partition is the whole unit, copied into the full buffer when waited)."""
         holder: Ready = u.secondary
-        group = self.mesh.group(c.group)
         stream = self.streams.all_gather
         if self.sync != "none":
             # Rule 1: the gather's stream waits on the copy's ready-event (the host only on CPU, and only
@@ -285,6 +287,11 @@ class Runtime:
             _record_stream(holder.tensor, stream)
         u.alloc_full()
         tag = f"backward {u.name}"
+        if c is None:
+            u.gather = (C.Pending(None, [], u.device, None, None), holder.tensor)
+            u.state = UnitState.GATHERING
+            return
+        group = self.mesh.group(c.group)
         with _on(stream):
             if c.dtype == "int8":
                 pending = Q.gather_quantized(

@@ -430,12 +430,15 @@ def step_schedule(
     fp16: bool = False,
     options: ScheduleOptions = ENGINE,
     degrees: Degrees | None = None,
+    shared: dict | None = None,
 ) -> StepSchedule:
     """The schedule of one step of ``plan`` (see the module note).
 
     ``param_bytes`` is the width of the gathered weights, ``reduce_bytes`` that of the per-micro-batch
     gradient reduction and ``grad_shard_bytes`` that of the accumulated gradient shard reduced once per
     step. With ``padded=False`` units are not padded, so every count must split evenly over the groups.
+    ``shared``: a dict kept across calls (the planner's, over its candidates) in which each collective is
+    built once for the degrees, codec and size it depends on, and shared by every schedule that has it.
     """
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
@@ -474,11 +477,25 @@ def step_schedule(
     def size_of(n: int) -> int:
         return padded_numel(n, d) if padded else _exact(n, d)
 
-    memo: dict[tuple, tuple[Collective, ...]] = {}
+    memo: dict[tuple, tuple[Collective, ...]] = (
+        {} if shared is None else shared.setdefault(id(topology), (topology, {}))[1]
+    )
+    in_bwd = options.step_end_in_backward
+    # the engine leaves only sharded units' parameter gathers in flight (p = 1 units need them at once)
+    in_fwd = options.param_gather_in_forward and d.params > 1
+    # what each kind of collective depends on besides its arguments (the topology owns the memo)
+    context = {
+        "gather": (w, block),
+        "reduce": (w, block, d.grads, plan.quantize_grads, reduce_bytes),
+        "replica": (w, block, d.grads, d.optim, plan.grad_reduce, grad_shard_bytes, in_bwd),
+        "param_gather": (w, block, d.params, d.optim, param_bytes, in_fwd),
+    }
 
     def cached(fn):
+        ctx = (fn.__name__, *context[fn.__name__])
+
         def wrapped(*args):
-            key = (fn.__name__, *args)
+            key = (*ctx, *args)
             if key not in memo:
                 memo[key] = tuple(c for c in fn(*args) if c.bytes_sent or c.quant_numel)
             return memo[key]
@@ -550,10 +567,6 @@ def step_schedule(
         return (
             coll("grad_reduce", i4.reduce_op, "grads", d.grads, b, "int4", i4.payload(n, block), quant=2 * n),
         )
-
-    in_bwd = options.step_end_in_backward
-    # the engine leaves only sharded units' parameter gathers in flight (p = 1 units need them at once)
-    in_fwd = options.param_gather_in_forward and d.params > 1
 
     @cached
     def replica(N: int) -> tuple[Collective, ...]:
