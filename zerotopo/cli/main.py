@@ -40,6 +40,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "write a checkpoint as a Hugging Face GPT-NeoX directory (sharded safetensors)",
     ),
     "env": ("zerotopo.cli.env", "show what rank discovery found and warn about bad settings"),
+    "ckpt": ("zerotopo.cli.ckpt", "check a checkpoint's stored bytes (ckpt verify DIR) without training"),
 }
 
 

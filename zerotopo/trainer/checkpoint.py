@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotopo.errors import ZerotopoError
+from zerotopo.errors import ZerotopoError, short
 from zerotopo.fsutil import read_json_object
 from zerotopo.models.neox import NeoXConfig
 
@@ -512,19 +513,61 @@ def _model_config(model: dict[str, Any], mpath: Path) -> NeoXConfig:
     if missing or extra:
         what = f"lacks {missing[0]!r}" if missing else f"has an unknown field {str(extra[0])[:40]!r}"
         raise ZerotopoError(f"{mpath}: the model config {what}; the manifest is damaged")
+    _check_model_bounds(model, mpath)
     try:
         return NeoXConfig(**model)
     except (TypeError, ValueError) as exc:
         raise ZerotopoError(f"{mpath}: bad model config ({str(exc)[:200]})") from None
 
 
+#: Bounds of a checkpoint's model config, checked before anything is built from it: a damaged or hostile
+#: ``checkpoint.json`` (``num_layers: 1e8``) must not make the reader build a model that exhausts memory.
+MODEL_BOUNDS = {
+    "vocab_size": (1, 2**24),
+    "hidden_size": (1, 2**17),
+    "num_layers": (1, 4096),
+    "num_attention_heads": (1, 2**12),
+    "intermediate_size": (1, 2**20),
+    "max_position_embeddings": (1, 2**24),
+    "rotary_emb_base": (1, 2**31),
+}
+
+
+def _check_model_bounds(model: dict[str, Any], mpath: Path) -> None:
+    """Every size of the model config is an integer within :data:`MODEL_BOUNDS`, and the floats are finite."""
+    for key, (lo, hi) in MODEL_BOUNDS.items():
+        v = model.get(key)
+        if v is None and key == "intermediate_size":
+            continue
+        if type(v) is not int or not lo <= v <= hi:
+            raise ZerotopoError(
+                f"{mpath}: the model's {key} is {short(v)}; expected an integer from {lo} to {hi} "
+                "(the manifest is damaged)"
+            )
+    for key in ("rotary_pct", "layernorm_epsilon", "init_std"):
+        v = model.get(key)
+        if type(v) not in (int, float) or not math.isfinite(v):
+            raise ZerotopoError(f"{mpath}: the model's {key} is {short(v)}; expected a finite number")
+
+
+def _refuse_link(path: Path) -> None:
+    """A checkpoint's own files are regular files inside its directory, never links out of it."""
+    if path.is_symlink():
+        raise ZerotopoError(
+            f"{path} is a symbolic link; a checkpoint's files must be regular files inside its directory "
+            "(copy the file there instead of linking it)"
+        )
+
+
 def open_checkpoint(step_dir: Path) -> Checkpoint:
     """Read and check ``checkpoint.json`` and the DCP metadata of a step directory; every data file the
     metadata names must exist and be long enough."""
-    from zerotopo.trainer.dcpio import read_metadata_file
+    from zerotopo.trainer.dcpio import METADATA_FILE, read_metadata_file
 
     step_dir = Path(step_dir)
     mpath = step_dir / MANIFEST
+    for name in (MANIFEST, METADATA_FILE):
+        _refuse_link(step_dir / name)
     manifest = _read_json(mpath, "the checkpoint is incomplete (its save did not finish)")
     if manifest.get("format") != FORMAT:
         raise ZerotopoError(f'{mpath}: not a zerotopo checkpoint manifest ("format" is not {FORMAT!r})')
@@ -545,6 +588,7 @@ def open_checkpoint(step_dir: Path) -> Checkpoint:
     for info in md.storage_data.values():
         f = step_dir / info.relative_path
         if f.name not in sizes:
+            _refuse_link(f)
             if not f.is_file():
                 raise ZerotopoError(
                     f"{f} is missing: a shard of the checkpoint is gone (every file the metadata names is "
@@ -596,6 +640,7 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
             f"{ckpt.path}: unexpected tensor {extra[0]!r}{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; "
             "the checkpoint was not written by zerotopo for this model"
         )
+    _check_small_states(ckpt, stored)
     index = {(i.fqn, tuple(i.offset or ())) for i in ckpt.metadata.storage_data}
     for key, numel in expected.items():
         md = stored[key]
@@ -617,6 +662,30 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
             raise ZerotopoError(f"{ckpt.path}: {key}: shards cover {pos} of {numel} elements")
 
 
+def _check_small_states(ckpt: Checkpoint, stored: dict[str, Any]) -> None:
+    """The RNG states have this torch's size and the loss scaler's entries are small float64 vectors, so a
+    damaged one is refused here, before any rank starts, not inside ``torch.set_rng_state``."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    rng_bytes = torch.get_rng_state().numel()
+    for key, md in stored.items():
+        if not key.startswith(("rng/", "scaler/")):
+            continue
+        size = tuple(md.size) if isinstance(md, TensorStorageMetadata) else None
+        dtype = md.properties.dtype if isinstance(md, TensorStorageMetadata) else None
+        if key.endswith("/torch"):
+            want, want_dtype = (rng_bytes,), torch.uint8
+        elif key.startswith("rng/"):
+            want, want_dtype = size, torch.uint8  # a CUDA generator's size depends on the device
+        else:
+            want, want_dtype = size if size and 1 <= size[0] <= 16 and len(size) == 1 else (1,), torch.float64
+        if size != want or dtype != want_dtype:
+            raise ZerotopoError(
+                f"{ckpt.path}: {key} is {dtype} of shape {size}, expected {want_dtype} of shape {want}; "
+                "the checkpoint is damaged; load an earlier checkpoint"
+            )
+
+
 def math_prod(shape) -> int:
     n = 1
     for s in shape:
@@ -634,6 +703,44 @@ def preflight_load(path: str | os.PathLike, cfg: NeoXConfig) -> Checkpoint | Non
     ckpt = open_checkpoint(step_dir)
     check_compatible(ckpt, cfg)
     return ckpt
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_checkpoint` read."""
+
+    path: Path
+    step: int
+    files: int
+    pieces: int
+    bytes: int
+    unchecked: int
+    """Pieces without a checksum (written by an earlier zerotopo): only their dtype and size were checked."""
+
+
+def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
+    """Check a checkpoint without training (``zerotopo ckpt verify``): the manifest, the metadata against
+    the manifest's model, and every stored piece's checksum, dtype, element count and values. Raises
+    :class:`ZerotopoError` naming the file at the first fault."""
+    from zerotopo.trainer.dcpio import open_data_file, read_piece
+
+    step_dir = find_checkpoint(path)
+    if step_dir is None:
+        raise ZerotopoError(f"{path} holds no checkpoint (no checkpoint.json, latest or step_<N>)")
+    ckpt = open_checkpoint(step_dir)
+    check_compatible(ckpt, ckpt.manifest["config"])
+    by_file: dict[str, list] = {}
+    for index, info in ckpt.metadata.storage_data.items():
+        by_file.setdefault(info.relative_path, []).append((index, info))
+    pieces = nbytes = unchecked = 0
+    for name, entries in sorted(by_file.items()):
+        with open_data_file(step_dir / name) as f:
+            for index, info in sorted(entries, key=lambda e: e[1].offset):
+                read_piece(f, step_dir / name, index, info, ckpt.metadata)
+                pieces += 1
+                nbytes += info.length
+                unchecked += getattr(info, "checksum", None) is None
+    return VerifyReport(step_dir, ckpt.step, len(by_file), pieces, nbytes, unchecked)
 
 
 def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
