@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotopo.errors import ZerotopoError, short
+from zerotopo.errors import EXIT_FAILURE, ZerotopoError, short
 from zerotopo.fsutil import read_json_object
 from zerotopo.models.neox import NeoXConfig
 
@@ -54,6 +54,12 @@ FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
 ``<step>:rename`` kills rank 0 after the step directory is renamed, before ``latest`` moves."""
 # Model config fields that do not change the parameters or the function the model computes.
 _NOT_ARCHITECTURE = {"init_method", "output_layer_init_method", "init_std", "checkpoint_activations"}
+
+
+class NonFiniteError(ZerotopoError):
+    """A loss, gradient or optimizer state went NaN or Inf; nothing was saved from it."""
+
+    exit_code = EXIT_FAILURE
 
 
 @dataclass
@@ -138,6 +144,36 @@ def parameter_shapes(cfg: NeoXConfig) -> dict[str, list[int]]:
 # -- save ---------------------------------------------------------------------------------------------
 
 
+def previous_checkpoint(root: Path) -> str | None:
+    """The step directory ``root/latest`` names when it is complete (what a failed save leaves in place)."""
+    try:
+        name = (Path(root) / "latest").read_bytes()[:200].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if STEP_DIR.match(name) and (Path(root) / name / MANIFEST).is_file() else None
+
+
+def _kept(root: Path) -> str:
+    prev = previous_checkpoint(root)
+    if prev:
+        return f"the previous checkpoint is kept ({root / prev})"
+    return f"there is no earlier checkpoint in {root}"
+
+
+def check_finite_state(optimizer, *, step: int, root: Path) -> None:
+    """Collective: refuse to save when any rank's master weights or Adam moments hold NaN or Inf."""
+    bad = torch.zeros(1, dtype=torch.float64, device=optimizer.master[0].device)
+    for bufs in (optimizer.master, optimizer.exp_avg, optimizer.exp_avg_sq):
+        for t in bufs:
+            bad += (~torch.isfinite(t)).sum()
+    dist.all_reduce(bad)
+    if bad.item():
+        raise NonFiniteError(
+            f"step {step}: {int(bad.item())} optimizer-state values are NaN or Inf, so no checkpoint was "
+            f"written from them; {_kept(root)}. Resume from it with a lower lr or stronger clipping"
+        )
+
+
 def _fault(step: int, where: str) -> None:
     spec = os.environ.get(FAULT_ENV, "")
     if spec == f"{step}:{where}":
@@ -201,6 +237,7 @@ def _finalize(
     plan_label: str,
     seed: int,
     tokenizer: dict[str, Any] | None,
+    config_hash: str = "",
 ) -> None:
     """Rank 0, once every rank's shards are written: the manifest, the rename, then ``latest``."""
     from zerotopo.models.hf import hf_config_dict
@@ -215,6 +252,7 @@ def _finalize(
         "plan": plan_name,
         "degrees": plan_label,
         "seed": seed,
+        "config_hash": config_hash,
         "loss_scaler": sorted(model.scaler.state_dict()) if model.scaler is not None else None,
         "model": asdict(cfg),
         "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
@@ -263,10 +301,13 @@ def save_checkpoint(
     plan_label: str = "",
     seed: int = 0,
     tokenizer: dict[str, Any] | None = None,
+    config_hash: str = "",
 ) -> Path:
     """Collective: every rank writes its shards of ``step`` under ``root``; returns ``root/step_<step>``.
 
-    ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied)."""
+    ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied);
+    ``config_hash``: the run's identity beside seed and plan (see :func:`check_identity`). Raises
+    :class:`NonFiniteError` without writing anything when the optimizer state is not finite."""
     import torch.distributed.checkpoint as dcp
 
     from zerotopo.trainer.dcpio import FlatSavePlanner, SafeWriter
@@ -274,6 +315,7 @@ def save_checkpoint(
     root = Path(root)
     rank, world = dist.get_rank(), dist.get_world_size()
     final = root / f"step_{step}"
+    check_finite_state(optimizer, step=step, root=root)
     tmp = ""
     if rank == 0:
         try:
@@ -283,7 +325,7 @@ def save_checkpoint(
             tmp = tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=root)
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the checkpoint from the group
         except OSError as exc:
-            tmp = f"!{root}: cannot write a checkpoint here ({exc.strerror or exc})"
+            tmp = f"!{root}: cannot write a checkpoint here ({exc.strerror or exc}); {_kept(root)}"
     tmp = _broadcast_str(tmp)
     if tmp.startswith("!"):
         raise ZerotopoError(tmp[1:])
@@ -302,6 +344,7 @@ def save_checkpoint(
             ),
             f"saving checkpoint {final}",
             space=(Path(tmp), need),
+            kept=_kept(root),
         )
     except ZerotopoError:
         if rank == 0:
@@ -313,14 +356,14 @@ def save_checkpoint(
             _finalize(
                 root, tmp, final, step=step, model=model, optimizer=optimizer, world=world,
                 consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name, plan_label=plan_label,
-                seed=seed, tokenizer=tokenizer,
+                seed=seed, tokenizer=tokenizer, config_hash=config_hash,
             )  # fmt: skip
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                error = _full_disk_message(f"saving checkpoint {final}", exc.strerror)
+                error = _full_disk_message(f"saving checkpoint {final}", exc.strerror, _kept(root))
             else:
-                error = f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); the previous one is kept"
+                error = f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); {_kept(root)}"
     error = _broadcast_str(error)  # also the point where every rank knows the checkpoint is final
     if error:
         raise ZerotopoError(error)
@@ -367,11 +410,11 @@ def _tensors_of(state: dict[str, Any]):
             yield piece
 
 
-def _full_disk_message(what: str, strerror: str | None) -> str:
+def _full_disk_message(what: str, strerror: str | None, kept: str) -> str:
     return (
-        f"{what} failed: the disk is full ({strerror or 'no space left on the device'}); the previous "
-        "checkpoint is kept and the partial one removed; free space (keep_last_n_checkpoints bounds what "
-        "a run keeps) or point save: at a larger file system"
+        f"{what} failed: the disk is full ({strerror or 'no space left on the device'}); {kept} and the "
+        "partial one removed; free space (keep_last_n_checkpoints bounds what a run keeps) or point save: "
+        "at a larger file system"
     )
 
 
@@ -384,7 +427,9 @@ def _disk_full(path: Path, need: int) -> bool:
     return free < max(need, 1 << 16)
 
 
-def _run_dcp(fn, what: str, space: tuple[Path, int] | None = None) -> None:
+def _run_dcp(
+    fn, what: str, space: tuple[Path, int] | None = None, kept: str = "the previous checkpoint is kept"
+) -> None:
     """Run a DCP save or load; any rank's failure becomes one :class:`ZerotopoError` on every rank.
     ``space``: (directory written, bytes the save needs), to name a full disk whatever error it caused."""
     from torch.distributed.checkpoint.api import CheckpointException
@@ -400,8 +445,10 @@ def _run_dcp(fn, what: str, space: tuple[Path, int] | None = None) -> None:
         full = isinstance(inner, OSError) and inner.errno in (errno.ENOSPC, errno.EDQUOT)
         if full or (space is not None and _disk_full(*space)):
             strerror = inner.strerror if full else "no space left on the device"
-            raise ZerotopoError(_full_disk_message(what, strerror)) from None
+            raise ZerotopoError(_full_disk_message(what, strerror, kept)) from None
         text = str(inner).strip().splitlines()[0][:300] if str(inner).strip() else type(inner).__name__
+        if isinstance(inner, PermissionError):
+            text = f"no permission to write ({inner.filename or text}); {kept}"
         raise ZerotopoError(f"{what} failed: {type(inner).__name__}: {text}") from None
 
 
@@ -691,6 +738,33 @@ def math_prod(shape) -> int:
     for s in shape:
         n *= int(s)
     return n
+
+
+def check_identity(
+    ckpt: Checkpoint, *, seed: int, plan: str, config_hash: str, continues: bool
+) -> str | None:
+    """Compare the run that wrote ``ckpt`` (seed, plan, config hash) with this one. ``continues``: this
+    run saves into the directory it resumes from, so it continues that run, and a different seed or
+    config hash (data, sequence length, tokenizer, model) is an error: its checkpoints would interleave
+    with the other run's. Otherwise (a branch off a checkpoint, or another plan, which reshards) the
+    differences come back as a notice; None when nothing differs."""
+    saved = ckpt.manifest
+    diffs = []
+    if type(saved.get("seed")) is int and saved["seed"] != seed:
+        diffs.append(f"seed {saved['seed']} -> {seed}")
+    old_hash = saved.get("config_hash")
+    if isinstance(old_hash, str) and old_hash and config_hash and old_hash != config_hash:
+        diffs.append(f"data/tokenizer/sequence config {old_hash} -> {config_hash}")
+    hard = list(diffs)
+    if isinstance(saved.get("plan"), str) and saved["plan"] and saved["plan"] != plan:
+        diffs.append(f"plan {saved['plan']} -> {plan}")
+    if hard and continues:
+        raise ZerotopoError(
+            f"{ckpt.path} was written by another run ({'; '.join(hard)}), and this run would save its "
+            "checkpoints next to it in the same directory; continue that run with its own settings, or set "
+            "save: to a new directory to start a run from this checkpoint"
+        )
+    return f"{ckpt.path} was written with other settings: {'; '.join(diffs)}" if diffs else None
 
 
 def preflight_load(path: str | os.PathLike, cfg: NeoXConfig) -> Checkpoint | None:
