@@ -211,3 +211,19 @@ def test_a_wrong_size_rng_state_is_refused(ckpt):
     _write_md(ckpt, md)
     with pytest.raises(ZerotopoError, match="rng/0/torch is torch.uint8 of shape"):
         verify_checkpoint(ckpt)
+
+
+def test_no_checkpoint_is_written_from_non_finite_state(tmp_path):
+    from tests.trainer.ckpt_workers import nonfinite_save_worker
+
+    save = tmp_path / "save"
+    (save / "step_0").mkdir(parents=True)  # an earlier good checkpoint, which latest names
+    (save / "step_0" / "checkpoint.json").write_text("{}")
+    (save / "latest").write_text("step_0\n")
+    out = spawn(nonfinite_save_worker, 2, args=(str(save),), ranks_per_node=2, timeout_s=900)
+    assert out[0] == out[1] and out[0].startswith(
+        "NonFiniteError: step 1: 1 optimizer-state values are NaN"
+    ), out
+    assert f"the previous checkpoint is kept ({save / 'step_0'})" in out[0]
+    assert sorted(p.name for p in save.iterdir()) == ["latest", "step_0"]  # nothing written, not even a temp
+    assert (save / "latest").read_text() == "step_0\n"

@@ -158,16 +158,16 @@ def test_a_nan_loss_stops_before_saving_and_keep_last_n_keeps_the_good_checkpoin
 
 
 def test_rows_logged_before_a_crash_in_a_save_are_kept_and_losses_do_not_depend_on_the_window(tmp):
-    ref = _run(tmp, "ref", "train_iters=4", "log_interval=1")
+    ref = _run(tmp, "ref", "train_iters=6", "log_interval=1")
     assert ref.returncode == 0, ref.stderr
     save = tmp / "ckpt"
     crash = _run(tmp, "crash", f"save={save}", "save_interval=2", "train_iters=6", "log_interval=100",
                  env=_env(ZEROTOPO_FAULT_IN_SAVE="4:write"))  # fmt: skip
     assert crash.returncode != 0
     rows = _train_rows(tmp / "crash")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # written out before the save that was killed
+    assert [r["step"] for r in rows] == [1, 2, 3, 4], crash.stderr  # written before the killed save
     # each step's loss is the same bits whether it was reduced alone or in a window of two
-    assert [r["loss"] for r in rows] == [r["loss"] for r in _train_rows(tmp / "ref")]
+    assert [r["loss"] for r in rows] == [r["loss"] for r in _train_rows(tmp / "ref")][:4]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tmpfs")

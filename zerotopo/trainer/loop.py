@@ -426,7 +426,7 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
             bar.update(1)
         last_step = step + 1 == iters
         saving = bool(args.save) and step + 1 in save_steps and not last_step
-        stop = run.preemption.agreed(device)  # every rank sees the same answer at the same step
+        stop = run.preemption.agreed()  # every rank sees the same answer at the same step
         console = (step + 1) % args.log_interval == 0 or last_step
         if console or saving or stop:  # a save or a stop writes out the rows it follows
             losses = per_step_means(torch.stack([p[1] for p in pending]))

@@ -47,13 +47,14 @@ class Preemption:
     def _record(self, signum: int, frame: Any) -> None:
         self.signum = self.signum or signum  # the first signal names the cause
 
-    def agreed(self, device: torch.device) -> int:
+    def agreed(self) -> int:
         """Collective, once per step: the signal any rank received (0: none), the same on every rank."""
         if not dist.is_initialized():
             return self.signum
         if self._group is None:
-            # gloo on the host: agreeing on a flag must not make the host wait on a GPU stream
-            self._group = dist.group.WORLD if device.type == "cpu" else dist.new_group(backend="gloo")
+            # A group of its own, on the host (gloo): agreeing on a flag must not make the host wait on a
+            # GPU stream, nor interleave with collectives the engine's threads issue on other groups.
+            self._group = dist.new_group(backend="gloo")
         flag = torch.tensor([self.signum], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return int(flag.item())
