@@ -227,3 +227,15 @@ def test_no_checkpoint_is_written_from_non_finite_state(tmp_path):
     assert f"the previous checkpoint is kept ({save / 'step_0'})" in out[0]
     assert sorted(p.name for p in save.iterdir()) == ["latest", "step_0"]  # nothing written, not even a temp
     assert (save / "latest").read_text() == "step_0\n"
+
+
+def test_export_copies_only_regular_files_from_inside_the_checkpoint(ckpt, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for publishing")
+    manifest = json.loads((ckpt / "checkpoint.json").read_text())
+    manifest["tokenizer"] = {"type": "HFTokenizer", "eod": 0, "files": ["tokenizer.json"]}
+    (ckpt / "checkpoint.json").write_text(json.dumps(manifest))
+    (ckpt / "tokenizer.json").symlink_to(secret)
+    out = tmp_path / "hf"
+    assert main(["export-hf", str(ckpt), str(out)]) == 2
+    assert not out.exists() or not any(out.iterdir())

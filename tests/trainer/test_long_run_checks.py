@@ -68,3 +68,19 @@ def test_a_failed_save_names_the_kept_checkpoint_or_says_there_is_none(tmp_path)
     (tmp_path / "step_4" / "checkpoint.json").write_text("{}")
     (tmp_path / "latest").write_text("step_4\n")
     assert _kept(tmp_path) == f"the previous checkpoint is kept ({tmp_path / 'step_4'})"
+
+
+def test_load_naming_nothing_is_an_error_unless_a_fresh_start_is_asked_for(tmp_path):
+    from zerotopo.trainer.job import TrainJob
+    from zerotopo.trainer.longrun import check_fresh_start
+
+    tiny = ROOT / "configs" / "tiny.yml"
+    typo = str(tmp_path / "checkpints")
+    job = TrainJob(configs=(str(tiny),))
+    with pytest.raises(ConfigError, match="load: .*checkpints does not exist; .*fresh_start: true"):
+        check_fresh_start(load_neox_config([tiny], {"load": typo}), job)
+    (tmp_path / "checkpints").mkdir()
+    with pytest.raises(ConfigError, match="checkpints holds no checkpoint"):
+        check_fresh_start(load_neox_config([tiny], {"load": typo}), job)
+    check_fresh_start(load_neox_config([tiny], {"load": typo, "fresh_start": True}), job)
+    check_fresh_start(load_neox_config([tiny], {"load": typo, "save": typo}), job)  # NeoX's first run
