@@ -189,6 +189,7 @@ def _spawn_once(
 
         old_term = signal.signal(signal.SIGTERM, on_term)
     procs: list[Any] = []
+    old_usr1 = _forward_sigusr1(procs) if main_thread else None
     with tempfile.TemporaryDirectory(prefix="zerotopo-spawn-") as result_dir:
         try:
             for rank in range(world_size):
@@ -225,7 +226,23 @@ def _spawn_once(
             _stop(procs)
             if main_thread and old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
+            if old_usr1 is not None:
+                signal.signal(signal.SIGUSR1, old_usr1)
         return _collect(procs, died, result_dir, world_size, first, timed_out, timeout_s, log_dir)
+
+
+def _forward_sigusr1(procs: list[Any]) -> Any:
+    """Pass SIGUSR1 on to every rank (a training rank saves at the next step boundary and stops, see
+    zerotopo.trainer.preempt); returns the handler it replaced."""
+    import signal
+
+    def forward(signum: int, frame: Any) -> None:
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signal.SIGUSR1)
+
+    return signal.signal(signal.SIGUSR1, forward)
 
 
 def _wait(procs: list[Any], result_dir: str, world_size: int, timeout_s: float) -> tuple[int | None, bool]:

@@ -996,6 +996,60 @@ add(
     "checkpoint",
     lambda tmp: Invocation(["train", TINY, "--from-hf", str(tmp / "none")]),
 )
+
+
+# -- long runs: load: naming nothing, unbounded model configs, links out of a checkpoint, device lists -------
+
+
+def _link_out(save: Path, step: Path) -> None:
+    _shard(100, 10)(save, step)
+    (step / "__0_0.distcp").unlink()
+    (step / "__0_0.distcp").symlink_to("/etc/passwd")
+
+
+LONG_RUN_DEFECTS: dict[str, Callable[[Path, Path], None]] = {
+    "model-zero-heads": _json_edit("checkpoint.json", lambda m: m["model"].update(num_attention_heads=0)),
+    "model-1e8-layers": _json_edit("checkpoint.json", lambda m: m["model"].update(num_layers=10**8)),
+    "model-float-layers": _json_edit("checkpoint.json", lambda m: m["model"].update(num_layers=1e8)),
+    "model-nan-epsilon": _json_edit(
+        "checkpoint.json", lambda m: m["model"].update(layernorm_epsilon=float("nan"))
+    ),
+    "shard-linked-out": _link_out,
+    "metadata-bad-checksum": lambda save, step: (
+        _shard(100, 10)(save, step),
+        _json_edit("dcp_metadata.json", lambda m: m["storage"][0].update(crc32c="ffff"))(save, step),
+    ),
+}
+for _name, _edit in LONG_RUN_DEFECTS.items():
+    _checkpoint_case(_name, _edit)
+for _name in ("model-1e8-layers", "shard-linked-out"):
+    _checkpoint_case(_name, LONG_RUN_DEFECTS[_name], export=True)
+
+
+def _load_nothing(kind: str) -> Callable[[Path], Invocation]:
+    def build(tmp: Path) -> Invocation:
+        target = tmp / "checkpints"  # a typo of the real directory
+        if kind == "empty":
+            target.mkdir()
+        return Invocation(["train", TINY, "--set", f"load={target}", "--no-progress"])
+
+    return build
+
+
+add("checkpoint-load-does-not-exist", "checkpoint", _load_nothing("missing"))
+add("checkpoint-load-empty-directory", "checkpoint", _load_nothing("empty"))
+for _var, _value in (
+    ("ROCR_VISIBLE_DEVICES", "-1"),
+    ("CUDA_VISIBLE_DEVICES", ""),
+    ("HIP_VISIBLE_DEVICES", "-1,0"),
+):
+    add(
+        f"train-gpu-topology-{_var.lower()}-hides-all",
+        "launcher-env",
+        lambda tmp, v=_var, x=_value: Invocation(
+            ["train", TINY, "--topology", "frontier", "--nodes", "1", "--no-progress"], env={v: x}
+        ),
+    )
 CASES.extend(EXTRA_CASES)
 
 

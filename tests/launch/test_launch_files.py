@@ -126,3 +126,28 @@ def test_mpiexec_and_local_scripts():
     commands, env = dry_run("local.sh", [], {})
     assert commands == [["zerotopo", "train", "configs/tiny.yml", "--launcher", "local"]]
     assert env["OMP_NUM_THREADS"] == "1"
+
+
+def test_frontier_sbatch_requeues_a_preempted_run(tmp_path):
+    """The ranks' exit status 75 (saved on SIGTERM/SIGUSR1) makes the script requeue the job; any other
+    status is passed on without a requeue. Real bash, with srun and scontrol stand-ins on PATH."""
+    text = (LAUNCH / "frontier.sbatch").read_text()
+    assert "#SBATCH --signal=USR1@" in text and "#SBATCH --requeue" in text
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        '#!/bin/bash\nfor a in "$@"; do [[ $a == train ]] && exit "$TRAIN_STATUS"; done\nexit 0\n'
+    )
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/scontrol.log\n')
+    (bin_dir / "hostname").write_text("#!/bin/bash\necho 10.0.0.1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    for status, requeued in ((75, True), (1, False), (0, False)):
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": "/tmp", "USER": "u", "SLURM_NNODES": "1",
+               "SLURM_JOB_ID": "99", "ZEROTOPO_PREFLIGHT": "0", "TRAIN_STATUS": str(status)}  # fmt: skip
+        proc = subprocess.run(["bash", str(LAUNCH / "frontier.sbatch"), "c.yml"], env=env, capture_output=True,
+                              text=True, timeout=30)  # fmt: skip
+        assert proc.returncode == status, proc.stderr
+        log = tmp_path / "scontrol.log"
+        assert (log.exists() and log.read_text() == "requeue 99\n") == requeued, proc.stderr
+        log.unlink(missing_ok=True)

@@ -72,3 +72,31 @@ def checkpoint_worker(
         tokenizer=tokenizer,
     )
     return {"losses": losses, "scale": model.scaler.state_dict() if model.scaler is not None else None}
+
+
+def nonfinite_save_worker(rank: int, world: int, out: str) -> str:
+    """Build the tiny model under zero3, put one NaN in rank 1's master shard, and try to save: returns
+    the error every rank got (nothing may be written)."""
+    import torch
+
+    from zerotopo.comm.mesh import build_mesh
+    from zerotopo.engine import parallelize
+    from zerotopo.errors import ZerotopoError
+    from zerotopo.models.neox import GPTNeoX
+    from zerotopo.plan import load_plan
+    from zerotopo.topology import load_topology
+    from zerotopo.trainer.checkpoint import save_checkpoint
+
+    topo = load_topology("emulated-4node", nodes=world // 2)
+    plan = load_plan("zero3")
+    torch.manual_seed(0)
+    model, opt = parallelize(GPTNeoX(cfg()), mesh=build_mesh(topo, plan, topo_index=rank), lr=1e-2)
+    if rank == 1:
+        opt.master[0][0] = float("nan")
+    try:
+        save_checkpoint(out, model, opt, step=1, consumed_samples=0, cfg=cfg(), plan_name=plan.name)
+    except ZerotopoError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        model.close()
+    return "saved"

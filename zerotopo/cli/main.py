@@ -45,6 +45,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "write a checkpoint as one safetensors state dict or a standard torch DCP directory",
     ),
     "config": ("zerotopo.cli.config", "list the GPT-NeoX config keys: honoured, without effect, refused"),
+    "ckpt": ("zerotopo.cli.ckpt", "check a checkpoint's stored bytes (ckpt verify DIR) without training"),
 }
 
 

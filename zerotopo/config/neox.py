@@ -344,7 +344,8 @@ class NeoXArgs:
     zerotopo checkpoint, or a GPT-NeoX ``global_stepN`` directory, which always loads this way)."""
     load: str | None = _key(c.optional(c.text))
     """Directory to resume from (a ``save:`` directory or one ``step_<N>`` in it, any plan or world size), or
-    a Hugging Face GPT-NeoX directory to start from; a directory with no checkpoint yet starts at step 0."""
+    a Hugging Face GPT-NeoX directory to start from. One that does not exist or holds no checkpoint is an
+    error unless ``fresh_start`` is set or it equals ``save`` (NeoX's first run: a notice, step 0)."""
     save_interval: int | None = _key(c.optional(c.integer(1, 10**9)))
     """Steps between checkpoints (the older name of ``checkpoint_factor``)."""
     checkpoint_factor: float | None = _key(c.optional(c.number(1.0)))
@@ -356,6 +357,12 @@ class NeoXArgs:
     """Further steps to save a checkpoint at."""
     keep_last_n_checkpoints: int | None = _key(c.optional(c.integer(1, 10**6)))
     """Delete older checkpoints of ``save`` after each save, keeping this many."""
+    strict_saves: bool = _key(c.boolean, False)
+    """A checkpoint save that fails (disk full, no permission) stops the run. By default it warns, keeps
+    the previous checkpoint and training goes on; a failed last save always stops with an error."""
+    fresh_start: bool = _key(c.boolean, False)
+    """Start from step 0 when ``load:`` does not exist or holds no checkpoint. Without it that is an
+    error, except NeoX's first run, where ``load`` equals ``save`` (a notice)."""
     # --- logging backends ---------------------------------------------------------------------------------
     log_dir: str | None = _key(c.optional(c.text))
     """A directory for a copy of the run's text log (``<run name>.log``); the run directory always has

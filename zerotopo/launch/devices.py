@@ -88,3 +88,52 @@ def physical_device(environ: Mapping[str, str], local_rank: int, device_kind: st
         return None
     # GPU-<uuid> / MIG-<uuid> entries (and -1, no device) carry no position in the node.
     return int(entry) if entry.isdigit() else None
+
+
+def is_gpu_topology(topology) -> bool:
+    """Whether ``topology`` describes GPU ranks: the CPU topologies (``emulated*``) reduce on the host."""
+    return not getattr(topology.device, "host_reduce", False)
+
+
+def check_device_list(environ: Mapping[str, str], topology) -> None:
+    """On a GPU topology, a device list that hides every device (empty, or ``-1`` first, which hides it and
+    all after it) is an error before any rank starts: such a rank would fall back to the CPU and gloo while
+    its peers use the GPU, and wait for them until the rendezvous times out."""
+    if not is_gpu_topology(topology):
+        return
+    for var in VISIBLE_DEVICE_VARS:
+        value = environ.get(var)
+        if value is None:
+            continue
+        entries = [e.strip() for e in value.split(",")]
+        if not any(entries) or entries[0] == "-1":
+            shown = value if len(value) <= 60 else value[:57] + "..."
+            raise LaunchError(
+                f"{var}={shown!r} hides every device, but topology {topology.name!r} runs one rank per "
+                f"{topology.device.name}; unset {var} or list the devices (e.g. 0,1,2,3), or pick a CPU "
+                "topology (emulated)."
+            )
+
+
+def agree_on_device_kind(store, rank: int, world: int, kind: str, timeout_s: float = 600.0) -> None:
+    """Collective over the rendezvous store, before the process group exists: every rank publishes its
+    device kind, rank 0 compares them and publishes the verdict, and every rank raises the same
+    :class:`LaunchError` naming the first rank that differs (instead of mixing nccl and gloo ranks, which
+    hang until the timeout)."""
+    import datetime
+
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    store.set(f"zerotopo/device_kind/{rank}", kind)
+    if rank == 0:
+        kinds = [store.get(f"zerotopo/device_kind/{r}").decode() for r in range(world)]
+        odd = next((r for r, k in enumerate(kinds) if k != kinds[0]), None)
+        verdict = (
+            "" if odd is None else f"rank {odd} found device kind {kinds[odd]!r}, rank 0 found {kinds[0]!r}"
+        )
+        store.set("zerotopo/device_kind/verdict", verdict)
+    verdict = store.get("zerotopo/device_kind/verdict").decode()
+    if verdict:
+        raise LaunchError(
+            f"the ranks see different devices: {verdict}; every rank must see its GPU (check "
+            f"{'/'.join(VISIBLE_DEVICE_VARS)} and the GPU binding of the launcher on that rank's node)."
+        )

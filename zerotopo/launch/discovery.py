@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotopo.errors import LaunchError
-from zerotopo.launch.devices import backend_for, detect_device_kind, physical_device
+from zerotopo.launch.devices import agree_on_device_kind, backend_for, detect_device_kind, physical_device
 from zerotopo.launch.hostlist import count_hosts, first_host, parse_tasks_per_node
 
 LAUNCHERS = ("slurm", "mpi", "torchrun", "local")
@@ -447,9 +447,17 @@ def init_distributed(info: RankInfo, *, timeout_s: float = 1800.0) -> Any:
                 f"discovery found rank {info.rank} of {info.world_size} ({info.launcher})."
             )
         return device
+    store = dist.TCPStore(
+        info.master_addr,
+        int(info.master_port),
+        info.world_size,
+        is_master=info.rank == 0,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    agree_on_device_kind(store, info.rank, info.world_size, info.device_kind, timeout_s)
     dist.init_process_group(
         info.backend,
-        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        store=store,
         rank=info.rank,
         world_size=info.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),

@@ -463,6 +463,11 @@ def _write_tokenizer(step_dir: Path, out: Path, tok: dict[str, Any], config: dic
     if not files:
         return
     for f in files:
+        if (step_dir / f).is_symlink():  # only the checkpoint's own regular files are published
+            raise ZerotopoError(
+                f"{step_dir / f} is a symbolic link; export-hf copies only regular files from inside the "
+                "checkpoint (copy the tokenizer file there instead of linking it)"
+            )
         shutil.copyfile(step_dir / f, out / f)
     eos = None
     if "eos_token_id" in config:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotopo.errors import ZerotopoError
+from zerotopo.errors import EXIT_FAILURE, ZerotopoError, short
 from zerotopo.fsutil import read_json_object
 from zerotopo.models.neox import NeoXConfig
 
@@ -53,6 +54,12 @@ FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
 ``<step>:rename`` kills rank 0 after the step directory is renamed, before ``latest`` moves."""
 # Model config fields that do not change the parameters or the function the model computes.
 _NOT_ARCHITECTURE = {"init_method", "output_layer_init_method", "init_std", "checkpoint_activations"}
+
+
+class NonFiniteError(ZerotopoError):
+    """A loss, gradient or optimizer state went NaN or Inf; nothing was saved from it."""
+
+    exit_code = EXIT_FAILURE
 
 
 @dataclass
@@ -137,6 +144,36 @@ def parameter_shapes(cfg: NeoXConfig) -> dict[str, list[int]]:
 # -- save ---------------------------------------------------------------------------------------------
 
 
+def previous_checkpoint(root: Path) -> str | None:
+    """The step directory ``root/latest`` names when it is complete (what a failed save leaves in place)."""
+    try:
+        name = (Path(root) / "latest").read_bytes()[:200].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if STEP_DIR.match(name) and (Path(root) / name / MANIFEST).is_file() else None
+
+
+def _kept(root: Path) -> str:
+    prev = previous_checkpoint(root)
+    if prev:
+        return f"the previous checkpoint is kept ({root / prev})"
+    return f"there is no earlier checkpoint in {root}"
+
+
+def check_finite_state(optimizer, *, step: int, root: Path) -> None:
+    """Collective: refuse to save when any rank's master weights or Adam moments hold NaN or Inf."""
+    bad = torch.zeros(1, dtype=torch.float64, device=optimizer.master[0].device)
+    for bufs in (optimizer.master, optimizer.exp_avg, optimizer.exp_avg_sq):
+        for t in bufs:
+            bad += (~torch.isfinite(t)).sum()
+    dist.all_reduce(bad)
+    if bad.item():
+        raise NonFiniteError(
+            f"step {step}: {int(bad.item())} optimizer-state values are NaN or Inf, so no checkpoint was "
+            f"written from them; {_kept(root)}. Resume from it with a lower lr or stronger clipping"
+        )
+
+
 def _fault(step: int, where: str) -> None:
     spec = os.environ.get(FAULT_ENV, "")
     if spec == f"{step}:{where}":
@@ -200,6 +237,7 @@ def _finalize(
     plan_label: str,
     seed: int,
     tokenizer: dict[str, Any] | None,
+    config_hash: str = "",
 ) -> None:
     """Rank 0, once every rank's shards are written: the manifest, the rename, then ``latest``."""
     from zerotopo.models.hf import hf_config_dict
@@ -214,6 +252,7 @@ def _finalize(
         "plan": plan_name,
         "degrees": plan_label,
         "seed": seed,
+        "config_hash": config_hash,
         "loss_scaler": sorted(model.scaler.state_dict()) if model.scaler is not None else None,
         "model": asdict(cfg),
         "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
@@ -262,10 +301,13 @@ def save_checkpoint(
     plan_label: str = "",
     seed: int = 0,
     tokenizer: dict[str, Any] | None = None,
+    config_hash: str = "",
 ) -> Path:
     """Collective: every rank writes its shards of ``step`` under ``root``; returns ``root/step_<step>``.
 
-    ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied)."""
+    ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied);
+    ``config_hash``: the run's identity beside seed and plan (see :func:`check_identity`). Raises
+    :class:`NonFiniteError` without writing anything when the optimizer state is not finite."""
     import torch.distributed.checkpoint as dcp
 
     from zerotopo.trainer.dcpio import FlatSavePlanner, SafeWriter
@@ -273,6 +315,7 @@ def save_checkpoint(
     root = Path(root)
     rank, world = dist.get_rank(), dist.get_world_size()
     final = root / f"step_{step}"
+    check_finite_state(optimizer, step=step, root=root)
     tmp = ""
     if rank == 0:
         try:
@@ -282,7 +325,7 @@ def save_checkpoint(
             tmp = tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=root)
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the checkpoint from the group
         except OSError as exc:
-            tmp = f"!{root}: cannot write a checkpoint here ({exc.strerror or exc})"
+            tmp = f"!{root}: cannot write a checkpoint here ({exc.strerror or exc}); {_kept(root)}"
     tmp = _broadcast_str(tmp)
     if tmp.startswith("!"):
         raise ZerotopoError(tmp[1:])
@@ -301,6 +344,7 @@ def save_checkpoint(
             ),
             f"saving checkpoint {final}",
             space=(Path(tmp), need),
+            kept=_kept(root),
         )
     except ZerotopoError:
         if rank == 0:
@@ -312,14 +356,14 @@ def save_checkpoint(
             _finalize(
                 root, tmp, final, step=step, model=model, optimizer=optimizer, world=world,
                 consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name, plan_label=plan_label,
-                seed=seed, tokenizer=tokenizer,
+                seed=seed, tokenizer=tokenizer, config_hash=config_hash,
             )  # fmt: skip
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                error = _full_disk_message(f"saving checkpoint {final}", exc.strerror)
+                error = _full_disk_message(f"saving checkpoint {final}", exc.strerror, _kept(root))
             else:
-                error = f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); the previous one is kept"
+                error = f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); {_kept(root)}"
     error = _broadcast_str(error)  # also the point where every rank knows the checkpoint is final
     if error:
         raise ZerotopoError(error)
@@ -366,11 +410,11 @@ def _tensors_of(state: dict[str, Any]):
             yield piece
 
 
-def _full_disk_message(what: str, strerror: str | None) -> str:
+def _full_disk_message(what: str, strerror: str | None, kept: str) -> str:
     return (
-        f"{what} failed: the disk is full ({strerror or 'no space left on the device'}); the previous "
-        "checkpoint is kept and the partial one removed; free space (keep_last_n_checkpoints bounds what "
-        "a run keeps) or point save: at a larger file system"
+        f"{what} failed: the disk is full ({strerror or 'no space left on the device'}); {kept} and the "
+        "partial one removed; free space (keep_last_n_checkpoints bounds what a run keeps) or point save: "
+        "at a larger file system"
     )
 
 
@@ -383,7 +427,9 @@ def _disk_full(path: Path, need: int) -> bool:
     return free < max(need, 1 << 16)
 
 
-def _run_dcp(fn, what: str, space: tuple[Path, int] | None = None) -> None:
+def _run_dcp(
+    fn, what: str, space: tuple[Path, int] | None = None, kept: str = "the previous checkpoint is kept"
+) -> None:
     """Run a DCP save or load; any rank's failure becomes one :class:`ZerotopoError` on every rank.
     ``space``: (directory written, bytes the save needs), to name a full disk whatever error it caused."""
     from torch.distributed.checkpoint.api import CheckpointException
@@ -399,8 +445,10 @@ def _run_dcp(fn, what: str, space: tuple[Path, int] | None = None) -> None:
         full = isinstance(inner, OSError) and inner.errno in (errno.ENOSPC, errno.EDQUOT)
         if full or (space is not None and _disk_full(*space)):
             strerror = inner.strerror if full else "no space left on the device"
-            raise ZerotopoError(_full_disk_message(what, strerror)) from None
+            raise ZerotopoError(_full_disk_message(what, strerror, kept)) from None
         text = str(inner).strip().splitlines()[0][:300] if str(inner).strip() else type(inner).__name__
+        if isinstance(inner, PermissionError):
+            text = f"no permission to write ({inner.filename or text}); {kept}"
         raise ZerotopoError(f"{what} failed: {type(inner).__name__}: {text}") from None
 
 
@@ -513,19 +561,61 @@ def _model_config(model: dict[str, Any], mpath: Path) -> NeoXConfig:
     if missing or extra:
         what = f"lacks {missing[0]!r}" if missing else f"has an unknown field {str(extra[0])[:40]!r}"
         raise ZerotopoError(f"{mpath}: the model config {what}; the manifest is damaged")
+    _check_model_bounds(model, mpath)
     try:
         return NeoXConfig(**model)
     except (TypeError, ValueError) as exc:
         raise ZerotopoError(f"{mpath}: bad model config ({str(exc)[:200]})") from None
 
 
+#: Bounds of a checkpoint's model config, checked before anything is built from it: a damaged or hostile
+#: ``checkpoint.json`` (``num_layers: 1e8``) must not make the reader build a model that exhausts memory.
+MODEL_BOUNDS = {
+    "vocab_size": (1, 2**24),
+    "hidden_size": (1, 2**17),
+    "num_layers": (1, 4096),
+    "num_attention_heads": (1, 2**12),
+    "intermediate_size": (1, 2**20),
+    "max_position_embeddings": (1, 2**24),
+    "rotary_emb_base": (1, 2**31),
+}
+
+
+def _check_model_bounds(model: dict[str, Any], mpath: Path) -> None:
+    """Every size of the model config is an integer within :data:`MODEL_BOUNDS`, and the floats are finite."""
+    for key, (lo, hi) in MODEL_BOUNDS.items():
+        v = model.get(key)
+        if v is None and key == "intermediate_size":
+            continue
+        if type(v) is not int or not lo <= v <= hi:
+            raise ZerotopoError(
+                f"{mpath}: the model's {key} is {short(v)}; expected an integer from {lo} to {hi} "
+                "(the manifest is damaged)"
+            )
+    for key in ("rotary_pct", "layernorm_epsilon", "init_std"):
+        v = model.get(key)
+        if type(v) not in (int, float) or not math.isfinite(v):
+            raise ZerotopoError(f"{mpath}: the model's {key} is {short(v)}; expected a finite number")
+
+
+def _refuse_link(path: Path) -> None:
+    """A checkpoint's own files are regular files inside its directory, never links out of it."""
+    if path.is_symlink():
+        raise ZerotopoError(
+            f"{path} is a symbolic link; a checkpoint's files must be regular files inside its directory "
+            "(copy the file there instead of linking it)"
+        )
+
+
 def open_checkpoint(step_dir: Path) -> Checkpoint:
     """Read and check ``checkpoint.json`` and the DCP metadata of a step directory; every data file the
     metadata names must exist and be long enough."""
-    from zerotopo.trainer.dcpio import read_metadata_file
+    from zerotopo.trainer.dcpio import METADATA_FILE, read_metadata_file
 
     step_dir = Path(step_dir)
     mpath = step_dir / MANIFEST
+    for name in (MANIFEST, METADATA_FILE):
+        _refuse_link(step_dir / name)
     manifest = _read_json(mpath, "the checkpoint is incomplete (its save did not finish)")
     if manifest.get("format") != FORMAT:
         raise ZerotopoError(f'{mpath}: not a zerotopo checkpoint manifest ("format" is not {FORMAT!r})')
@@ -546,6 +636,7 @@ def open_checkpoint(step_dir: Path) -> Checkpoint:
     for info in md.storage_data.values():
         f = step_dir / info.relative_path
         if f.name not in sizes:
+            _refuse_link(f)
             if not f.is_file():
                 raise ZerotopoError(
                     f"{f} is missing: a shard of the checkpoint is gone (every file the metadata names is "
@@ -597,6 +688,7 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
             f"{ckpt.path}: unexpected tensor {extra[0]!r}{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; "
             "the checkpoint was not written by zerotopo for this model"
         )
+    _check_small_states(ckpt, stored)
     index = {(i.fqn, tuple(i.offset or ())) for i in ckpt.metadata.storage_data}
     for key, numel in expected.items():
         md = stored[key]
@@ -618,11 +710,62 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
             raise ZerotopoError(f"{ckpt.path}: {key}: shards cover {pos} of {numel} elements")
 
 
+def _check_small_states(ckpt: Checkpoint, stored: dict[str, Any]) -> None:
+    """The RNG states have this torch's size and the loss scaler's entries are small float64 vectors, so a
+    damaged one is refused here, before any rank starts, not inside ``torch.set_rng_state``."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    rng_bytes = torch.get_rng_state().numel()
+    for key, md in stored.items():
+        if not key.startswith(("rng/", "scaler/")):
+            continue
+        size = tuple(md.size) if isinstance(md, TensorStorageMetadata) else None
+        dtype = md.properties.dtype if isinstance(md, TensorStorageMetadata) else None
+        if key.endswith("/torch"):
+            want, want_dtype = (rng_bytes,), torch.uint8
+        elif key.startswith("rng/"):
+            want, want_dtype = size, torch.uint8  # a CUDA generator's size depends on the device
+        else:
+            want, want_dtype = size if size and 1 <= size[0] <= 16 and len(size) == 1 else (1,), torch.float64
+        if size != want or dtype != want_dtype:
+            raise ZerotopoError(
+                f"{ckpt.path}: {key} is {dtype} of shape {size}, expected {want_dtype} of shape {want}; "
+                "the checkpoint is damaged; load an earlier checkpoint"
+            )
+
+
 def math_prod(shape) -> int:
     n = 1
     for s in shape:
         n *= int(s)
     return n
+
+
+def check_identity(
+    ckpt: Checkpoint, *, seed: int, plan: str, config_hash: str, continues: bool
+) -> str | None:
+    """Compare the run that wrote ``ckpt`` (seed, plan, config hash) with this one. ``continues``: this
+    run saves into the directory it resumes from, so it continues that run, and a different seed or
+    config hash (data, sequence length, tokenizer, model) is an error: its checkpoints would interleave
+    with the other run's. Otherwise (a branch off a checkpoint, or another plan, which reshards) the
+    differences come back as a notice; None when nothing differs."""
+    saved = ckpt.manifest
+    diffs = []
+    if type(saved.get("seed")) is int and saved["seed"] != seed:
+        diffs.append(f"seed {saved['seed']} -> {seed}")
+    old_hash = saved.get("config_hash")
+    if isinstance(old_hash, str) and old_hash and config_hash and old_hash != config_hash:
+        diffs.append(f"data/tokenizer/sequence config {old_hash} -> {config_hash}")
+    hard = list(diffs)
+    if isinstance(saved.get("plan"), str) and saved["plan"] and saved["plan"] != plan:
+        diffs.append(f"plan {saved['plan']} -> {plan}")
+    if hard and continues:
+        raise ZerotopoError(
+            f"{ckpt.path} was written by another run ({'; '.join(hard)}), and this run would save its "
+            "checkpoints next to it in the same directory; continue that run with its own settings, or set "
+            "save: to a new directory to start a run from this checkpoint"
+        )
+    return f"{ckpt.path} was written with other settings: {'; '.join(diffs)}" if diffs else None
 
 
 def preflight_load(path: str | os.PathLike, cfg: NeoXConfig) -> Checkpoint | None:
@@ -635,6 +778,44 @@ def preflight_load(path: str | os.PathLike, cfg: NeoXConfig) -> Checkpoint | Non
     ckpt = open_checkpoint(step_dir)
     check_compatible(ckpt, cfg)
     return ckpt
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_checkpoint` read."""
+
+    path: Path
+    step: int
+    files: int
+    pieces: int
+    bytes: int
+    unchecked: int
+    """Pieces without a checksum (written by an earlier zerotopo): only their dtype and size were checked."""
+
+
+def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
+    """Check a checkpoint without training (``zerotopo ckpt verify``): the manifest, the metadata against
+    the manifest's model, and every stored piece's checksum, dtype, element count and values. Raises
+    :class:`ZerotopoError` naming the file at the first fault."""
+    from zerotopo.trainer.dcpio import open_data_file, read_piece
+
+    step_dir = find_checkpoint(path)
+    if step_dir is None:
+        raise ZerotopoError(f"{path} holds no checkpoint (no checkpoint.json, latest or step_<N>)")
+    ckpt = open_checkpoint(step_dir)
+    check_compatible(ckpt, ckpt.manifest["config"])
+    by_file: dict[str, list] = {}
+    for index, info in ckpt.metadata.storage_data.items():
+        by_file.setdefault(info.relative_path, []).append((index, info))
+    pieces = nbytes = unchecked = 0
+    for name, entries in sorted(by_file.items()):
+        with open_data_file(step_dir / name) as f:
+            for index, info in sorted(entries, key=lambda e: e[1].offset):
+                read_piece(f, step_dir / name, index, info, ckpt.metadata)
+                pieces += 1
+                nbytes += info.length
+                unchecked += getattr(info, "checksum", None) is None
+    return VerifyReport(step_dir, ckpt.step, len(by_file), pieces, nbytes, unchecked)
 
 
 def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:

@@ -13,13 +13,22 @@ DCP's own ``FileSystemReader`` unpickles the checkpoint's ``.metadata`` (and its
 non-tensor items). :class:`SafeWriter` writes the metadata as JSON (``dcp_metadata.json``) and
 :class:`SafeReader` parses it back with every field checked; only tensors are stored, and DCP reads them
 with ``torch.load(weights_only=True)``. Nothing in a checkpoint directory can run code.
+
+[Note: checked pieces] Each rank computes, right after writing, the CRC32C (the ``crc32c`` package) of
+every stored piece's bytes, seeded with the piece's name and offset, and the metadata keeps it with the
+piece's byte range. A read recomputes it before anything is deserialized, then checks that the piece
+holds a tensor of the metadata's dtype and element count, so a flipped bit, a piece moved to another
+name (swapped Adam moments), a blob of another dtype or length all stop with an error naming the file.
+Checkpoints of earlier versions carry no checksums; they are still read, with the dtype and size checks.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +57,7 @@ from torch.distributed.checkpoint.planner_helpers import (
     _create_write_item_for_tensor,
     create_read_items_for_chunk_list,
 )
+from torch.futures import Future
 
 from zerotopo.errors import ZerotopoError
 from zerotopo.fsutil import read_json_object
@@ -67,6 +77,24 @@ _DTYPES = {
 }
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 _DATA_FILE = re.compile(r"^[A-Za-z0-9_.-]+\.distcp$")
+CHECKSUM = "crc32c"
+"""The checksum of every stored piece (see [Note: checked pieces])."""
+
+
+@dataclass
+class CheckedStorageInfo(_StorageInfo):
+    """DCP's storage entry of a piece, with the checksum of its bytes (None: an earlier version wrote it)."""
+
+    checksum: int | None = None
+
+
+def piece_checksum(fqn: str, offset: Any, data: bytes | memoryview) -> int:
+    """CRC32C of a stored piece's bytes, seeded with its name and offset (so a piece moved to another name
+    or offset no longer matches)."""
+    import crc32c
+
+    key = f"{fqn}@{list(offset) if offset is not None else None}".encode()
+    return crc32c.crc32c(data, crc32c.crc32c(key))
 
 
 @dataclass
@@ -202,6 +230,7 @@ def metadata_to_json(md: Metadata) -> dict[str, Any]:
                 "byte_offset": info.offset,
                 "length": info.length,
                 "transforms": list(info.transform_descriptors or ()),
+                CHECKSUM: getattr(info, "checksum", None),
             }
         )
     return {"format": METADATA_FORMAT, "dcp_version": md.version, "tensors": tensors, "storage": storage}
@@ -268,8 +297,13 @@ def metadata_from_json(raw: Any, path: Path) -> Metadata:
             raise ZerotopoError(
                 f"{path}: storage entry of {s['fqn']!r} names stream transforms; none are supported"
             )
+        checksum = s.get(CHECKSUM)
+        if checksum is not None and (type(checksum) is not int or not 0 <= checksum < 2**32):
+            raise ZerotopoError(
+                f"{path}: storage entry of {s['fqn']!r} has a bad {CHECKSUM} {str(checksum)[:20]!r}"
+            )
         index = MetadataIndex(s["fqn"], torch.Size(offset) if offset is not None else None)
-        storage_data[index] = _StorageInfo(file, byte_offset, length)
+        storage_data[index] = CheckedStorageInfo(file, byte_offset, length, checksum=checksum)
     return Metadata(state_dict_metadata=sd_md, storage_data=storage_data, version=raw.get("dcp_version"))
 
 
@@ -297,9 +331,12 @@ class SafeWriter(FileSystemWriter):
         self.after_write = after_write
 
     def write_data(self, plan, planner):
-        fut = super().write_data(plan, planner)
+        results = super().write_data(plan, planner).wait()
+        checked = _with_checksums(Path(self.path), results)
         if self.after_write is not None:
             self.after_write()
+        fut: Future = Future()
+        fut.set_result(checked)
         return fut
 
     def finish(self, metadata: Metadata, results) -> None:
@@ -321,20 +358,134 @@ class SafeReader(FileSystemReader):
         md.storage_meta = StorageMeta(load_id=self.load_id)
         return md
 
+    def set_up_storage_reader(self, metadata: Metadata, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, *args, **kwargs)
+        self._md = metadata
+
     def read_data(self, plan, planner):
         by_file: dict[str, list] = {}
         for item in plan.items:
             by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        step_dir = Path(self.path)
         for name, items in by_file.items():
-            try:
-                super().read_data(LoadPlan(items), planner)
-            except ZerotopoError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a damaged file becomes one error naming it
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-                if "Weights only load failed" in first or "weights_only" in first:
-                    first = "it holds objects other than tensors, which zerotopo never unpickles"
-                raise ZerotopoError(
-                    f"{Path(self.path) / name}: cannot read checkpoint data ({first}); the file is damaged"
-                ) from None
-        return super().read_data(LoadPlan([]), planner)
+            with open_data_file(step_dir / name) as f:
+                pieces: dict[Any, torch.Tensor] = {}  # each stored piece read and checked once
+                for item in items:
+                    index = item.storage_index
+                    if index not in pieces:
+                        pieces[index] = read_piece(
+                            f, step_dir / name, index, self.storage_data[index], self._md
+                        )
+                    src = narrow_tensor_by_index(pieces[index], item.storage_offsets, item.lengths)
+                    target = planner.resolve_tensor(item).detach()
+                    target.copy_(src)
+                    planner.commit_tensor(item, target)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+
+def _with_checksums(directory: Path, results: list) -> list:
+    """``results`` (this rank's DCP write results) with the checksum of each piece's bytes, read back
+    from the files just written (still in the page cache)."""
+    out = []
+    handles: dict[str, Any] = {}
+    try:
+        for wr in results:
+            info = wr.storage_data
+            f = handles.get(info.relative_path)
+            if f is None:
+                f = handles[info.relative_path] = open(directory / info.relative_path, "rb")  # noqa: SIM115
+            f.seek(info.offset)
+            data = f.read(info.length)
+            checked = CheckedStorageInfo(
+                info.relative_path, info.offset, info.length, info.transform_descriptors,
+                checksum=piece_checksum(wr.index.fqn, wr.index.offset, data),
+            )  # fmt: skip
+            out.append(type(wr)(index=wr.index, size_in_bytes=wr.size_in_bytes, storage_data=checked))
+    finally:
+        for f in handles.values():
+            f.close()
+    return out
+
+
+def open_data_file(path: Path):
+    """A checkpoint data file opened for reading; refused when it is a link or not a regular file (a
+    checkpoint never points outside its directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ZerotopoError(
+                f"{path} is a symbolic link; a checkpoint's files must be regular files inside its "
+                "directory (copy the file there instead of linking it)"
+            ) from None
+        raise ZerotopoError(f"{path}: cannot open checkpoint data ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ZerotopoError(f"{path} is not a regular file; a checkpoint's data files are regular files")
+    return os.fdopen(fd, "rb")
+
+
+def read_piece(f, path: Path, index: MetadataIndex, info: Any, md: Metadata) -> torch.Tensor:
+    """One stored piece from the open data file ``f``: its checksum, then its dtype and element count
+    against the metadata ``md`` (see [Note: checked pieces])."""
+    where = f"{path}: piece {index.fqn}" + (f" at {index.offset[0]}" if index.offset else "")
+    f.seek(info.offset)
+    data = f.read(info.length)
+    if len(data) != info.length:
+        raise ZerotopoError(f"{where} is truncated ({len(data)} of {info.length} bytes); the file is damaged")
+    checksum = getattr(info, "checksum", None)
+    if checksum is not None and piece_checksum(index.fqn, index.offset, data) != checksum:
+        raise ZerotopoError(
+            f"{where}: the {CHECKSUM} checksum does not match; the file is damaged (restore it or load an "
+            "earlier checkpoint)"
+        )
+    try:
+        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a damaged piece becomes one error naming the file
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        if "Weights only load failed" in first or "weights_only" in first:
+            first = "it holds objects other than tensors, which zerotopo never unpickles"
+        raise ZerotopoError(f"{where}: cannot read checkpoint data ({first}); the file is damaged") from None
+    if not isinstance(tensor, torch.Tensor):
+        raise ZerotopoError(f"{where} is not a tensor; the file is damaged")
+    tmd = md.state_dict_metadata[index.fqn]
+    sizes = _chunk_sizes(tmd, index)
+    if tensor.dtype != tmd.properties.dtype:
+        raise ZerotopoError(
+            f"{where} holds {str(tensor.dtype).removeprefix('torch.')}, the metadata says "
+            f"{_DTYPE_NAMES[tmd.properties.dtype]}; the file is damaged or not this checkpoint's"
+        )
+    if tuple(tensor.shape) != sizes:
+        raise ZerotopoError(
+            f"{where} holds {tensor.numel()} elements (shape {tuple(tensor.shape)}), the metadata says "
+            f"{sizes}; the file is damaged or not this checkpoint's"
+        )
+    _check_values(where, index.fqn, tensor)
+    return tensor
+
+
+def _check_values(where: str, fqn: str, tensor: torch.Tensor) -> None:
+    """Optimizer state is finite (no checkpoint is written from non-finite state) and Adam's second
+    moment is never negative (a negative one means the moments were swapped or damaged)."""
+    if not fqn.startswith(("param/", "exp_avg/", "exp_avg_sq/")) or not tensor.is_floating_point():
+        return
+    bad = int((~torch.isfinite(tensor)).sum())
+    if bad:
+        raise ZerotopoError(f"{where} holds {bad} non-finite values (NaN or Inf); the checkpoint is damaged")
+    if fqn.startswith("exp_avg_sq/") and bool((tensor < 0).any()):
+        raise ZerotopoError(
+            f"{where} holds negative values, impossible for Adam's second moment (swapped with the first "
+            "moment or damaged); the checkpoint is damaged"
+        )
+
+
+def _chunk_sizes(tmd: TensorStorageMetadata, index: MetadataIndex) -> tuple[int, ...]:
+    """The sizes of the chunk a storage entry holds (the whole tensor for an entry without offset)."""
+    if index.offset is None:
+        return tuple(tmd.size)
+    for c in tmd.chunks:
+        if tuple(c.offsets) == tuple(index.offset):
+            return tuple(c.sizes)
+    raise ZerotopoError(f"the checkpoint metadata has no chunk of {index.fqn} at {list(index.offset)}")

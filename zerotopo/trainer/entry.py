@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from zerotopo.errors import ConfigError
+from zerotopo.launch.devices import check_device_list
 from zerotopo.launch.discovery import detect_launcher
 from zerotopo.trainer.job import TrainJob
 
@@ -47,6 +48,7 @@ def preflight(job: TrainJob):
     env_number("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600, 1, 30 * 24 * 3600)
     args = job.load_args()
     topology = job.load_topology(args)
+    check_device_list(os.environ, topology)
     plan = job.load_plan(args)
     plan.degrees(topology)
     args.batch_sizes(topology.world_size)  # config errors before missing files
@@ -55,7 +57,7 @@ def preflight(job: TrainJob):
     schedule_for(args, args.train_iters or 100)
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
     cfg = model_config(args, job, tokenizer)
-    check_checkpoint_source(args, job, cfg)
+    check_checkpoint_source(args, job, cfg, world=topology.world_size)
     micro, _, _ = args.batch_sizes(topology.world_size)
     shape = cfg.shape(args.seq_length)
     check_memory(
@@ -117,6 +119,9 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
     check_writable_dir(job.run_dir, "--run-dir")
     if args.save:
         check_writable_dir(args.save, args.sources.get("save", "save"))
+        from zerotopo.trainer.savelock import check_unlocked
+
+        check_unlocked(args.save, args.sources.get("save", "save"))
     job = dataclasses.replace(job, config_warnings_shown=True)
     if not data_files(args):
         # Build the bundled corpus once here, before the ranks all ask for it.

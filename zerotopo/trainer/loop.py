@@ -25,18 +25,29 @@ from zerotopo.config.neox import NeoXArgs
 from zerotopo.data.dataset import DistributedBatches, build_train_valid_test
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.engine import parallelize
-from zerotopo.errors import ConfigError, PlanError
+from zerotopo.errors import ConfigError, PlanError, ZerotopoError
 from zerotopo.fsutil import write_text_atomic
 from zerotopo.launch.advice import topology_mismatch_advice
+from zerotopo.launch.devices import check_device_list
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
 from zerotopo.logs import attach_run_log, close_run_log, console_muted, get_logger, on_terminal, setup_console
 from zerotopo.models.config import check_trainable
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 from zerotopo.plan import PRESETS
-from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
+from zerotopo.trainer.checkpoint import NonFiniteError, load_checkpoint, save_checkpoint
 from zerotopo.trainer.job import TrainJob
+from zerotopo.trainer.longrun import (
+    LongRun,
+    check_finite_rows,
+    check_fresh_start,
+    check_resume_position,
+    check_run_identity,
+    config_hash,
+    per_step_means,
+)
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
 from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
+from zerotopo.trainer.preempt import EXIT_PREEMPTED, Preempted, Preemption, preemption_signals, signal_name
 from zerotopo.trainer.retention import prune_checkpoints
 from zerotopo.trainer.schedule import held_schedule, schedule_for
 from zerotopo.trainer.steps import (
@@ -250,7 +261,7 @@ def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
     return cfg
 
 
-def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig) -> None:
+def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, world: int | None = None) -> None:
     """Pre-flight of what the run loads (no process group): a zerotopo checkpoint in ``load:`` is read
     and checked against the model (manifest, metadata, every shard file present and long enough), a
     Hugging Face directory has every tensor with its shape."""
@@ -262,8 +273,12 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig) -> N
         check_neox_checkpoint(neox_dir, cfg)
         return
     if args.load and find_checkpoint(args.load) is not None:
-        preflight_load(args.load, cfg)
+        ckpt = preflight_load(args.load, cfg)
+        check_run_identity(args, job, cfg, ckpt)
+        if world is not None:
+            check_resume_position(args, ckpt, world)
         return
+    check_fresh_start(args, job)
     hf = hf_source(args, job)
     if hf:
         from zerotopo.models.hf_shards import check_hf_directory
@@ -272,7 +287,29 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig) -> N
 
 
 def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
-    """Run the job as one rank; returns the run summary on rank 0 (None elsewhere)."""
+    """Run the job as one rank; returns the run summary on rank 0 (None elsewhere). A run stopped by a
+    preemption signal saves first, then raises :class:`~zerotopo.trainer.preempt.Preempted`."""
+    from zerotopo.trainer.entry import launched_externally
+
+    external = launched_externally(job)
+    run = LongRun(Preemption(preemption_signals(external)))
+    try:
+        summary = _train_rank(rank, world, job, run)
+    finally:
+        run.close()
+    # Under a launcher every rank exits with the status; the local launcher stops the other ranks as soon
+    # as one fails, so there rank 0 alone (the last to finish) reports it.
+    if run.preemption.stopped_by and (external or rank == 0):
+        at = run.preemption.saved_at
+        raise Preempted(
+            f"stopped by {signal_name(run.preemption.stopped_by)}"
+            + (f" after saving the checkpoint of step {at}" if at is not None else " (no save: directory)")
+            + f"; run the same command again to continue (exit status {EXIT_PREEMPTED})"
+        )
+    return summary
+
+
+def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str, Any] | None:
     setup_console(verbose=rank == 0)
     with console_muted() if job.config_warnings_shown else contextlib.nullcontext():
         args = job.load_args(quiet=rank != 0)
@@ -287,11 +324,13 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             key="topology",
         )
     check_against_topology(info, topology)
+    check_device_list(os.environ, topology)
     device = init_distributed(info)
     torch.set_num_threads(max(1, int(os.environ.get("ZEROTOPO_THREADS_PER_RANK", "1"))))
     plan = job.load_plan(args)
     degrees = plan.degrees(topology)
     ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
+    run.take_lock(args, ctx.is_main)
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
     if device.type == "cpu":
         unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
@@ -380,7 +419,23 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     tokens_per_step = global_batch * args.seq_length
     peak = topology.device.peak_tflops
 
-    def save(at_step: int) -> None:
+    def save(at_step: int, *, last: bool = False) -> bool:
+        """Save ``at_step``; a failed save warns and training goes on, unless ``strict_saves`` or ``last``."""
+        if writer is not None:
+            writer.sync()  # every logged row on disk before the checkpoint that follows it
+        try:
+            _save(at_step)
+        except NonFiniteError:
+            raise
+        except ZerotopoError as exc:
+            if args.strict_saves or last:
+                raise
+            if ctx.is_main:
+                log.warning(f"{exc}; training goes on (strict_saves: true stops the run instead)")
+            return False
+        return True
+
+    def _save(at_step: int) -> None:
         save_checkpoint(
             Path(args.save),
             model,
@@ -392,6 +447,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
             plan_label=plan.label(topology),
             seed=args.seed,
             tokenizer=tokenizer_info(args, tokenizer),
+            config_hash=config_hash(args, cfg),
         )
 
     bar = None
@@ -444,8 +500,11 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
         if bar is not None:
             bar.update(1)
         last_step = step + 1 == iters
-        if (step + 1) % args.log_interval == 0 or last_step:
-            losses = _mean_over_ranks(torch.stack([p[1] for p in pending]))
+        saving = bool(args.save) and step + 1 in save_steps and not last_step
+        stop = run.preemption.agreed()  # every rank sees the same answer at the same step
+        console = (step + 1) % args.log_interval == 0 or last_step
+        if console or saving or stop:  # a save or a stop writes out the rows it follows
+            losses = per_step_means(torch.stack([p[1] for p in pending]))
             for (_, _, r), value in zip(pending, losses):
                 r["loss"] = value
                 r.update({k: float(v) for k, v in r.items() if isinstance(v, torch.Tensor)})
@@ -454,9 +513,10 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                 r["perplexity"] = math.exp(min(value, 50.0))
                 if writer:
                     writer.write(r)
+            check_finite_rows([r for _, _, r in pending], args.save)
             first_loss = losses[0] if first_loss is None else first_loss
             last_loss = losses[-1]
-            if ctx.is_main:
+            if ctx.is_main and console:
                 r = pending[-1][2]
                 tiers = " ".join(
                     f"{k.removeprefix('bytes_')}={v / 2**20:.1f}MiB"
@@ -494,14 +554,21 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
                     bar,
                     f"step {step + 1:>5}/{iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}",
                 )
-        if args.save and step + 1 in save_steps and not last_step:
-            save(step + 1)
+        if stop:
+            run.preemption.stopped_by = stop
+            if args.save:
+                save(step + 1, last=True)
+                run.preemption.saved_at = step + 1
+            if ctx.is_main:
+                log.warning(f"{signal_name(stop)} received: stopping after step {step + 1}")
+            break
+        if saving and save(step + 1):
             _retain(args, ctx)
         ledger.reset()
     if bar is not None:
         bar.close()
-    if args.save and start_step < iters:
-        save(iters)
+    if args.save and start_step < iters and not run.preemption.stopped_by:
+        save(iters, last=True)
         _retain(args, ctx)
     wall = time.perf_counter() - t_run
     memory = model.memory_report()
@@ -587,7 +654,7 @@ def resume(
     """``(step, samples consumed)`` to start from: a zerotopo checkpoint (any plan, any world size), a
     Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
     from zerotopo.models.neox_ckpt import load_neox_weights, neox_step_dir
-    from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory, settle_optimizer
+    from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory, open_checkpoint, settle_optimizer
 
     hf_dir = hf_source(args, job)
     neox_dir = neox_step_dir(args.load) if args.load else None
@@ -596,7 +663,11 @@ def resume(
         if ctx.is_main:
             log.info(f"weights from the GPT-NeoX checkpoint {neox_dir} (finetune: fresh optimizer, step 0)")
         return 0, 0
-    if args.load and not is_hf_directory(Path(args.load)) and find_checkpoint(args.load) is not None:
+    step_dir = find_checkpoint(args.load) if args.load and not is_hf_directory(Path(args.load)) else None
+    if step_dir is not None:
+        notice = check_run_identity(args, job, cfg, open_checkpoint(step_dir))
+        if notice and ctx.is_main:
+            log.warning(notice)
         state = load_checkpoint(args.load, model, optimizer, cfg=cfg, seed=args.seed)
         if args.finetune:
             settle_optimizer(model, optimizer, step=0, zero_moments=True)
@@ -608,7 +679,8 @@ def resume(
         if ctx.is_main:
             log.info(f"resumed from the checkpoint of step {state.step} in {state.source}")
         return state.step, state.consumed_samples
-    elif args.load and ctx.is_main:
+    check_fresh_start(args, job)
+    if args.load and ctx.is_main:
         log.warning(
             f"load: {args.load} holds no checkpoint yet; training starts from step 0 "
             f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"

@@ -1,0 +1,157 @@
+"""What keeps a days-long run safe, around the training loop of :mod:`zerotopo.trainer.loop`.
+
+- One writer per save directory (:class:`LongRun` takes :mod:`zerotopo.trainer.savelock`'s lock on rank 0)
+  and the preemption signals (:mod:`zerotopo.trainer.preempt`).
+- The run identity checked at resume (seed, plan, :func:`config_hash`) and ``load:`` that names nothing
+  (:func:`check_fresh_start`).
+- The non-finite guard (:func:`check_finite_rows`) and per-step loss means that do not depend on the
+  logging window (:func:`per_step_means`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zerotopo.config.neox import NeoXArgs
+from zerotopo.errors import ConfigError, ZerotopoError
+from zerotopo.models.neox import NeoXConfig
+from zerotopo.trainer.checkpoint import NonFiniteError
+from zerotopo.trainer.job import TrainJob
+from zerotopo.trainer.preempt import Preemption
+from zerotopo.trainer.savelock import SaveLock
+
+
+@dataclass
+class LongRun:
+    """What keeps a long run safe across its steps: the save directory's lock (rank 0) and the
+    preemption signals (see :mod:`zerotopo.trainer.preempt` and :mod:`zerotopo.trainer.savelock`)."""
+
+    preemption: Preemption
+    lock: SaveLock | None = None
+
+    def take_lock(self, args: NeoXArgs, is_main: bool) -> None:
+        """Collective: rank 0 takes the lock of ``save:``; every rank raises the same error if it cannot."""
+        error = ""
+        if is_main and args.save:
+            try:
+                self.lock = SaveLock(args.save, args.sources.get("save"))
+            except ZerotopoError as exc:
+                error = str(exc)
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        if box[0]:
+            raise ConfigError(box[0])
+
+    def close(self) -> None:
+        self.preemption.restore()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def check_run_identity(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, ckpt) -> str | None:
+    """The checkpoint's run (seed, plan, config hash) against this one; an error when this run saves
+    into the directory it resumes from and is another run, else a notice text (None: the same run)."""
+    from zerotopo.trainer.checkpoint import check_identity
+
+    # finetune starts a new run from the weights: nothing of the old run is continued
+    continues = not args.finetune and (_same_dir(args.save, args.load) or _same_dir(args.save, ckpt.path.parent))
+    return check_identity(
+        ckpt,
+        seed=args.seed,
+        plan=job.load_plan(args).name,
+        config_hash=config_hash(args, cfg),
+        continues=continues,
+    )
+
+
+def check_fresh_start(args: NeoXArgs, job: TrainJob) -> None:
+    """``load:`` that does not exist or holds no checkpoint: an error (a typo would otherwise start a new
+    run whose saves take over ``latest``), unless ``fresh_start`` asks for step 0 or ``load`` equals
+    ``save`` (NeoX's first run)."""
+    if not args.load or args.fresh_start or _hf_source(args, job) or _same_dir(args.load, args.save):
+        return
+    what = "does not exist" if not os.path.exists(args.load) else "holds no checkpoint"
+    raise ConfigError(
+        f"load: {args.load} {what}; point load: at a save: directory or a step_<N> in it, or set "
+        "fresh_start: true to start from step 0",
+        source=args.sources.get("load"),
+        key="load",
+    )
+
+
+def _same_dir(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:
+    return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_finite_rows(rows: list[dict[str, Any]], save: str | None) -> None:
+    """Stop at the first step whose loss or gradient norm is NaN or Inf, before anything is saved from
+    it. Steps the fp16 loss scaler skipped (an overflow it handles) are not counted."""
+    for r in rows:
+        if r.get("skipped"):
+            continue
+        bad = [k for k in ("loss", "grad_norm") if r.get(k) is not None and not math.isfinite(r[k])]
+        if bad:
+            where = f"; the last checkpoint in {save} predates it" if save else ""
+            raise NonFiniteError(
+                f"step {r['step']}: the {' and the '.join(k.replace('_', ' ') for k in bad)} "
+                f"{'is' if len(bad) == 1 else 'are'} {r[bad[0]]}; the run stopped before saving anything "
+                f"from it{where}. Resume with a lower lr, stronger gradient_clipping or bf16/fp32"
+            )
+
+
+def config_hash(args: NeoXArgs, cfg: NeoXConfig) -> str:
+    """What makes one run's checkpoints a continuation of another's, besides seed and plan: the model,
+    the sequence length, the tokenizer and the data (file names, not directories, which may move)."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    ident = {
+        "model": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_activations"},
+        "seq_length": args.seq_length,
+        "tokenizer": args.tokenizer_type,
+        "data": [os.path.basename(p) for p in args.data_path or ()],
+        "split": args.split,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def per_step_means(values: torch.Tensor) -> list[float]:
+    """Each step's mean over the ranks, summed in rank order on the host: every step's figure is the same
+    whatever the logging window it falls in (one all-reduce of the window's vector would sum each
+    position in its own order and change the last bits with the window)."""
+    values = values.detach().to(torch.float32).contiguous()
+    every = [torch.empty_like(values) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, values)  # exact: no arithmetic in the collective
+    rows = torch.stack(every).cpu()
+    total = rows[0].clone()
+    for row in rows[1:]:
+        total += row
+    return (total / dist.get_world_size()).tolist()
+
+
+def check_resume_position(args: NeoXArgs, ckpt, world: int) -> None:
+    """The samples a checkpoint consumed leave room for the steps still to run in the training split
+    (built for ``train_iters`` global batches), before any rank starts."""
+    iters = args.train_iters or 100
+    _, _, global_batch = args.batch_sizes(world)
+    step, consumed = ckpt.step, int(ckpt.manifest["consumed_samples"])
+    if step < iters and consumed + (iters - step) * global_batch > iters * global_batch:
+        raise ConfigError(
+            f"{ckpt.path} has consumed {consumed} samples at step {step}, but the training data of this run "
+            f"holds {iters * global_batch} ({iters} steps x {global_batch}) and the {iters - step} steps left "
+            f"need {(iters - step) * global_batch} more; the manifest is damaged or train_iters is too small",
+            key="train_iters",
+        )
+
+
+def _hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
+    from zerotopo.trainer.loop import hf_source
+
+    return hf_source(args, job)
