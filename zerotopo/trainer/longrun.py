@@ -60,7 +60,9 @@ def check_run_identity(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, ckpt) -> 
     from zerotopo.trainer.checkpoint import check_identity
 
     # finetune starts a new run from the weights: nothing of the old run is continued
-    continues = not args.finetune and (_same_dir(args.save, args.load) or _same_dir(args.save, ckpt.path.parent))
+    continues = not args.finetune and (
+        _same_dir(args.save, args.load) or _same_dir(args.save, ckpt.path.parent)
+    )
     return check_identity(
         ckpt,
         seed=args.seed,

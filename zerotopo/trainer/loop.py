@@ -654,7 +654,12 @@ def resume(
     """``(step, samples consumed)`` to start from: a zerotopo checkpoint (any plan, any world size), a
     Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
     from zerotopo.models.neox_ckpt import load_neox_weights, neox_step_dir
-    from zerotopo.trainer.checkpoint import find_checkpoint, is_hf_directory, open_checkpoint, settle_optimizer
+    from zerotopo.trainer.checkpoint import (
+        find_checkpoint,
+        is_hf_directory,
+        open_checkpoint,
+        settle_optimizer,
+    )
 
     hf_dir = hf_source(args, job)
     neox_dir = neox_step_dir(args.load) if args.load else None
