@@ -45,6 +45,7 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
+@pytest.mark.slow
 def test_wheel_carries_the_builtin_files(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in sorted((ROOT / "topologies").rglob("*.yaml")):

@@ -56,6 +56,7 @@ def test_shipped_style_configs_read_as_neox_would():
     assert (big.pipe_parallel_size, big.model_parallel_size) == (4, 2)
 
 
+@pytest.mark.slow
 def test_20b_style_plans_and_the_pipeline_setting_is_refused_before_files(capsys):
     code = main(["plan", "--model", str(FIXTURES / "20B.yml"), "--topology", "frontier", "--nodes", "12"])
     assert code == 0 and "zero3" in capsys.readouterr().out

@@ -133,6 +133,7 @@ def _mbit(net, src: int, dst: int, seconds: float = 1.0) -> float:
     return float(sink.communicate(timeout=30)[0].strip())
 
 
+@pytest.mark.slow
 def test_every_tier_is_shaped_by_destination_and_counted_per_tier():
     from zerotopo.netem import class_bytes, emulated_cluster, our_namespaces
     from zerotopo.topology import load_topology
@@ -203,6 +204,7 @@ def _pids_in(namespaces: list[str]) -> set[int]:
     return {pid for ns in namespaces for pid in _namespace_pids(ns)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_signal_tears_down_namespaces_and_ranks(sig):
     import signal
@@ -252,6 +254,7 @@ def _fails(rank: int, world: int) -> None:
     time.sleep(300)  # the others would wait forever in a collective
 
 
+@pytest.mark.slow
 def test_an_error_in_a_rank_tears_everything_down():
     from pathlib import Path
 

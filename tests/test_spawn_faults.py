@@ -16,6 +16,8 @@ from tests.proc import alive
 from zerotopo.errors import ZerotopoError
 from zerotopo.spawn import SpawnError, spawn
 
+pytestmark = pytest.mark.slow  # each test spawns ranks and signals them
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -24,6 +24,7 @@ def test_bad_module_counts_are_a_usage_error():
     assert r.returncode == 2 and "--modules must be positive integers" in r.stderr
 
 
+@pytest.mark.slow
 def test_prints_stage3_host_cost_per_module():
     pytest.importorskip("deepspeed")
     r = _run("--modules", "2,6", "--repeats", "1")

@@ -20,6 +20,8 @@ import torch
 
 from zerotopo.comm import quant as Q
 
+pytestmark = pytest.mark.slow  # the interpreter runs every kernel case in a subprocess (tens of seconds)
+
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'zerotopo[gpu]' or '.[test]')")
 pytest.importorskip("numpy", reason="Triton's interpreter needs numpy")
 

@@ -78,6 +78,7 @@ def _measure(rank: int, world: int, spec) -> dict:
     return measure_rank(spec, rank)
 
 
+@pytest.mark.slow
 def test_measured_table_has_curves_per_span_tiers_and_overlap():
     from zerotopo.cost.measure import MeasureSpec
     from zerotopo.spawn import spawn

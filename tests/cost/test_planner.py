@@ -122,6 +122,7 @@ def test_auto_presets_and_named_lists():
     assert plan_candidates(SHAPE, topo, plans=["zero++"], options=opts)[0].name == "zeropp"
 
 
+@pytest.mark.slow
 def test_alignment_filter():
     f = load_topology("frontier", nodes=48)
     assert [d for d in (1, 2, 3, 4, 6, 8, 12, 16, 24, 384) if is_tier_aligned(d, f)] == [

@@ -100,6 +100,7 @@ def test_preprocess_missing_input(tmp_path, capsys):
     assert "vocab_file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_neox_arguments_several_inputs_keys_and_compression(tmp_path, capsys):
     import gzip
 

@@ -22,6 +22,8 @@ from zerotopo.models.hf_shards import (
 )
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 
+pytestmark = pytest.mark.slow  # a module fixture trains and saves a checkpoint on spawned ranks
+
 V4 = {  # transformers < 5 writes rotary_pct / rotary_emb_base
     "model_type": "gpt_neox", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
     "num_attention_heads": 2, "intermediate_size": 48, "rotary_pct": 0.5, "rotary_emb_base": 5000,

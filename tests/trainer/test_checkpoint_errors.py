@@ -18,6 +18,8 @@ from zerotopo.errors import ZerotopoError
 from zerotopo.spawn import spawn
 from zerotopo.trainer.checkpoint import find_checkpoint, preflight_load, read_tensors
 
+pytestmark = pytest.mark.slow  # a module fixture trains and saves a checkpoint on spawned ranks
+
 
 class _Payload:
     def __init__(self, marker: str) -> None:
