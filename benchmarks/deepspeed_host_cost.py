@@ -22,7 +22,7 @@ import os
 import time
 import warnings
 
-from zerotopo.spawn import free_port
+from zerotopo.launch.spawn import free_port
 
 
 def step_seconds(stage: int, modules: int, width: int, repeats: int) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerotopo.layout import (
+from zerotopo.placement.layout import (
     GROUP_KINDS,
     digits,
     grad_range,
@@ -17,7 +17,7 @@ from zerotopo.layout import (
     reduce_scatter_order,
     secondary_range,
 )
-from zerotopo.plan import Degrees, divisors
+from zerotopo.placement.plan import Degrees, divisors
 
 
 def all_degrees(world: int):

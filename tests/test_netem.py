@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from zerotopo.netem import available, emulated_network
-from zerotopo.spawn import spawn
+from zerotopo.launch.netem import available, emulated_network
+from zerotopo.launch.spawn import spawn
 
 ok, why = available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"emulated network unavailable: {why}")
@@ -53,8 +53,8 @@ def _link_bytes(rank: int, world: int) -> dict[str, float]:
 
     from zerotopo.comm.collectives import reduce_scatter
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.plan import get_preset
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.plan import get_preset
+    from zerotopo.placement.topology import load_topology
 
     def tx() -> int:
         with open("/proc/self/net/dev") as f:  # per network namespace
@@ -135,8 +135,8 @@ def _mbit(net, src: int, dst: int, seconds: float = 1.0) -> float:
 
 @pytest.mark.slow
 def test_every_tier_is_shaped_by_destination_and_counted_per_tier():
-    from zerotopo.netem import class_bytes, emulated_cluster, our_namespaces
-    from zerotopo.topology import load_topology
+    from zerotopo.launch.netem import class_bytes, emulated_cluster, our_namespaces
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology("emulated-frontier")  # 2 nodes x 2 packages x 2 dies
     with emulated_cluster(topo, network_mbit=10) as net:
@@ -156,7 +156,7 @@ def test_every_tier_is_shaped_by_destination_and_counted_per_tier():
 
 def test_rank_namespaces_map_ranks_to_endpoints():
     from zerotopo.errors import ZerotopoError
-    from zerotopo.netem import EmulatedNetwork
+    from zerotopo.launch.netem import EmulatedNetwork
 
     per_node = EmulatedNetwork(("a", "b"), ("x", "y"), 10.0, 0.0)
     assert per_node.rank_namespaces(4, 2) == ("a", "a", "b", "b")
@@ -168,8 +168,8 @@ def test_rank_namespaces_map_ranks_to_endpoints():
 
 def test_tier_rates_follow_frontier_ratios_and_overrides():
     from zerotopo.errors import ZerotopoError
-    from zerotopo.netem import parse_rates, tier_rates
-    from zerotopo.topology import load_topology
+    from zerotopo.launch.netem import parse_rates, tier_rates
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology("emulated-frontier")
     assert tier_rates(topo, 50) == {"package": 800.0, "node": 200.0, "network": 50.0}
@@ -184,9 +184,9 @@ def test_tier_rates_follow_frontier_ratios_and_overrides():
 
 _LAUNCHER = """
 import sys, time
-from zerotopo.netem import emulated_cluster
-from zerotopo.spawn import spawn
-from zerotopo.topology import load_topology
+from zerotopo.launch.netem import emulated_cluster
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement.topology import load_topology
 from tests.test_netem import _sleeper
 with emulated_cluster(load_topology("emulated-frontier"), network_mbit=10) as net:
     print("up", flush=True)
@@ -199,7 +199,7 @@ def _sleeper(rank: int, world: int) -> None:
 
 
 def _pids_in(namespaces: list[str]) -> set[int]:
-    from zerotopo.netem import _namespace_pids
+    from zerotopo.launch.netem import _namespace_pids
 
     return {pid for ns in namespaces for pid in _namespace_pids(ns)}
 
@@ -210,7 +210,7 @@ def test_signal_tears_down_namespaces_and_ranks(sig):
     import signal
     import sys
 
-    from zerotopo.netem import our_namespaces
+    from zerotopo.launch.netem import our_namespaces
 
     proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.getcwd()})  # fmt: skip
@@ -234,7 +234,7 @@ def test_signal_tears_down_namespaces_and_ranks(sig):
 
 
 def test_stale_namespaces_of_a_dead_launcher_are_removed():
-    from zerotopo.netem import PREFIX, our_namespaces, remove_stale
+    from zerotopo.launch.netem import PREFIX, our_namespaces, remove_stale
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -259,8 +259,8 @@ def test_an_error_in_a_rank_tears_everything_down():
     from pathlib import Path
 
     from zerotopo.errors import ZerotopoError
-    from zerotopo.netem import emulated_cluster, our_namespaces
-    from zerotopo.topology import load_topology
+    from zerotopo.launch.netem import emulated_cluster, our_namespaces
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology(Path(__file__).parent / "bench" / "mini-frontier.yaml")  # 4 ranks
     with pytest.raises(ZerotopoError, match="rank 1 breaks"), emulated_cluster(topo, network_mbit=10) as net:

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from zerotopo.errors import ConfigError, PlanError
-from zerotopo.plan import (
+from zerotopo.placement.plan import (
     PRESETS,
     Degrees,
     Plan,
@@ -18,7 +18,7 @@ from zerotopo.plan import (
     plan_from_mapping,
     validate_degrees,
 )
-from zerotopo.topology import load_topology
+from zerotopo.placement.topology import load_topology
 
 
 def _deg(plan: str | Plan, topo) -> tuple:
@@ -165,8 +165,8 @@ def test_enumerated_plans_are_valid_distinct_and_complete(name, nodes):
 
 
 def test_inline_plan_flags():
-    from zerotopo.plan import load_plan
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.plan import load_plan
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology("frontier", nodes=2)
     plan = load_plan("params=package,grads=node,optim=world,secondary=node/int8,quantize_grads=true")

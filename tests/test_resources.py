@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from zerotopo.errors import ConfigError
+from zerotopo.placement.topology import load_topology
 from zerotopo.resources import builtin_file, builtin_names, resolve_config_paths
-from zerotopo.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.proc import alive
 from zerotopo.errors import ZerotopoError
-from zerotopo.spawn import SpawnError, spawn
+from zerotopo.launch.spawn import SpawnError, spawn
 
 pytestmark = pytest.mark.slow  # each test spawns ranks and signals them
 
@@ -80,7 +80,7 @@ LAUNCHER = textwrap.dedent(
     from zerotopo.cli.main import main
     import zerotopo.cli.bench  # noqa: F401
     from test_spawn_faults import _sleeper
-    from zerotopo.spawn import spawn
+    from zerotopo.launch.spawn import spawn
     from zerotopo.errors import ZerotopoError
 
     def run(args):

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from zerotopo.errors import ConfigError
-from zerotopo.topology import builtin_topologies, load_topology, topology_from_mapping
+from zerotopo.placement.topology import builtin_topologies, load_topology, topology_from_mapping
 
 GOOD = {
     "name": "mini",
@@ -133,9 +133,9 @@ def test_every_bad_input_names_file_key_and_expectation(raw, key, words):
 
 def test_cpu_ranks_say_they_reduce_on_the_computing_thread():
     from zerotopo.cost.time import OverlapModel, step_time
-    from zerotopo.models.shape import ModelShape
-    from zerotopo.plan import get_preset
-    from zerotopo.spec.schedule import engine_units, step_schedule
+    from zerotopo.placement.plan import get_preset
+    from zerotopo.placement.schedule import engine_units, step_schedule
+    from zerotopo.placement.shape import ModelShape
 
     assert load_topology("emulated-frontier").device.host_reduce
     assert not load_topology("frontier").device.host_reduce

@@ -17,7 +17,7 @@ ACCEPTED = "ACCEPTED: the ranks would start now"
 
 _NO_SPAWN = f"""
 import sys
-import zerotopo.spawn as spawn_module
+import zerotopo.launch.spawn as spawn_module
 
 def refuse(*args, **kwargs):
     print({ACCEPTED!r})
@@ -35,7 +35,7 @@ class _Accepted(BaseException):
 
 def run_in_process(case: Case, tmp: Path) -> tuple[str, str]:
     """(outcome, output) of ``case`` run by calling the CLI's ``main`` in this process."""
-    import zerotopo.spawn as spawn_module
+    import zerotopo.launch.spawn as spawn_module
     from zerotopo.cli.main import main
 
     inv = case.build(tmp)

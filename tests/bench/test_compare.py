@@ -24,7 +24,7 @@ from zerotopo.bench.compare import (
 )
 from zerotopo.cost.time import OverlapModel
 from zerotopo.errors import ZerotopoError
-from zerotopo.netem import available
+from zerotopo.launch.netem import available
 
 MINI = str(Path(__file__).with_name("mini-frontier.yaml"))
 EMULATE, WHY = available()
@@ -137,7 +137,7 @@ def test_a_row_out_of_tolerance_voids_the_comparison():
 
 
 def test_without_root_it_says_how_to_run_unemulated(monkeypatch):
-    import zerotopo.netem as netem
+    import zerotopo.launch.netem as netem
 
     monkeypatch.setattr(netem, "available", lambda: (False, "needs root for ip netns"))
     with pytest.raises(ZerotopoError, match="needs root.*--no-emulate"):
@@ -147,7 +147,7 @@ def test_without_root_it_says_how_to_run_unemulated(monkeypatch):
 @pytest.mark.slow
 @needs_netem
 def test_sigterm_tears_down_namespaces_and_ranks(tmp_path):
-    from zerotopo.netem import _namespace_pids, our_namespaces
+    from zerotopo.launch.netem import _namespace_pids, our_namespaces
 
     cmd = [sys.executable, "-m", "zerotopo.cli.main", "bench", "compare", "--topology", MINI, "--model",
            "tiny", "--steps", "1000", "--rows", "zero3"]  # fmt: skip
@@ -212,7 +212,7 @@ def test_predictions_price_the_shipped_table_or_a_calibration_file(tmp_path):
     )
     from zerotopo.cost.bandwidth import default_table
     from zerotopo.errors import ConfigError
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.topology import load_topology
 
     assert default_table("emulated-frontier") is not None  # shipped with the topology
     topo = load_topology("emulated-frontier")

@@ -9,7 +9,7 @@ import pytest
 
 from zerotopo.cli import main as cli
 from zerotopo.errors import ConfigError
-from zerotopo.spawn import SpawnError
+from zerotopo.launch.spawn import SpawnError
 
 
 def _with_run(monkeypatch, run):

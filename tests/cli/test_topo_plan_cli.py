@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from zerotopo.cli.main import main
-from zerotopo.cli.plan import DEFAULT_VOCAB, load_model
+from zerotopo.config.model_files import DEFAULT_VOCAB, load_model
 
 TINY_MODEL = {
     "num_layers": 2,

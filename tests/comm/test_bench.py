@@ -6,10 +6,11 @@ import argparse
 
 import pytest
 
+from zerotopo.bench import collectives as bench
 from zerotopo.cli import bench as cli_bench
-from zerotopo.comm import bench, volume
 from zerotopo.errors import ConfigError
-from zerotopo.spawn import spawn
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement import volume
 
 
 def test_parse_size() -> None:

@@ -8,15 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerotopo import layout
 from zerotopo.comm import collectives as C
-from zerotopo.comm import volume
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import MESH_KINDS, build_mesh
 from zerotopo.errors import LaunchError
-from zerotopo.plan import get_preset
-from zerotopo.spawn import spawn
-from zerotopo.topology import load_topology
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement import layout, volume
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import load_topology
 
 pytestmark = pytest.mark.slow
 

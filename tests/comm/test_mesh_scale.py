@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from zerotopo.comm import mesh as mesh_mod
 from zerotopo.comm.mesh import MESH_KINDS, RankPlacement, build_mesh
-from zerotopo.plan import get_preset
-from zerotopo.topology import load_topology
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import load_topology
 
 NODES = 512
 

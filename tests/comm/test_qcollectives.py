@@ -6,15 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerotopo import layout
-from zerotopo.comm import volume
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import build_mesh
 from zerotopo.comm.qcollectives import all_gather_int8, gather_quantized, reduce_scatter_int4
 from zerotopo.comm.quant import dequantize, quantize_int4, quantize_int8
-from zerotopo.plan import get_preset
-from zerotopo.spawn import spawn
-from zerotopo.topology import load_topology
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement import layout, volume
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import load_topology
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerotopo.comm import volume
 from zerotopo.comm.quant import (
     QMAX,
     codes,
@@ -22,6 +21,7 @@ from zerotopo.comm.quant import (
     quantize_rows,
     unpack_payload,
 )
+from zerotopo.placement import volume
 
 QUANTIZERS = {8: quantize_int8, 4: quantize_int4}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from zerotopo.config.yamlio import MAX_ALIASES, load_yaml_file, load_yaml_text, read_yaml
 from zerotopo.errors import ConfigError, short
+from zerotopo.placement.yamlio import MAX_ALIASES, load_yaml_file, load_yaml_text, read_yaml
 
 
 def test_plain_yaml_reads(tmp_path):

@@ -12,8 +12,8 @@ from zerotopo.cost.bandwidth import BandwidthTable, Curve, curves_from_list, def
 from zerotopo.cost.calibration import calibration_from_mapping, load_calibration
 from zerotopo.cost.time import OverlapModel, collective_time
 from zerotopo.errors import ConfigError
-from zerotopo.spec.schedule import Collective
-from zerotopo.topology import load_topology
+from zerotopo.placement.schedule import Collective
+from zerotopo.placement.topology import load_topology
 
 M = 1 << 20
 

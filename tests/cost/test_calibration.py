@@ -9,7 +9,7 @@ import yaml
 
 from zerotopo.cost.calibration import apply_calibration, calibration_from_mapping, load_calibration
 from zerotopo.errors import ConfigError
-from zerotopo.topology import load_topology
+from zerotopo.placement.topology import load_topology
 
 TABLE = {
     "topology": "frontier",
@@ -73,15 +73,15 @@ def test_tables_for_another_machine_or_tier_are_refused(tmp_path):
 
 
 def _measure(rank: int, world: int, spec) -> dict:
-    from zerotopo.cost.measure import measure_rank
+    from zerotopo.bench.curves import measure_rank
 
     return measure_rank(spec, rank)
 
 
 @pytest.mark.slow
 def test_measured_table_has_curves_per_span_tiers_and_overlap():
-    from zerotopo.cost.measure import MeasureSpec
-    from zerotopo.spawn import spawn
+    from zerotopo.bench.curves import MeasureSpec
+    from zerotopo.launch.spawn import spawn
 
     spec = MeasureSpec(
         topology="emulated",

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from zerotopo.comm import volume
 from zerotopo.cost.comm import bytes_by_op_tier, bytes_by_tier, comm_per_step, intra_inter_bytes
-from zerotopo.layout import padded_numel
-from zerotopo.plan import Plan, get_preset
-from zerotopo.topology import load_topology
+from zerotopo.placement import volume
+from zerotopo.placement.layout import padded_numel
+from zerotopo.placement.plan import Plan, get_preset
+from zerotopo.placement.topology import load_topology
 
 U = 3 * 2**20
 BLOCK = 2**40

@@ -12,8 +12,8 @@ import pytest
 from zerotopo.cli import plan as plan_cli
 from zerotopo.cost.comm import comm_per_step, grad_width
 from zerotopo.cost.memory import memory_per_device
-from zerotopo.plan import get_preset
-from zerotopo.topology import load_topology
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import load_topology
 
 
 def _estimates(*extra: str):

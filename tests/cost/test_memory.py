@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from zerotopo.cost.memory import GIB, activation_bytes, memory_per_device
-from zerotopo.layout import padded_numel
-from zerotopo.models.shape import ModelShape
-from zerotopo.plan import Plan, enumerate_plans, get_preset
-from zerotopo.topology import load_topology
+from zerotopo.placement.layout import padded_numel
+from zerotopo.placement.plan import Plan, enumerate_plans, get_preset
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import load_topology
 
 PSI = 1_000_003  # a parameter count that divides by nothing useful: the exact fractions must carry it
 HUGE_BLOCK = 2**40  # one scale per 2^40 values: the papers neglect the scales

@@ -17,8 +17,8 @@ import pytest
 from zerotopo.cli.main import main
 from zerotopo.cost.memory import max_model_params
 from zerotopo.cost.presets import COST_PRESETS
-from zerotopo.plan import get_preset
-from zerotopo.topology import load_topology
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import load_topology
 
 # papers/003 §VI / Fig. 7, GPT-NeoX-20B on 384 GCDs (48 nodes), TFLOPS per GCD
 PAPER_ZEROPP_OVER_ZERO3 = 1.405  # "a 40.5% increase in TFLOPS per GPU over naive ZeRO-3"
@@ -99,8 +99,8 @@ def test_llama_7b_on_1024_a800_against_papers_004():
     # Lins on the engine's (its all-reduce in the backward, its parameter broadcast after the step: the
     # paper turned off that broadcast's overlap with the forward for the comparison).
     from zerotopo.cost.planner import CostOptions, plan_candidates
-    from zerotopo.models.shape import ModelShape
-    from zerotopo.plan import Plan
+    from zerotopo.placement.plan import Plan
+    from zerotopo.placement.shape import ModelShape
 
     shape = ModelShape(
         num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096, vocab_size=32000

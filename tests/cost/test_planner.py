@@ -17,10 +17,10 @@ from zerotopo.cost.planner import (
     plan_candidates,
 )
 from zerotopo.cost.time import step_time
-from zerotopo.models.shape import ModelShape
-from zerotopo.plan import PRESETS, Plan
-from zerotopo.spec.schedule import engine_units
-from zerotopo.topology import load_topology, topology_from_mapping
+from zerotopo.placement.plan import PRESETS, Plan
+from zerotopo.placement.schedule import engine_units
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import load_topology, topology_from_mapping
 
 SHAPE = ModelShape(num_layers=3, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=256)
 

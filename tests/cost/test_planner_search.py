@@ -11,8 +11,8 @@ from tests.cost.test_planner import SHAPE, _quad
 from zerotopo.cost import planner as P
 from zerotopo.cost.planner import AUTO_TOP, MODEL_ERROR, CostOptions, plan_candidates, tie_line
 from zerotopo.cost.time import OverlapModel
-from zerotopo.plan import PRESETS
-from zerotopo.topology import load_topology
+from zerotopo.placement.plan import PRESETS
+from zerotopo.placement.topology import load_topology
 
 CASES = [
     (_quad(2), CostOptions(micro_batch=2, grad_accum=2)),
@@ -64,7 +64,7 @@ def test_search_tolerance_is_checked():
 
 def test_plans_within_the_model_error_are_tied_and_broken_by_memory():
     topo = load_topology("frontier", nodes=48)
-    from zerotopo.cli.plan import load_model
+    from zerotopo.config.model_files import load_model
 
     shape, _ = load_model(["configs/neox-20b.yml"], None)
     opts = CostOptions(micro_batch=4, grad_dtype="param")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from zerotopo.cli.plan import load_model
+from zerotopo.config.model_files import load_model
 from zerotopo.cost.planner import CostOptions, plan_candidates
 from zerotopo.cost.presets import COST_PRESETS, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, resolve
-from zerotopo.models.shape import ModelShape
-from zerotopo.plan import get_preset
-from zerotopo.spec.schedule import module_units
-from zerotopo.topology import load_topology
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.schedule import module_units
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import load_topology
 
 
 def test_deepspeed_defaults_are_deepspeeds():

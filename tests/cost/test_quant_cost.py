@@ -8,9 +8,9 @@ import pytest
 
 from zerotopo.cost.comm import comm_per_step
 from zerotopo.cost.time import collective_time, quantizer_time
-from zerotopo.layout import padded_numel
-from zerotopo.plan import get_preset
-from zerotopo.topology import load_topology
+from zerotopo.placement.layout import padded_numel
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import load_topology
 
 UNITS = [4096, 65536, 65536, 4096]
 
@@ -54,7 +54,7 @@ def test_quantizer_time_is_charged_at_the_devices_rate_and_only_when_known():
 
 def test_quant_gbps_is_validated_in_topology_files(tmp_path):
     from zerotopo.errors import ConfigError
-    from zerotopo.topology import topology_from_mapping
+    from zerotopo.placement.topology import topology_from_mapping
 
     raw = {
         "name": "t",
@@ -71,8 +71,8 @@ def test_quant_gbps_is_validated_in_topology_files(tmp_path):
 
 
 def test_quantized_plans_carry_the_quantizers_wire_buffers():
-    from zerotopo.comm import volume
     from zerotopo.cost.memory import memory_per_device
+    from zerotopo.placement import volume
 
     topo = load_topology("emulated")
     plan = get_preset("zerotopo")  # int8 weights, int8 secondary, int4 gradients

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from zerotopo.comm import volume
 from zerotopo.cost.comm import comm_per_step
 from zerotopo.cost.time import quantizer_bytes, quantizer_time
 from zerotopo.errors import ConfigError
-from zerotopo.plan import get_preset
-from zerotopo.spec.schedule import Collective
-from zerotopo.topology import load_topology, topology_from_mapping
+from zerotopo.placement import volume
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.schedule import Collective
+from zerotopo.placement.topology import load_topology, topology_from_mapping
 
 GPU_TOPOLOGIES = {"frontier": 1600, "dgx-a100": 2039, "dgx-h100": 3350, "a800": 2039}
 UNITS = [4096, 1 << 20, 1 << 20, 4096]

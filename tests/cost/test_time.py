@@ -7,10 +7,10 @@ import pytest
 
 from zerotopo.cost.comm import CollectiveCost, comm_per_step, edge_costs, schedule_of
 from zerotopo.cost.time import OverlapModel, collective_time, step_time
-from zerotopo.models.shape import ModelShape
-from zerotopo.plan import get_preset
-from zerotopo.spec.schedule import Collective, StepSchedule, Unit, UnitSteps, engine_units
-from zerotopo.topology import topology_from_mapping
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.schedule import Collective, StepSchedule, Unit, UnitSteps, engine_units
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import topology_from_mapping
 
 TOPO = topology_from_mapping(
     {
@@ -297,7 +297,7 @@ def test_first_forward_waits_for_its_units_parameter_gather_in_flight_from_the_s
 def test_engine_schedule_moves_step_end_collectives_into_the_micro_batches_and_deepspeed_does_not():
     from dataclasses import replace
 
-    from zerotopo.spec.schedule import ENGINE, step_schedule
+    from zerotopo.placement.schedule import ENGINE, step_schedule
 
     plan = get_preset("zerotopo")
     units = engine_units(SHAPE)

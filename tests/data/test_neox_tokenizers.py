@@ -69,7 +69,7 @@ def test_default_tokenizer_is_neox_s(tmp_path):
 
 
 def test_plan_reads_the_vocabulary_size_of_a_gpt2_vocab(tmp_path):
-    from zerotopo.cli.plan import tokenizer_vocab
+    from zerotopo.config.model_files import tokenizer_vocab
 
     vocab, _ = write_gpt2_files(tmp_path)
     assert tokenizer_vocab(vocab) == len(vocabulary())

@@ -146,8 +146,8 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
     from zerotopo.comm.ledger import Ledger
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
-    from zerotopo.plan import load_plan
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.plan import load_plan
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology("emulated")
     results = []
@@ -258,8 +258,8 @@ def checkpoint_worker(rank: int, world: int, plan_name: str) -> dict[str, Any]:
 
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import Engine, parallelize
-    from zerotopo.plan import get_preset
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.plan import get_preset
+    from zerotopo.placement.topology import load_topology
 
     mesh = build_mesh(load_topology("emulated"), get_preset(plan_name), topo_index=rank)
     model, optimizer = parallelize(make_model({}), mesh=mesh, lr=1e-2, sanitize=True)

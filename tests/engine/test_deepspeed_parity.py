@@ -53,8 +53,8 @@ def _deepspeed_losses(rank: int) -> list[float]:
 def _zerotopo_losses(rank: int) -> list[float]:
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
-    from zerotopo.plan import get_preset
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.plan import get_preset
+    from zerotopo.placement.topology import load_topology
 
     mesh = build_mesh(load_topology("emulated", nodes=1), get_preset("zero3"), topo_index=rank)
     model, optimizer = parallelize(TinyLM(), mesh=mesh, lr=LR, weight_decay=0.1, sanitize=True)
@@ -76,7 +76,7 @@ def _worker(rank: int, world: int) -> tuple[list[float], list[float]]:
 
 def test_zero3_matches_deepspeed_zero3():
     pytest.importorskip("deepspeed")
-    from zerotopo.spawn import spawn
+    from zerotopo.launch.spawn import spawn
 
     results = spawn(_worker, RANKS, ranks_per_node=RANKS, timeout_s=900, env={"DS_ACCELERATOR": "cpu"})
     for rank, (ours, theirs) in enumerate(results):

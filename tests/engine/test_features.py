@@ -9,9 +9,9 @@ import pytest
 
 from tests.engine.cases import MICRO, STEPS, WORLD, reference, rel_err, train_worker
 from zerotopo.cost.comm import bytes_by_op_tier, comm_per_step
-from zerotopo.plan import load_plan
-from zerotopo.spawn import spawn
-from zerotopo.topology import load_topology
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement.plan import load_plan
+from zerotopo.placement.topology import load_topology
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def test_post_step_parameter_gathers_left_in_flight_are_bit_identical(runs):
 
 
 def test_the_runtime_executes_its_schedule_entries(runs):
-    """What each unit's gathers are is data (zerotopo.spec.schedule.engine_unit_steps, the function the
+    """What each unit's gathers are is data (zerotopo.placement.schedule.engine_unit_steps, the function the
     cost model's schedule comes from): edit the entries and the runtime runs the edited collectives."""
     plain, edited = _res(runs, "no-delay"), _res(runs, "schedule-edited")
     assert (

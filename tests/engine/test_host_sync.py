@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tests.engine.cases import MICRO, batch, loss_fn, make_model
-from zerotopo.plan import PRESETS
-from zerotopo.spawn import spawn
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement.plan import PRESETS
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ CASES: list[dict[str, Any]] = [{"plan": name} for name in PRESETS] + [
 
 
 def _topology():
-    from zerotopo.topology import topology_from_mapping
+    from zerotopo.placement.topology import topology_from_mapping
 
     return topology_from_mapping(
         {
@@ -49,7 +49,7 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
     from zerotopo.comm.ledger import Ledger
     from zerotopo.engine import parallelize
     from zerotopo.engine.hostsync import HostSyncCounter
-    from zerotopo.plan import get_preset
+    from zerotopo.placement.plan import get_preset
 
     topo = _topology()
     node, local = divmod(rank, 2)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.cases import MICRO, STEPS, WORLD, reference, rel_err, train_worker
-from zerotopo import layout
 from zerotopo.cost.comm import bytes_by_op_tier, comm_per_step
 from zerotopo.cost.memory import memory_per_device
-from zerotopo.plan import load_plan
-from zerotopo.spawn import spawn
-from zerotopo.topology import load_topology
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement import layout
+from zerotopo.placement.plan import load_plan
+from zerotopo.placement.topology import load_topology
 
 pytestmark = pytest.mark.slow
 

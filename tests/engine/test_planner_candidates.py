@@ -1,5 +1,5 @@
 """Every plan the planner can return trains: candidates drawn from its whole search space
-(:func:`zerotopo.plan.enumerate_plans` on 8 ranks: every degree triple, secondary partitions of every
+(:func:`zerotopo.placement.plan.enumerate_plans` on 8 ranks: every degree triple, secondary partitions of every
 degree 1 to world in bf16 and int8, int8 weights and int4 gradients) each train two steps inside one
 spawn of 8 gloo ranks, against the single-process AdamW reference, with memory and ledger bytes
 equal to the cost model's.
@@ -19,9 +19,9 @@ import pytest
 from tests.engine.cases import MICRO, WORLD, reference, rel_err, train_worker
 from zerotopo.cost.comm import bytes_by_op_tier, comm_per_step
 from zerotopo.cost.memory import memory_per_device
-from zerotopo.plan import Plan, enumerate_plans
-from zerotopo.spawn import spawn
-from zerotopo.topology import load_topology
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement.plan import Plan, enumerate_plans
+from zerotopo.placement.topology import load_topology
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.engine.cases import MICRO, TinyLM, batch, loss_fn
-from zerotopo.spawn import spawn
+from zerotopo.launch.spawn import spawn
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +42,8 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
     from zerotopo.comm.ledger import Ledger
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
-    from zerotopo.plan import load_plan
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.plan import load_plan
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology("emulated", nodes=1)
     out = []
@@ -178,8 +178,8 @@ def test_meta_parameters_without_an_init_are_refused():
 def test_grad_dtype_param_keeps_gradients_in_the_parameter_dtype(runs):
     from zerotopo.cost.comm import bytes_by_op_tier, comm_per_step
     from zerotopo.cost.memory import memory_per_device
-    from zerotopo.plan import load_plan
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.plan import load_plan
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology("emulated", nodes=1)
     for r in range(WORLD):

@@ -13,7 +13,7 @@ from zerotopo.engine.streams import CopyEngine, OrderingError, Ready, Sanitizer,
 from zerotopo.engine.units import FlatUnit, UnitState, assign_params, collect_units
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
-from zerotopo.plan import Degrees
+from zerotopo.placement.plan import Degrees
 
 
 def test_default_units_are_list_children_and_top_level_modules():

@@ -30,8 +30,8 @@ import pytest
 import torch
 
 from tests.engine.cases import MICRO, batch, loss_fn, make_model
-from zerotopo.plan import PRESETS
-from zerotopo.spawn import spawn
+from zerotopo.launch.spawn import spawn
+from zerotopo.placement.plan import PRESETS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -42,7 +42,7 @@ STEPS = 3
 
 def _topology(world: int):
     """``world`` ranks: 2 nodes when the world is even and above 1 (so plans cross the network), else one."""
-    from zerotopo.topology import topology_from_mapping
+    from zerotopo.placement.topology import topology_from_mapping
 
     nodes = _nodes(world)
     return topology_from_mapping(
@@ -81,7 +81,7 @@ def _engine(case: dict[str, Any], rank: int, world: int, device: torch.device):
     from zerotopo.comm.ledger import Ledger
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
-    from zerotopo.plan import get_preset
+    from zerotopo.placement.plan import get_preset
 
     torch.backends.cuda.matmul.allow_tf32 = False
     plan = get_preset(case["plan"])

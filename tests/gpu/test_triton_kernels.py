@@ -20,7 +20,7 @@ import torch
 
 from tests.comm.triton_interp_cases import DTYPES, same, special
 from zerotopo.comm import quant as Q
-from zerotopo.comm import volume
+from zerotopo.placement import volume
 
 pytestmark = pytest.mark.gpu
 BLOCK = 256
@@ -30,7 +30,7 @@ NUMEL = 1 << 26  # 64 Mi values: 128-256 MiB per pass, far beyond any cache
 def _device_bandwidth() -> tuple[float, str]:
     """GB/s of this device's memory from the built-in topology whose device it is, else measured copy."""
     from benchmarks.quant_bench import copy_bandwidth
-    from zerotopo.topology import builtin_topologies, load_topology
+    from zerotopo.placement.topology import builtin_topologies, load_topology
 
     name = torch.cuda.get_device_name()
     keys = {"MI250X": "frontier", "A100": "dgx-a100", "H100": "dgx-h100", "A800": "a800"}

@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from zerotopo.comm.mesh import build_mesh
 from zerotopo.launch import discover, init_distributed, topological_index
-from zerotopo.plan import get_preset
-from zerotopo.topology import load_topology
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import load_topology
 
 
 def main() -> None:

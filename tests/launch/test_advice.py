@@ -149,7 +149,7 @@ def test_env_text_and_check_failures(monkeypatch, capsys):
 def test_init_distributed_single_process(monkeypatch):
     import torch.distributed as dist
 
-    from zerotopo.spawn import free_port
+    from zerotopo.launch.spawn import free_port
 
     info = discover({"MASTER_PORT": str(free_port())}, device_kind="cpu")
     device = init_distributed(info, timeout_s=30)

@@ -11,8 +11,8 @@ import pytest
 
 from zerotopo.errors import LaunchError
 from zerotopo.launch.devices import check_device_list
-from zerotopo.spawn import free_port
-from zerotopo.topology import load_topology
+from zerotopo.launch.spawn import free_port
+from zerotopo.placement.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import pytest
 from zerotopo.errors import LaunchError
 from zerotopo.launch import discovery, mpi
 from zerotopo.launch.discovery import check_against_topology, discover, topological_index
-from zerotopo.topology import load_topology
+from zerotopo.placement.topology import load_topology
 
 FRONTIER_CLOSEST = (4, 5, 2, 3, 6, 7, 0, 1)
 

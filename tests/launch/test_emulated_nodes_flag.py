@@ -11,7 +11,7 @@ import pytest
 
 from zerotopo.launch.advice import topology_mismatch_advice
 from zerotopo.launch.discovery import RankInfo
-from zerotopo.topology import load_topology
+from zerotopo.placement.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 

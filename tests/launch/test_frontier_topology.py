@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from tests.launch.test_emulated_nodes_flag import info
 from zerotopo.launch.advice import recognised_topology, topology_mismatch_advice
-from zerotopo.topology import load_topology
+from zerotopo.placement.topology import load_topology
 
 
 def test_sixteen_frontier_nodes_on_the_emulated_topology_are_told_to_pass_topology_frontier():

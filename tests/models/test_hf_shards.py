@@ -9,9 +9,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from zerotopo.errors import ZerotopoError
-from zerotopo.models.hf import _hf_name
-from zerotopo.models.hf_shards import (
+from zerotopo.checkpoint.hf import (
     INDEX_FILE,
     HFWeights,
     check_hf_directory,
@@ -20,6 +18,8 @@ from zerotopo.models.hf_shards import (
     merge_hf_config,
     parse_size,
 )
+from zerotopo.errors import ZerotopoError
+from zerotopo.models.hf import _hf_name
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 
 pytestmark = pytest.mark.slow  # a module fixture trains and saves a checkpoint on spawned ranks
@@ -115,7 +115,7 @@ def checkpoint(tmp_path_factory):
     """A 2-rank zero3 checkpoint of the tiny model of ckpt_workers, with a Hugging Face tokenizer."""
     tokenizers = pytest.importorskip("tokenizers")
     from tests.trainer.ckpt_workers import checkpoint_worker
-    from zerotopo.spawn import spawn
+    from zerotopo.launch.spawn import spawn
 
     d = tmp_path_factory.mktemp("export")
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
@@ -141,7 +141,7 @@ def checkpoint(tmp_path_factory):
 
 def _reference_logits(step_dir, cfg, x):
     """Logits of zerotopo's own model with the weights assembled straight from the DCP shards."""
-    from zerotopo.trainer.checkpoint import parameter_shapes, read_tensors
+    from zerotopo.checkpoint.store import parameter_shapes, read_tensors
 
     shapes = parameter_shapes(cfg)
     flat = read_tensors(step_dir, {f"param/{n}": (torch.Size(s).numel(),) for n, s in shapes.items()})

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
+from zerotopo.checkpoint.hf import hf_to_neox_config
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.config import NeoXConfig, mlp_width
 from zerotopo.models.hf import export_architecture, load_hf_state_dict, save_pretrained, to_hf_state_dict
-from zerotopo.models.hf_shards import hf_to_neox_config
 from zerotopo.models.neox import GatedMLP, GPTNeoX, RMSNorm
-from zerotopo.models.shape import ModelShape
+from zerotopo.placement.shape import ModelShape
 
 transformers = pytest.importorskip("transformers")
 
@@ -205,7 +205,7 @@ def test_export_refuses_what_no_architecture_holds():
 def test_sharded_import_reads_any_slice_of_the_fused_projection(tmp_path, kv):
     """Each rank reads only its elements of each parameter: any range of the fused QKV (rows interleaved
     per head, or in blocks under GQA) comes out of the q/k/v tensors of a sharded directory exactly."""
-    from zerotopo.models.hf_shards import HFWeights
+    from zerotopo.checkpoint.hf import HFWeights
 
     ref = hf_llama(kv)
     ref.save_pretrained(tmp_path, max_shard_size="20KB")

@@ -70,7 +70,7 @@ def test_neox_llama_configs_train_when_shrunk(tmp_path, capfd):
     losses = train_losses(run)
     assert sorted(losses) == [1, 2] and all(0 < v < 10 for v in losses.values())
     # exported as LlamaForCausalLM with the SentencePiece model as tokenizer.model, </s> as end-of-document
-    from zerotopo.models.hf_shards import export_hf
+    from zerotopo.checkpoint.hf import export_hf
 
     export_hf(tmp_path / "save", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -97,8 +97,8 @@ def hf_llama_gqa(directory: Path):
 
 def checkpoint_model(save: Path):
     """The zerotopo model a checkpoint holds, assembled in this process."""
+    from zerotopo.checkpoint.store import find_checkpoint, read_tensors
     from zerotopo.models.neox import GPTNeoX, NeoXConfig
-    from zerotopo.trainer.checkpoint import find_checkpoint, read_tensors
 
     step = find_checkpoint(save)
     manifest = json.loads((step / "checkpoint.json").read_text())
@@ -110,7 +110,7 @@ def checkpoint_model(save: Path):
 
 
 def test_hf_llama_gqa_imported_trained_exported_matches_transformers(tmp_path, capfd):
-    from zerotopo.models.hf_shards import export_hf
+    from zerotopo.checkpoint.hf import export_hf
 
     src = tmp_path / "hf-in"
     before = hf_llama_gqa(src)

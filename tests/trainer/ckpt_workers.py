@@ -28,12 +28,12 @@ def checkpoint_worker(
     import torch
     import torch.nn.functional as F
 
+    from zerotopo.checkpoint.store import load_checkpoint, save_checkpoint
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
     from zerotopo.models.neox import GPTNeoX
-    from zerotopo.plan import load_plan
-    from zerotopo.topology import load_topology
-    from zerotopo.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from zerotopo.placement.plan import load_plan
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology("emulated-4node", nodes=nodes)
     plan = load_plan(plan_name)
@@ -79,13 +79,13 @@ def nonfinite_save_worker(rank: int, world: int, out: str) -> str:
     the error every rank got (nothing may be written)."""
     import torch
 
+    from zerotopo.checkpoint.store import save_checkpoint
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
     from zerotopo.errors import ZerotopoError
     from zerotopo.models.neox import GPTNeoX
-    from zerotopo.plan import load_plan
-    from zerotopo.topology import load_topology
-    from zerotopo.trainer.checkpoint import save_checkpoint
+    from zerotopo.placement.plan import load_plan
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology("emulated-4node", nodes=world // 2)
     plan = load_plan("zero3")

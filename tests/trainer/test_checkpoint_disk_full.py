@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.test_checkpoint_resume import small_config
+from zerotopo.checkpoint.store import find_checkpoint
 from zerotopo.cli.main import main
-from zerotopo.trainer.checkpoint import find_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +70,8 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, capfd):
 def test_a_short_write_on_a_full_disk_is_named_whatever_the_writer_raised(tmp_path):
     """torch's zip writer turns ENOSPC into ``RuntimeError: ... unexpected pos``; a save that fails with
     the file system full is still reported as a full disk, and on a disk with room it is not."""
+    from zerotopo.checkpoint.store import _run_dcp
     from zerotopo.errors import ZerotopoError
-    from zerotopo.trainer.checkpoint import _run_dcp
 
     def short_write():
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")

@@ -14,9 +14,9 @@ import torch
 
 from tests.trainer.ckpt_workers import cfg as tiny_cfg
 from tests.trainer.ckpt_workers import checkpoint_worker
+from zerotopo.checkpoint.store import find_checkpoint, preflight_load, read_tensors
 from zerotopo.errors import ZerotopoError
-from zerotopo.spawn import spawn
-from zerotopo.trainer.checkpoint import find_checkpoint, preflight_load, read_tensors
+from zerotopo.launch.spawn import spawn
 
 pytestmark = pytest.mark.slow  # a module fixture trains and saves a checkpoint on spawned ranks
 

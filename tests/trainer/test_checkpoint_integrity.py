@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from tests.trainer.ckpt_workers import checkpoint_worker
+from zerotopo.checkpoint.dcpio import METADATA_FILE, piece_checksum
+from zerotopo.checkpoint.store import read_tensors, verify_checkpoint
 from zerotopo.cli.main import main
 from zerotopo.errors import ZerotopoError
-from zerotopo.spawn import spawn
-from zerotopo.trainer.checkpoint import read_tensors, verify_checkpoint
-from zerotopo.trainer.dcpio import METADATA_FILE, piece_checksum
+from zerotopo.launch.spawn import spawn
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tests.trainer.ckpt_workers import checkpoint_worker
-from zerotopo.spawn import spawn
-from zerotopo.trainer.checkpoint import read_tensors
-from zerotopo.trainer.dcpio import read_metadata_file
+from zerotopo.checkpoint.dcpio import read_metadata_file
+from zerotopo.checkpoint.store import read_tensors
+from zerotopo.launch.spawn import spawn
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from zerotopo.checkpoint.store import FAULT_ENV, find_checkpoint
 from zerotopo.cli.main import main
-from zerotopo.trainer.checkpoint import FAULT_ENV, find_checkpoint
 from zerotopo.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -167,7 +167,7 @@ def test_from_hf_starts_from_the_model_weights(tmp, hf_model, capfd):
     import torch
     from safetensors.torch import load_file
 
-    from zerotopo.models.hf_shards import export_hf
+    from zerotopo.checkpoint.hf import export_hf
 
     src, params = hf_model
     save = tmp / "from-hf"

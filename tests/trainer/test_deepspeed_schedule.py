@@ -9,7 +9,7 @@ import torch
 
 from zerotopo.config.neox import load_neox_config
 from zerotopo.errors import ConfigError
-from zerotopo.trainer.schedule import DeepSpeedWarmupSchedule, deepspeed_schedule, schedule_for
+from zerotopo.trainer.lr_schedule import DeepSpeedWarmupSchedule, deepspeed_schedule, schedule_for
 
 lr_schedules = pytest.importorskip("deepspeed.runtime.lr_schedules")
 

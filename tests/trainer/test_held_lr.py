@@ -7,7 +7,7 @@ import types
 
 import torch
 
-from zerotopo.trainer.schedule import LRSchedule, held_schedule
+from zerotopo.trainer.lr_schedule import LRSchedule, held_schedule
 
 
 def test_lr_follows_applied_steps_under_a_loss_scaler():

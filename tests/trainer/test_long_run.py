@@ -18,8 +18,8 @@ import torch
 
 from tests.trainer.test_checkpoint_integrity import _patch, _values_span
 from tests.trainer.test_checkpoint_resume import small_config
-from zerotopo.spawn import free_port
-from zerotopo.trainer.dcpio import METADATA_FILE, piece_checksum
+from zerotopo.checkpoint.dcpio import METADATA_FILE, piece_checksum
+from zerotopo.launch.spawn import free_port
 from zerotopo.trainer.metrics import read_metrics
 from zerotopo.trainer.preempt import EXIT_PREEMPTED
 from zerotopo.trainer.savelock import LOCK_FILE

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from zerotopo.checkpoint.store import NonFiniteError, _kept, check_identity, previous_checkpoint
 from zerotopo.config.neox import load_neox_config
 from zerotopo.errors import ConfigError, ZerotopoError
-from zerotopo.trainer.checkpoint import NonFiniteError, _kept, check_identity, previous_checkpoint
 from zerotopo.trainer.longrun import check_finite_rows, check_resume_position
 
 ROOT = Path(__file__).resolve().parents[2]

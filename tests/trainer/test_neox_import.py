@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from zerotopo.checkpoint.neox import check_neox_checkpoint, neox_step_dir
 from zerotopo.config.neox import load_neox_config
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.neox import GPTNeoX
-from zerotopo.models.neox_ckpt import check_neox_checkpoint, neox_step_dir
 from zerotopo.trainer.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

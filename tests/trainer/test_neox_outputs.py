@@ -8,11 +8,11 @@ import types
 
 import pytest
 
+from zerotopo.checkpoint.retention import checkpoint_steps, prune_checkpoints
 from zerotopo.config.neox import load_neox_config
 from zerotopo.errors import ConfigError
 from zerotopo.logs import attach_run_log, close_run_log, get_logger, setup_console
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, read_metrics
-from zerotopo.trainer.retention import checkpoint_steps, prune_checkpoints
 
 
 def args_of(tmp_path, text):
@@ -132,7 +132,7 @@ def test_log_file_and_log_dir_copy_get_buffered_records_and_warnings_once(tmp_pa
 
 
 def test_what_counts_as_a_checkpoint_to_load(tmp_path):
-    from zerotopo.trainer.checkpoint import find_checkpoint
+    from zerotopo.checkpoint.store import find_checkpoint
 
     assert find_checkpoint(tmp_path / "missing") is None
     assert find_checkpoint(tmp_path) is None  # empty: training starts at step 0

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from zerotopo.trainer.schedule import LRSchedule
+from zerotopo.trainer.lr_schedule import LRSchedule
 
 
 def test_warmup_rises_linearly_to_the_peak():

@@ -4,7 +4,7 @@ Every row trains the same GPT-NeoX (:func:`zerotopo.bench.rows.build_model`, one
 synthetic token sequences (:func:`batches`: rank, step and micro-batch decide them), with the same
 micro-batch size, micro-batches per step, dtype (fp32), AdamW settings and step count, on the same
 ranks. The rows run one after the other inside the same rank processes, so they share the machine and
-its emulated network (:func:`zerotopo.netem.emulated_cluster`: one namespace per rank, every tier a
+its emulated network (:func:`zerotopo.launch.netem.emulated_cluster`: one namespace per rank, every tier a
 shaped link). Per row, rank 0's JSON carries:
 
 - ``step_time_s`` (median of the timed steps, barrier to barrier) and ``tokens_per_s``;
@@ -109,7 +109,7 @@ def model_config(opts: CompareOptions) -> tuple[Any, int]:
             max_position_embeddings=seq,
         )
         return cfg, seq
-    from zerotopo.cli.plan import load_model
+    from zerotopo.config.model_files import load_model
 
     try:
         _, neox = load_model([opts.model], opts.vocab or 1024)
@@ -147,7 +147,7 @@ def _worker(
 
     from zerotopo.bench.measure import PeakMemory, link_tier_bytes
     from zerotopo.bench.rows import build_row, prepare_row, warm_up
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology(opts.topology)
     cfg, seq = model_config(opts)
@@ -271,7 +271,7 @@ def resolve_rows(
     same_as for a planner pick that equals a preset already in the list). ``topo`` and ``measured``:
     what :func:`cost_inputs` returns."""
     from zerotopo.cost.planner import CostOptions, best_plan, estimate, placement, plan_candidates
-    from zerotopo.plan import get_preset
+    from zerotopo.placement.plan import get_preset
 
     cost = CostOptions(
         micro_batch=opts.batch,
@@ -462,8 +462,8 @@ def ratios(rows: list[dict[str, Any]], base: str = "zerotopo") -> dict[str, floa
 def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     """Run every row on local ranks (on the emulated cluster unless ``opts.emulate`` is False) and
     return the report (see the module docstring)."""
-    from zerotopo.spawn import spawn
-    from zerotopo.topology import load_topology
+    from zerotopo.launch.spawn import spawn
+    from zerotopo.placement.topology import load_topology
 
     for key in ("steps", "micro_batches", "batch", "repeat"):
         if getattr(opts, key) < 1:
@@ -483,7 +483,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     rates: dict[str, float] = {}
     t0 = time.perf_counter()
     if opts.emulate:
-        from zerotopo.netem import HOW_TO_SKIP, available, emulated_cluster
+        from zerotopo.launch.netem import HOW_TO_SKIP, available, emulated_cluster
 
         ok, why = available()
         if not ok:
@@ -725,7 +725,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> CompareOptions:
-    from zerotopo.netem import parse_rates
+    from zerotopo.launch.netem import parse_rates
 
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
     if not rows:

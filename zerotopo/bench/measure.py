@@ -60,7 +60,7 @@ def link_tier_bytes(tier_classes: dict[str, str]) -> dict[str, int]:
     rank's own network namespace); {} when there is no emulated link."""
     if not tier_classes:
         return {}
-    from zerotopo.netem import class_bytes
+    from zerotopo.launch.netem import class_bytes
 
     counters = class_bytes("eth0")
     return {tier: counters.get(cls, 0) for tier, cls in tier_classes.items()}

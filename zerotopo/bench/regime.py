@@ -34,10 +34,10 @@ def target_regime(
 ) -> TargetRegime:
     """R of ``model`` on ``nodes`` nodes of ``topology`` with the topology's shipped curves, at the
     config's micro-batch, accumulation, checkpointing and gradient width (as ``zerotopo plan``)."""
-    from zerotopo.cli.plan import load_model
+    from zerotopo.config.model_files import load_model
     from zerotopo.cost.planner import CostOptions, estimate
     from zerotopo.cost.presets import resolve
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.topology import load_topology
 
     shape, neox = load_model([model], None)
     topo = load_topology(topology, nodes=nodes)

@@ -5,7 +5,7 @@ compare zerotopo with DeepSpeed and FSDP2 on an emulated cluster (``bench compar
 training, and prints op, degree, tier crossed, message size, time and algorithm bandwidth (bytes this
 rank sent / time). Outside a distributed job it spawns the ranks locally (gloo, emulated topology);
 under ``srun``/``torchrun``/``mpiexec`` it runs as one rank of the job and rank 0 prints.
-``bench step`` is provided by :mod:`zerotopo.bench_step` when that module is installed;
+``bench step`` is provided by :mod:`zerotopo.bench.step` when that module is installed;
 ``bench compare`` by :mod:`zerotopo.bench.compare` (see docs/bench.md).
 """
 
@@ -29,7 +29,7 @@ EPILOG = """examples:
 
 def _step_module() -> ModuleType | None:
     try:
-        return importlib.import_module("zerotopo.bench_step")
+        return importlib.import_module("zerotopo.bench.step")
     except ImportError:
         return None
 
@@ -40,7 +40,7 @@ def _csv(text: str) -> list[str]:
 
 def check_collective_flags(args: argparse.Namespace) -> None:
     """Counts out of range are bad input before any rank starts."""
-    from zerotopo.topology import MAX_NODES
+    from zerotopo.placement.topology import MAX_NODES
 
     bounds = {"nodes": (1, MAX_NODES), "ranks": (1, 4096), "iters": (1, 10**6), "warmup": (0, 10**6)}
     for name, (lo, hi) in bounds.items():
@@ -66,7 +66,7 @@ def add_emulation_arguments(p: argparse.ArgumentParser) -> None:
         "--emulate",
         action="store_true",
         help="root: each local rank in its own network namespace, every tier a shaped link "
-        "(zerotopo.netem.emulated_cluster)",
+        "(zerotopo.launch.netem.emulated_cluster)",
     )
     p.add_argument(
         "--network-mbit",
@@ -83,10 +83,10 @@ def add_emulation_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def emulation(args: argparse.Namespace) -> dict | None:
-    """Keywords of :func:`zerotopo.netem.emulated_cluster` from the emulation flags (None: no emulation)."""
+    """Keywords of :func:`zerotopo.launch.netem.emulated_cluster` from the emulation flags (None: no emulation)."""
     if not getattr(args, "emulate", False):
         return None
-    from zerotopo.netem import parse_rates
+    from zerotopo.launch.netem import parse_rates
 
     return {"network_mbit": args.network_mbit, "rates": parse_rates(args.shape)}
 
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         module = _step_module()
         if module is None:
             raise ConfigError(
-                "bench step is not available in this installation (zerotopo.bench_step is missing)"
+                "bench step is not available in this installation (zerotopo.bench.step is missing)"
             )
         return int(module.run(args) or 0)
     if args.bench_target != "collectives":
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     check_collective_flags(args)
     if not 1 <= args.block <= 1 << 20:
         raise ConfigError(f"expected 1 to {1 << 20}, found {args.block}", source="--block")
-    from zerotopo.comm import bench
+    from zerotopo.bench import collectives as bench
 
     ops = tuple(_csv(args.ops)) if args.ops else bench.DEFAULT_OPS
     unknown = [o for o in ops if o not in bench.OPS]

@@ -4,7 +4,7 @@ For every group span training uses (the shard groups of each tier's size, and th
 exactly one tier), every group at once: the bus bandwidth of each collective at several message sizes
 (the ``bandwidth:`` curves), per-tier latency and bandwidth (``tiers:``), and the overlap parameters
 (``overlap:``). ``zerotopo plan --calibration FILE`` reads it in place of the topology's shipped table
-(:mod:`zerotopo.cost.measure`, :mod:`zerotopo.cost.calibration`). Outside a distributed job it spawns
+(:mod:`zerotopo.bench.curves`, :mod:`zerotopo.cost.calibration`). Outside a distributed job it spawns
 local gloo ranks.
 """
 
@@ -45,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zerotopo.bench import collectives as bench
+    from zerotopo.bench import curves as measure
     from zerotopo.cli.bench import check_collective_flags
-    from zerotopo.comm import bench
-    from zerotopo.cost import measure
 
     check_collective_flags(args)
     sizes = tuple(sorted({bench.parse_size(s) for s in _csv(args.size or args.sizes)}))

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotopo.trainer.checkpoint import verify_checkpoint
+    from zerotopo.checkpoint.store import verify_checkpoint
 
     report = verify_checkpoint(args.checkpoint)
     note = (

@@ -56,7 +56,7 @@ def _report(args: argparse.Namespace) -> tuple[dict, list[str], list[str]]:
     }
     errors: list[str] = []
     if args.topology:
-        from zerotopo.topology import load_topology
+        from zerotopo.placement.topology import load_topology
 
         topology = load_topology(args.topology, nodes=args.nodes or info.num_nodes)
         fields["topology"] = topology.name

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotopo.models.hf_shards import export_hf, parse_size
+    from zerotopo.checkpoint.hf import export_hf, parse_size
 
     files = export_hf(
         args.checkpoint, args.out, max_shard_bytes=parse_size(args.max_shard_size), dtype=args.dtype

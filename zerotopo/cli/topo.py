@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zerotopo.topology import Topology, builtin_topologies, load_topology
+from zerotopo.placement.topology import Topology, builtin_topologies, load_topology
 
 #: Nodes drawn in full by ``show``; the rest are summarised (their layout repeats).
 SHOWN_NODES = 2

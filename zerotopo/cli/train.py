@@ -25,7 +25,7 @@ Config keys follow GPT-NeoX (see docs/configs.md); --set overrides any of them.
 
 
 def _parse_value(text: str):
-    from zerotopo.config.yamlio import parse_override_value
+    from zerotopo.placement.yamlio import parse_override_value
 
     return parse_override_value(text)
 
@@ -113,7 +113,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """Flag values out of range are bad input before anything starts."""
     import math
 
-    from zerotopo.topology import MAX_NODES
+    from zerotopo.placement.topology import MAX_NODES
 
     if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
         raise ConfigError(

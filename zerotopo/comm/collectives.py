@@ -16,7 +16,7 @@ collective's result (DESIGN.md, synchronization rule 2). On CPU streams are igno
 backend refuses an op, the call is redone another way and remembered: non-reducing ops move the bytes
 (a uint8 view); reductions run in fp32 (reduce-scatter as an fp32 all-reduce and
 a slice). The ledger still records the logical message: its dtype and the ring bytes of
-:mod:`zerotopo.comm.volume`, whatever the fallback moved.
+:mod:`zerotopo.placement.volume`, whatever the fallback moved.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from zerotopo.comm import volume
 from zerotopo.comm.ledger import Ledger, Record
+from zerotopo.placement import volume
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 # (backend, op, dtype) found unsupported; dtype None: the op itself.

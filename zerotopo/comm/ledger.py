@@ -1,6 +1,6 @@
 """The communication ledger: every collective a rank issued, its bytes, the tier it crossed, its time.
 
-Bytes are this rank's sent bytes as :mod:`zerotopo.comm.volume` counts them (ring/direct algorithms), the
+Bytes are this rank's sent bytes as :mod:`zerotopo.placement.volume` counts them (ring/direct algorithms), the
 same figures the cost model predicts, so a step's ledger can be compared with the model byte for byte.
 Times are wall-clock seconds from issue to completion: measured on the host on CPU, with CUDA events on
 an accelerator.
@@ -48,7 +48,7 @@ class Record:
     numel: int
     """Elements of the whole message (gathered output, reduce-scatter input)."""
     bytes_sent: int
-    """Bytes this rank sent, from :mod:`zerotopo.comm.volume`."""
+    """Bytes this rank sent, from :mod:`zerotopo.placement.volume`."""
     seconds: float
     """Wall time from issue to completion."""
     tag: str = ""

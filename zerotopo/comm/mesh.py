@@ -4,7 +4,7 @@
 each rank's topological index and host, checks them against the topology (one clear
 :class:`~zerotopo.errors.LaunchError` on every rank instead of a hang or silently wrong groups), then
 creates one process group per distinct member set over every group kind of the plan
-(:func:`zerotopo.layout.groups`), never one per module.
+(:func:`zerotopo.placement.layout.groups`), never one per module.
 
 [Note: group order] A :class:`GroupHandle` lists its ranks by topological index, and ``position`` is the
 place in that order; the layout's chunk arithmetic is written in positions. ``torch.distributed`` numbers
@@ -37,10 +37,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotopo import layout
 from zerotopo.errors import LaunchError
-from zerotopo.plan import Degrees, Plan
-from zerotopo.topology import Topology
+from zerotopo.placement import layout
+from zerotopo.placement.plan import Degrees, Plan
+from zerotopo.placement.topology import Topology
 
 #: Kinds beyond the layout's: the whole job, and the two hops of the hierarchical int4 reduce-scatter.
 EXTRA_KINDS = ("world", "grads_intra", "grads_inter")

@@ -10,7 +10,7 @@ The node is the topology's (the mesh's ``grads_intra``/``grads_inter`` groups), 
 visible devices: DeepSpeed's qgZ derives it from ``torch.cuda.device_count()``, which is 1 under
 ``srun --gpus-per-task=1``, and then reduces the wrong chunks.
 
-Ledger records use the quantized byte counts of :mod:`zerotopo.comm.volume` (codes plus scales), one
+Ledger records use the quantized byte counts of :mod:`zerotopo.placement.volume` (codes plus scales), one
 record per hop, each on its own group so the tier is the one that hop crosses.
 """
 
@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from zerotopo.comm import volume
 from zerotopo.comm.collectives import (
     Finish,
     Pending,
@@ -41,6 +40,7 @@ from zerotopo.comm.quant import (
     quantize_rows,
     unpack_payload,
 )
+from zerotopo.placement import volume
 
 
 def gather_quantized(

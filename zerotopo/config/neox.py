@@ -21,10 +21,10 @@ from zerotopo.config.neox_keys import (  # noqa: F401 - NO_EFFECT_KEYS and REFUS
     REFUSED_UNLESS_DEFAULT,
     refused_value,
 )
-from zerotopo.config.yamlio import apply_overrides, merge_files
 from zerotopo.errors import ConfigError, short
 from zerotopo.models.config import INIT_METHODS, NeoXConfig, mlp_width
-from zerotopo.models.shape import ModelShape
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.yamlio import apply_overrides, merge_files
 
 # Accepted without effect, with the reason: zerotopo/config/neox_keys.py (docs/configs.md reads it).
 IGNORED_KEYS = frozenset(NO_EFFECT_KEYS)

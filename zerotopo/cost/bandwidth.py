@@ -15,7 +15,7 @@ interpolated where ``v`` was not profiled. A :class:`BandwidthTable` holds such 
 
 ``busbw`` is the NCCL/RCCL-tests *bus bandwidth* (``(d-1)/d · size / time`` for an all-gather or a
 reduce-scatter, ``2(d-1)/d · size / time`` for an all-reduce), which is exactly the bytes one rank sends
-(:mod:`zerotopo.comm.volume`) divided by the time: a call takes ``bytes_sent / busbw``.
+(:mod:`zerotopo.placement.volume`) divided by the time: a call takes ``bytes_sent / busbw``.
 
 Lookup (:meth:`BandwidthTable.busbw`):
 

@@ -32,11 +32,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from zerotopo.config.yamlio import load_yaml_file
 from zerotopo.cost.bandwidth import BandwidthTable, curves_from_list
 from zerotopo.cost.time import OverlapModel, overlap_from_mapping
 from zerotopo.errors import ConfigError, short
-from zerotopo.topology import Topology
+from zerotopo.placement.topology import Topology
+from zerotopo.placement.yamlio import load_yaml_file
 
 _TOP_REQUIRED = ("topology",)
 _TOP_OPTIONAL = ("nodes", "date", "command", "notes", "tiers", "bandwidth", "overlap")

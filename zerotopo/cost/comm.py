@@ -1,7 +1,7 @@
 """Bytes per step: every collective the engine issues for a plan, its group, the tier it crosses.
 
 [Note: counted schedule] Per unit (embedding, each layer, head; ``n`` elements padded by
-:func:`zerotopo.layout.padded_numel`) and per micro-batch:
+:func:`zerotopo.placement.layout.padded_numel`) and per micro-batch:
 
 - forward: all-gather over the ``params`` group (int8 payload when the plan quantizes weights);
 - backward: all-gather over the ``secondary`` group (bf16 or int8 payload) or, without a secondary
@@ -15,16 +15,16 @@ Once per step and unit: the cross-replica gradient reduction (``allreduce`` of t
 and the all-gather of updated parameter chunks over ``param_gather``; once per step: a scalar all-reduce
 over the ``optim`` group for the gradient norm (and one over the world for the fp16 overflow check).
 
-The schedule itself is data, built once in :mod:`zerotopo.spec.schedule` (per unit and micro-batch); this
-module merges it into counts. All byte counts come from :mod:`zerotopo.comm.volume`, the functions the
+The schedule itself is data, built once in :mod:`zerotopo.placement.schedule` (per unit and micro-batch); this
+module merges it into counts. All byte counts come from :mod:`zerotopo.placement.volume`, the functions the
 runtime ledger uses, so the two agree byte for byte. A collective over a group of one rank moves nothing
 and is not listed.
 """
 
 from __future__ import annotations
 
-from zerotopo.plan import Degrees, Plan
-from zerotopo.spec.schedule import (
+from zerotopo.placement.plan import Degrees, Plan
+from zerotopo.placement.schedule import (
     ENGINE,
     MICRO_BATCH_PHASES,
     PHASES,
@@ -34,8 +34,8 @@ from zerotopo.spec.schedule import (
     step_schedule,
     units_from_numels,
 )
-from zerotopo.spec.schedule import Collective as CollectiveCost
-from zerotopo.topology import Topology
+from zerotopo.placement.schedule import Collective as CollectiveCost
+from zerotopo.placement.topology import Topology
 
 __all__ = [
     "MICRO_BATCH_PHASES",
@@ -109,8 +109,8 @@ def schedule_of(
     units=None,
     shared: dict | None = None,
 ) -> StepSchedule:
-    """The per-unit :class:`~zerotopo.spec.schedule.StepSchedule` :func:`comm_per_step` merges
-    (``shared``: as in :func:`~zerotopo.spec.schedule.step_schedule`)."""
+    """The per-unit :class:`~zerotopo.placement.schedule.StepSchedule` :func:`comm_per_step` merges
+    (``shared``: as in :func:`~zerotopo.placement.schedule.step_schedule`)."""
     gw = grad_width(plan, param_bytes)
     return step_schedule(
         units if units is not None else units_from_numels(unit_numels),

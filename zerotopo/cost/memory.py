@@ -5,7 +5,7 @@ full-unit temporaries (gathered weights of the unit being computed and of those 
 unit gradient before its reduce-scatter) and ``activations`` the NeoX activation memory
 (``D_activation``; Korthikanti et al. 2022), so ``total`` is papers/004's ``D_total``.
 
-With ``padded=True`` (the engine's buffers) each unit is padded by :func:`zerotopo.layout.padded_numel`
+With ``padded=True`` (the engine's buffers) each unit is padded by :func:`zerotopo.placement.layout.padded_numel`
 and every figure is a whole number of bytes. With ``padded=False`` the exact fractions are kept, so the
 papers' closed forms (``2ψ/(N·P)``, ``ψ/8`` ...) come out exactly.
 """
@@ -16,11 +16,11 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from zerotopo.comm import volume
-from zerotopo.layout import padded_numel
-from zerotopo.models.shape import ModelShape
-from zerotopo.plan import Plan
-from zerotopo.topology import Topology
+from zerotopo.placement import volume
+from zerotopo.placement.layout import padded_numel
+from zerotopo.placement.plan import Plan
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import Topology
 
 GIB = 1024**3
 

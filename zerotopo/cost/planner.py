@@ -1,6 +1,6 @@
 """The planner: cost every candidate plan for a model on a machine and rank those that fit.
 
-Candidates are the presets and/or every valid Lins-style plan of :func:`zerotopo.plan.enumerate_plans`.
+Candidates are the presets and/or every valid Lins-style plan of :func:`zerotopo.placement.plan.enumerate_plans`.
 The search space is pre-filtered (:func:`in_search_space`): by default only *tier-aligned* degrees
 (papers/004 §V-B, Eq. 5-7: a degree either divides each tier's size or is a multiple of it, so every
 group is whole packages, whole nodes or whole sets of nodes; ``aligned=False`` searches every divisor of
@@ -21,10 +21,10 @@ from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, max_model_params
 from zerotopo.cost.presets import COST_PRESETS, resolve
 from zerotopo.cost.time import OverlapModel, StepTime, collective_time, quantizer_time, step_time
 from zerotopo.errors import PlanError
-from zerotopo.models.shape import ModelShape
-from zerotopo.plan import PRESETS, Degrees, Plan, enumerate_plans
-from zerotopo.spec.schedule import Collective, ScheduleOptions, StepSchedule, engine_units, module_units
-from zerotopo.topology import Topology
+from zerotopo.placement.plan import PRESETS, Degrees, Plan, enumerate_plans
+from zerotopo.placement.schedule import Collective, ScheduleOptions, StepSchedule, engine_units, module_units
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import Topology
 
 #: Lins-style plans added to the presets by ``plans="auto"``.
 AUTO_TOP = 5
@@ -268,7 +268,7 @@ def _prepare(
     shared: dict | None = None,
 ):
     """Everything but the step time: (plan, degrees, memory, step schedule, fits); ``schedule`` as in
-    :func:`estimate`, ``shared`` as in :func:`~zerotopo.spec.schedule.step_schedule`."""
+    :func:`estimate`, ``shared`` as in :func:`~zerotopo.placement.schedule.step_schedule`."""
     f = _fit(plan, shape, topology, options, degrees, unit_layers, schedule)
     return _complete(f, topology, options, shared)
 
@@ -313,7 +313,7 @@ def estimate(
     """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
     cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
     engine's; ``schedule`` replaces either (a framework run with other settings). ``shared``: as in
-    :func:`~zerotopo.spec.schedule.step_schedule`."""
+    :func:`~zerotopo.placement.schedule.step_schedule`."""
     sched = schedule or resolve(plan)[1]
     choices = options.unit_layers if sched.granularity == "unit" and schedule is None else (None,)
     out = [

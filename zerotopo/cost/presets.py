@@ -38,8 +38,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zerotopo.errors import ConfigError
-from zerotopo.plan import PRESETS, Plan, get_preset
-from zerotopo.spec.schedule import ENGINE, ScheduleOptions
+from zerotopo.placement.plan import PRESETS, Plan, get_preset
+from zerotopo.placement.schedule import ENGINE, ScheduleOptions
 
 #: DeepSpeed's defaults (elements), deepspeed/runtime/zero/config.py.
 DS_REDUCE_BUCKET = 500_000_000

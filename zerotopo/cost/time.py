@@ -47,12 +47,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zerotopo.comm import volume
 from zerotopo.cost.bandwidth import BandwidthTable
 from zerotopo.errors import ConfigError
-from zerotopo.models.shape import ModelShape
-from zerotopo.spec.schedule import Collective, StepSchedule
-from zerotopo.topology import Topology
+from zerotopo.placement import volume
+from zerotopo.placement.schedule import Collective, StepSchedule
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zerotopo import layout
 from zerotopo.comm import collectives as C
-from zerotopo.comm import volume
 from zerotopo.comm.mesh import Mesh
 from zerotopo.engine.optim import ShardedAdamW, make_scaler
 from zerotopo.engine.runtime import Runtime
@@ -36,6 +34,7 @@ from zerotopo.engine.units import (
     reset_by_modules,
 )
 from zerotopo.errors import ZerotopoError
+from zerotopo.placement import layout, volume
 
 _DTYPES = {torch.float32, torch.bfloat16, torch.float16}
 

@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from zerotopo import layout
 from zerotopo.comm import collectives as C
 from zerotopo.comm.mesh import Mesh
 from zerotopo.engine.units import FlatUnit
 from zerotopo.errors import ZerotopoError
+from zerotopo.placement import layout
 
 
 def _permute_chunks(buf: torch.Tensor, order: list[int], n: int) -> None:

@@ -18,7 +18,7 @@ the same model, so every rank issues the same collectives in the same order):
   collectives never mismatch across ranks; unconsumed prefetches are drained.
 
 Which collective each of these is — op, group, codec, one hop or two — is not decided here: it is the
-unit's entry of the schedule (:func:`zerotopo.spec.schedule.engine_unit_steps`, the function the cost
+unit's entry of the schedule (:func:`zerotopo.placement.schedule.engine_unit_steps`, the function the cost
 model's schedule comes from); :meth:`Runtime._issue_gather` and :meth:`Runtime.reduce_unit` execute
 the entry.
 
@@ -38,7 +38,6 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten
 
-from zerotopo import layout
 from zerotopo.comm import collectives as C
 from zerotopo.comm import qcollectives as Q
 from zerotopo.comm import quant
@@ -46,7 +45,8 @@ from zerotopo.comm.mesh import Mesh
 from zerotopo.engine.streams import Ready, Sanitizer, Streams
 from zerotopo.engine.units import FlatUnit, UnitState
 from zerotopo.errors import ZerotopoError
-from zerotopo.spec.schedule import Collective, UnitSteps, engine_unit_steps
+from zerotopo.placement import layout
+from zerotopo.placement.schedule import Collective, UnitSteps, engine_unit_steps
 
 _BF16 = torch.bfloat16
 

@@ -1,7 +1,7 @@
 """Sharded units: one flat buffer per module, and the shards of it each rank holds.
 
 A unit (a transformer layer, the embedding, the head) is flattened into one buffer of
-``layout.padded_numel(n, degrees)`` elements. Each rank holds, per unit (see ``zerotopo.layout``):
+``layout.padded_numel(n, degrees)`` elements. Each rank holds, per unit (see ``zerotopo.placement.layout``):
 
 - the primary parameter shard ``param_range`` in the parameter dtype;
 - the secondary partition ``secondary_range`` of the full weight (bf16 or int8), when the plan has one;
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerotopo import layout
 from zerotopo.errors import ZerotopoError
-from zerotopo.plan import Degrees
+from zerotopo.placement import layout
+from zerotopo.placement.plan import Degrees
 
 
 class UnitState(enum.Enum):

@@ -104,7 +104,7 @@ def topology_mismatch_advice(info: RankInfo, topology) -> str:
 
 def topology_choice_advice(info: RankInfo, per_node: int) -> str:
     """Name the ``--topology`` for a job of ``info.num_nodes`` hosts with ``per_node`` ranks each."""
-    from zerotopo.topology import builtin_topologies, load_topology
+    from zerotopo.placement.topology import builtin_topologies, load_topology
 
     fits = [n for n in builtin_topologies() if load_topology(n).devices_per_node == per_node]
     gpus = [n for n in fits if not n.startswith("emulated")]

@@ -4,7 +4,7 @@
 clusters are unit tests. Launchers, in the order they win when several leave variables behind:
 
 1. ``prefer=`` given explicitly (``--launcher`` on the command line);
-2. torchrun: ``RANK`` and ``MASTER_ADDR`` (also what :func:`zerotopo.spawn.spawn` sets; with
+2. torchrun: ``RANK`` and ``MASTER_ADDR`` (also what :func:`zerotopo.launch.spawn.spawn` sets; with
    ``ZEROTOPO_EMULATED_NODE`` it reports itself as the local launcher);
 3. Slurm inside a job step: ``SLURM_PROCID`` with ``SLURM_STEP_ID`` (``srun --mpi=pmix`` sets PMIx
    variables too; Slurm's own are complete, so Slurm wins);
@@ -225,7 +225,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> dict[str, Any]:
             "the same number of ranks (torchrun --nproc-per-node)."
         )
     if "ZEROTOPO_EMULATED_NODE" in environ:
-        node_id = _int(environ, "ZEROTOPO_EMULATED_NODE", "zerotopo.spawn")
+        node_id = _int(environ, "ZEROTOPO_EMULATED_NODE", "zerotopo.launch.spawn")
     elif "GROUP_RANK" in environ:
         node_id = _int(environ, "GROUP_RANK", "torchrun")
     else:
@@ -270,7 +270,7 @@ def _from_mpi(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def _local(environ: Mapping[str, str]) -> dict[str, Any]:
     if "RANK" in environ and "MASTER_ADDR" in environ:
-        # A rank of the local emulated cluster (zerotopo.spawn): torchrun's variables, set by us.
+        # A rank of the local emulated cluster (zerotopo.launch.spawn): torchrun's variables, set by us.
         return _from_torchrun(environ)
     port = _port(environ, "MASTER_PORT", "local") if environ.get("MASTER_PORT") else DEFAULT_PORT
     return {
@@ -421,7 +421,7 @@ def init_distributed(info: RankInfo, *, timeout_s: float = 1800.0) -> Any:
 
     With one visible device (``--gpus-per-task=1``) the device is ``cuda:0`` whatever its physical id;
     with several, the local-rank-th. Reuses an existing process group (for instance one made by
-    :func:`zerotopo.spawn.spawn`) when its rank and size agree with ``info``. Under
+    :func:`zerotopo.launch.spawn.spawn`) when its rank and size agree with ``info``. Under
     ``ZEROTOPO_EMULATED_NODES`` it exports ``ZEROTOPO_EMULATED_NODE`` (this rank's node), which the mesh
     reports as the rank's host.
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerotopo.models.shape import ModelShape
+from zerotopo.placement.shape import ModelShape
 
 INIT_METHODS = ("normal", "scaled_normal", "small_init", "wang_init")
 NORMS = ("layernorm", "rmsnorm")

@@ -42,7 +42,7 @@ def preflight(job: TrainJob):
         data_prefix,
         model_config,
     )
-    from zerotopo.trainer.schedule import schedule_for
+    from zerotopo.trainer.lr_schedule import schedule_for
 
     env_number("ZEROTOPO_THREADS_PER_RANK", 1, 1, 1024, integer=True)
     env_number("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600, 1, 30 * 24 * 3600)
@@ -128,7 +128,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
         from zerotopo.data.corpus import default_corpus_prefix
 
         default_corpus_prefix(args.tokenizer_type)
-    from zerotopo.spawn import spawn
+    from zerotopo.launch.spawn import spawn
 
     def launch(network=None) -> list:
         return spawn(
@@ -142,7 +142,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
         )
 
     if job.network_mbit:
-        from zerotopo.netem import emulated_network
+        from zerotopo.launch.netem import emulated_network
 
         with emulated_network(topology.nodes, rate_mbit=job.network_mbit) as net:
             return launch(net)[0]

@@ -3,7 +3,7 @@ torch.distributed.checkpoint directory (``.metadata`` in DCP's own format, which
 ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` and ``dcp.load`` read).
 
 Reading stays pickle-free: the checkpoint's tensors come through zerotopo's JSON metadata
-(:func:`zerotopo.trainer.checkpoint.read_tensors`). The DCP directory written here is for other tools;
+(:func:`zerotopo.checkpoint.store.read_tensors`). The DCP directory written here is for other tools;
 zerotopo itself never loads a pickled ``.metadata``.
 """
 
@@ -25,7 +25,7 @@ KINDS = ("param", "exp_avg", "exp_avg_sq")
 
 
 def _step_dir(checkpoint: str | os.PathLike) -> Path:
-    from zerotopo.trainer.checkpoint import find_checkpoint
+    from zerotopo.checkpoint.store import find_checkpoint
 
     step_dir = find_checkpoint(checkpoint)
     if step_dir is None:
@@ -45,7 +45,7 @@ def read_state(
 ) -> dict[str, torch.Tensor]:
     """``{name: whole tensor}`` of a checkpoint: the weights under the model's parameter names, and with
     more ``kinds`` the optimizer's moments as ``exp_avg/<name>`` and ``exp_avg_sq/<name>``."""
-    from zerotopo.trainer.checkpoint import check_compatible, open_checkpoint, read_tensors
+    from zerotopo.checkpoint.store import check_compatible, open_checkpoint, read_tensors
 
     if dtype not in DTYPES:
         raise ZerotopoError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")

@@ -16,9 +16,9 @@ from typing import Any
 
 from zerotopo.config.neox import NeoXArgs, load_neox_config
 from zerotopo.errors import ConfigError
-from zerotopo.plan import Plan, load_plan, plan_from_deepspeed
+from zerotopo.placement.plan import Plan, load_plan, plan_from_deepspeed
+from zerotopo.placement.topology import Topology, load_topology
 from zerotopo.resources import resolve_config_paths
-from zerotopo.topology import Topology, load_topology
 
 DEFAULT_CONFIG = "tiny"
 """The built-in config a run with no config files trains."""
@@ -51,7 +51,7 @@ class TrainJob:
     ranks write them to the run's log file only."""
     network_mbit: float | None = None
     """Local runs only: put each emulated node in its own network namespace, nodes joined by links
-    shaped to this many Mbit/s (root; see :mod:`zerotopo.netem`)."""
+    shaped to this many Mbit/s (root; see :mod:`zerotopo.launch.netem`)."""
     from_hf: str | None = None
     """A Hugging Face GPT-NeoX directory to start from (its config.json sets the architecture)."""
 

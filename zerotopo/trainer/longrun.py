@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerotopo.checkpoint.store import NonFiniteError
 from zerotopo.config.neox import NeoXArgs
 from zerotopo.errors import ConfigError, ZerotopoError
 from zerotopo.models.neox import NeoXConfig
-from zerotopo.trainer.checkpoint import NonFiniteError
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.preempt import Preemption
 from zerotopo.trainer.savelock import SaveLock
@@ -57,7 +57,7 @@ class LongRun:
 def check_run_identity(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, ckpt) -> str | None:
     """The checkpoint's run (seed, plan, config hash) against this one; an error when this run saves
     into the directory it resumes from and is another run, else a notice text (None: the same run)."""
-    from zerotopo.trainer.checkpoint import check_identity
+    from zerotopo.checkpoint.store import check_identity
 
     # finetune starts a new run from the weights: nothing of the old run is continued
     continues = not args.finetune and (

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerotopo.checkpoint.retention import prune_checkpoints
+from zerotopo.checkpoint.store import NonFiniteError, load_checkpoint, save_checkpoint
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import build_mesh
 from zerotopo.config.neox import NeoXArgs
@@ -33,8 +35,7 @@ from zerotopo.launch.discovery import check_against_topology, discover, init_dis
 from zerotopo.logs import attach_run_log, close_run_log, console_muted, get_logger, on_terminal, setup_console
 from zerotopo.models.config import check_trainable
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
-from zerotopo.plan import PRESETS
-from zerotopo.trainer.checkpoint import NonFiniteError, load_checkpoint, save_checkpoint
+from zerotopo.placement.plan import PRESETS
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.longrun import (
     LongRun,
@@ -45,11 +46,10 @@ from zerotopo.trainer.longrun import (
     config_hash,
     per_step_means,
 )
+from zerotopo.trainer.lr_schedule import held_schedule, schedule_for
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
 from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
 from zerotopo.trainer.preempt import EXIT_PREEMPTED, Preempted, Preemption, preemption_signals, signal_name
-from zerotopo.trainer.retention import prune_checkpoints
-from zerotopo.trainer.schedule import held_schedule, schedule_for
 from zerotopo.trainer.steps import (
     allocated_peak,
     elapsed_eta,
@@ -145,7 +145,7 @@ def check_memory(
     """Refuse a plan whose states, buffers and activations exceed the device, naming a plan that fits.
 
     ``model_units`` are the units' parameter counts (the built model's when there is one), ``shape`` the
-    model's :class:`~zerotopo.models.shape.ModelShape` for activations and the planner's suggestion."""
+    model's :class:`~zerotopo.placement.shape.ModelShape` for activations and the planner's suggestion."""
     from zerotopo.cost.memory import memory_per_device
     from zerotopo.cost.planner import plan_candidates
 
@@ -234,7 +234,7 @@ def recognise_topology(job: TrainJob, args: NeoXArgs, info) -> TrainJob:
 
 def hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
     """The Hugging Face directory the run starts from: ``--from-hf``, or ``load:`` naming one."""
-    from zerotopo.trainer.checkpoint import is_hf_directory
+    from zerotopo.checkpoint.store import is_hf_directory
 
     if args.load and is_hf_directory(Path(args.load)):
         return args.load
@@ -246,7 +246,7 @@ def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
     cfg = check_vocab(args, tokenizer)
     hf = hf_source(args, job)
     if hf:
-        from zerotopo.models.hf_shards import merge_hf_config
+        from zerotopo.checkpoint.hf import merge_hf_config
 
         cfg = merge_hf_config(hf, args, cfg)
         if tokenizer.vocab_size > cfg.vocab_size:
@@ -265,8 +265,8 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, worl
     """Pre-flight of what the run loads (no process group): a zerotopo checkpoint in ``load:`` is read
     and checked against the model (manifest, metadata, every shard file present and long enough), a
     Hugging Face directory has every tensor with its shape."""
-    from zerotopo.models.neox_ckpt import check_neox_checkpoint, neox_step_dir
-    from zerotopo.trainer.checkpoint import find_checkpoint, preflight_load
+    from zerotopo.checkpoint.neox import check_neox_checkpoint, neox_step_dir
+    from zerotopo.checkpoint.store import find_checkpoint, preflight_load
 
     neox_dir = neox_step_dir(args.load) if args.load else None
     if neox_dir is not None:
@@ -281,7 +281,7 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, worl
     check_fresh_start(args, job)
     hf = hf_source(args, job)
     if hf:
-        from zerotopo.models.hf_shards import check_hf_directory
+        from zerotopo.checkpoint.hf import check_hf_directory
 
         check_hf_directory(hf, cfg)
 
@@ -653,8 +653,8 @@ def resume(
 ) -> tuple[int, int]:
     """``(step, samples consumed)`` to start from: a zerotopo checkpoint (any plan, any world size), a
     Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
-    from zerotopo.models.neox_ckpt import load_neox_weights, neox_step_dir
-    from zerotopo.trainer.checkpoint import (
+    from zerotopo.checkpoint.neox import load_neox_weights, neox_step_dir
+    from zerotopo.checkpoint.store import (
         find_checkpoint,
         is_hf_directory,
         open_checkpoint,
@@ -691,7 +691,7 @@ def resume(
             f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"
         )
     if hf_dir:
-        from zerotopo.models.hf_shards import load_hf_shards
+        from zerotopo.checkpoint.hf import load_hf_shards
 
         load_hf_shards(hf_dir, model, optimizer, cfg)
         if ctx.is_main:

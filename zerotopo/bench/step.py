@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from zerotopo.plan import PRESETS
+from zerotopo.placement.plan import PRESETS
 
 DEFAULT_PLANS = ",".join(PRESETS)
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--network-mbit",
         type=float,
         help="root: put each emulated node in its own network namespace, nodes joined by links shaped to "
-        "this many Mbit/s (a bandwidth-starved inter-node tier; see zerotopo.netem)",
+        "this many Mbit/s (a bandwidth-starved inter-node tier; see zerotopo.launch.netem)",
     )
 
 
@@ -72,8 +72,8 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.cost.comm import bytes_by_tier, comm_per_step
     from zerotopo.engine import parallelize
-    from zerotopo.plan import get_preset
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.plan import get_preset
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology(args["topology"])
     out = []
@@ -135,7 +135,7 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
 
 def bench(args: dict[str, Any]) -> list[dict]:
     """Run the benchmark on local ranks; returns rank 0's rows."""
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.topology import load_topology
 
     topo = load_topology(args["topology"])
     rows = [(p, p, 0.0) for p in args["plans"]]
@@ -148,7 +148,7 @@ def run_local(
     fn: Any, topo: Any, fn_args: tuple, *, network_mbit: float | None = None, env: dict | None = None
 ):
     """Rank 0's result of ``fn`` on the topology's ranks spawned here, optionally over a shaped network."""
-    from zerotopo.spawn import spawn
+    from zerotopo.launch.spawn import spawn
 
     def go(network: Any = None) -> Any:
         return spawn(
@@ -162,7 +162,7 @@ def run_local(
         )[0]
 
     if network_mbit:
-        from zerotopo.netem import emulated_network
+        from zerotopo.launch.netem import emulated_network
 
         with emulated_network(topo.nodes, rate_mbit=network_mbit) as net:
             return go(net)

@@ -28,13 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotopo.comm import bench
+from zerotopo.bench import collectives as bench
 from zerotopo.comm.mesh import GroupHandle, build_mesh
 from zerotopo.errors import ConfigError
-from zerotopo.plan import get_preset
-from zerotopo.topology import Topology, load_topology
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import Topology, load_topology
 
-#: Curve family -> the op this measures it with (zerotopo.comm.bench names).
+#: Curve family -> the op this measures it with (zerotopo.bench.collectives names).
 MEASURED = {
     "all_gather": "all_gather",
     "reduce_scatter": "reduce_scatter",
@@ -207,6 +207,6 @@ def _spawned(rank: int, world: int, spec: MeasureSpec) -> Any:
 def run(spec: MeasureSpec, *, ranks: int | None = None, emulate: dict | None = None) -> dict[str, Any] | None:
     """Measure in the current job, or on local gloo ranks when this process is not part of one.
     Returns rank 0's table (``None`` on other ranks of a job). ``emulate``: keywords of
-    :func:`zerotopo.netem.emulated_cluster`; the local ranks then run each in its own network namespace
+    :func:`zerotopo.launch.netem.emulated_cluster`; the local ranks then run each in its own network namespace
     with every tier shaped (root)."""
     return bench.run_on_ranks(spec, measure_rank, _spawned, ranks=ranks, emulate=emulate)

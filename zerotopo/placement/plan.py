@@ -6,7 +6,7 @@ that state between them. A plan names degrees for the primary parameters (``para
 (``grads``) and the optimizer states (``optim``). Degrees nest, ``params | grads | optim | world``: each
 rank keeps only the gradients and optimizer states of parameters it holds (the dependency rule of
 papers/003 §V and papers/004 §IV-B). Degrees may be numbers or tier names (``package``, ``node``,
-``world``, ``inner`` for the innermost tier), resolved against a :class:`~zerotopo.topology.Topology`.
+``world``, ``inner`` for the innermost tier), resolved against a :class:`~zerotopo.placement.topology.Topology`.
 
 Every placement of DeepSpeed ZeRO-1/2/3, ZeRO++, MiCS, FSDP/HSDP and Lins is a :class:`Plan`.
 """
@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from zerotopo.config.yamlio import load_yaml_file, load_yaml_text
 from zerotopo.errors import ConfigError, PlanError, short
-from zerotopo.topology import Topology
+from zerotopo.placement.topology import Topology
+from zerotopo.placement.yamlio import load_yaml_file, load_yaml_text
 
 SYNC_MODES = ("event", "host")
 #: The stock (racy) ordering of ZeRO++ hpZ: never a plan option, only the engine's test and benchmark hook

@@ -296,8 +296,8 @@ class HFWeights:
 def check_hf_directory(directory: str | os.PathLike, cfg: NeoXConfig) -> HFWeights:
     """Every tensor of ``cfg``'s model is in the directory with its shape, and nothing else but HF's
     buffers; returns the opened weights."""
+    from zerotopo.checkpoint.store import parameter_shapes
     from zerotopo.models.hf import IGNORABLE, hf_shapes, is_llama
-    from zerotopo.trainer.checkpoint import parameter_shapes
 
     weights = HFWeights(directory)
     shapes = parameter_shapes(cfg)
@@ -322,7 +322,7 @@ def check_hf_directory(directory: str | os.PathLike, cfg: NeoXConfig) -> HFWeigh
 def load_hf_shards(directory: str | os.PathLike, model, optimizer, cfg: NeoXConfig) -> None:
     """Collective: fill the optimizer's fp32 master chunks from a Hugging Face directory, each rank reading
     only its own elements of each parameter, then rebuild the parameter shards (moments start at zero)."""
-    from zerotopo.trainer.checkpoint import _pieces, settle_optimizer
+    from zerotopo.checkpoint.store import _pieces, settle_optimizer
 
     weights = check_hf_directory(directory, cfg)
     with torch.no_grad():
@@ -368,8 +368,8 @@ def export_hf(
     empty (nothing is overwritten), and appears complete or not at all (written next to it, renamed)."""
     from safetensors.torch import save_file
 
+    from zerotopo.checkpoint.store import check_compatible, find_checkpoint, open_checkpoint, read_tensors
     from zerotopo.models.hf import export_architecture, hf_config_dict, split_to_hf
-    from zerotopo.trainer.checkpoint import check_compatible, find_checkpoint, open_checkpoint, read_tensors
 
     if dtype not in _OUT_DTYPES:
         raise ZerotopoError(f"dtype {dtype!r}: expected one of {', '.join(_OUT_DTYPES)}")

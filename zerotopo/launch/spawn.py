@@ -74,7 +74,7 @@ def _rank_main(
     result: Any
     try:
         if netns:
-            from zerotopo.netem import enter_namespace
+            from zerotopo.launch.netem import enter_namespace
 
             # Before any socket exists: this rank (or its node) lives in its own network namespace.
             enter_namespace(netns[rank])
@@ -408,7 +408,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), **kwargs: A
     ``fn`` must be importable (a module-level function) and its results picklable. Keyword arguments:
     ``backend`` (gloo), ``ranks_per_node`` (groups consecutive ranks into emulated nodes: sets
     ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``ZEROTOPO_EMULATED_NODE``), ``env``, ``timeout_s``,
-    ``threads_per_rank``, ``network`` (a :class:`zerotopo.netem.EmulatedNetwork`: each rank in its own
+    ``threads_per_rank``, ``network`` (a :class:`zerotopo.launch.netem.EmulatedNetwork`: each rank in its own
     network namespace, or each emulated node's ranks in that node's), and ``log_dir`` (where
     ``rank-errors.log`` with the ranks' tracebacks goes when a rank hits a bug; default a new file in the
     temp directory). A start that lost its rendezvous port to another process between choosing and binding

@@ -1,7 +1,7 @@
 """Measure collectives on the current backend: ``zerotopo bench collectives`` and ``zerotopo calibrate``.
 
 Both run every group of a kind at once, as training does (each rank is in exactly one group of the
-kind), and report the slowest rank's time. Bytes are the ledger's, i.e. :mod:`zerotopo.comm.volume`'s
+kind), and report the slowest rank's time. Bytes are the ledger's, i.e. :mod:`zerotopo.placement.volume`'s
 figures, so *algorithm bandwidth* = bytes this rank sent / time is directly comparable with the cost
 model's per-tier bandwidths.
 
@@ -26,14 +26,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotopo import layout
 from zerotopo.comm import collectives as C
 from zerotopo.comm import qcollectives as Q
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import GroupHandle, build_mesh, new_group_in_order
 from zerotopo.errors import ConfigError
-from zerotopo.plan import get_preset
-from zerotopo.topology import Topology, load_topology
+from zerotopo.placement import layout
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.topology import Topology, load_topology
 
 OPS = (
     "all_gather",
@@ -247,7 +247,7 @@ def _spawned(rank: int, world: int, spec: BenchSpec) -> Any:
 def run(spec: BenchSpec, *, ranks: int | None = None, emulate: dict | None = None) -> Any:
     """The collective benchmark (:func:`bench_rank`) in the current job, or on local gloo ranks when
     this process is not part of one (see :func:`run_on_ranks`). ``zerotopo calibrate`` measures with
-    :mod:`zerotopo.cost.measure` on the same runner."""
+    :mod:`zerotopo.bench.curves` on the same runner."""
     return run_on_ranks(spec, bench_rank, _spawned, (), ranks=ranks, emulate=emulate)
 
 
@@ -263,7 +263,7 @@ def run_on_ranks(
     """``rank_fn(spec, topological index)`` on every rank of the current job, or ``spawned(rank, world,
     *spawned_args, spec)`` on local gloo ranks (whole nodes of ``spec.topology``) when this process is not
     part of one. Returns rank 0's result (``None`` on other ranks of a job). ``emulate``: keywords of
-    :func:`zerotopo.netem.emulated_cluster`; the local ranks then run each in its own network namespace
+    :func:`zerotopo.launch.netem.emulated_cluster`; the local ranks then run each in its own network namespace
     with every tier shaped (root)."""
     from zerotopo.launch.discovery import discover, init_distributed, topological_index
 
@@ -273,7 +273,7 @@ def run_on_ranks(
         init_distributed(info)
         result = rank_fn(replace(spec, nodes=topo.nodes), topological_index(info, topo))
         return result if dist.get_rank() == 0 else None
-    from zerotopo.spawn import spawn
+    from zerotopo.launch.spawn import spawn
 
     topo = load_topology(spec.topology)
     world = ranks or topo.world_size
@@ -290,7 +290,7 @@ def run_on_ranks(
                      timeout_s=1800, network=network)[0]  # fmt: skip
 
     if emulate is not None:
-        from zerotopo.netem import emulated_cluster
+        from zerotopo.launch.netem import emulated_cluster
 
         with emulated_cluster(topo.with_nodes(spec.nodes), **emulate) as net:
             return go(net)

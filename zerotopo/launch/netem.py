@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from zerotopo.errors import ZerotopoError
 
 if TYPE_CHECKING:
-    from zerotopo.topology import Topology
+    from zerotopo.placement.topology import Topology
 
 SUBNET = "10.213.0"
 CLONE_NEWNET = 0x40000000
@@ -121,7 +121,7 @@ def reference_ratios(topology: Topology) -> dict[str, float]:
     Frontier's ratios (``topologies/frontier.yaml``: package 200, node 50, network 100/8 = 12.5 GB/s per
     GCD, i.e. 16 : 4 : 1) for every tier named as on Frontier, the topology's own ratios for the others.
     """
-    from zerotopo.topology import load_topology
+    from zerotopo.placement.topology import load_topology
 
     frontier = load_topology("frontier")
     f_net = frontier.bandwidth_gbps(frontier.network.name)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from zerotopo.plan import Degrees
+from zerotopo.placement.plan import Degrees
 
 # -- ownership --------------------------------------------------------------------------------------
 

@@ -129,7 +129,7 @@ def to_zerotopo_names(layers: dict[int, dict[str, torch.Tensor]], num_layers: in
 def check_neox_checkpoint(step_dir: Path, cfg) -> dict[str, torch.Tensor]:
     """The checkpoint's weights under zerotopo's names, checked against ``cfg``'s parameters (every one
     present, shapes equal); a ZerotopoError naming the first difference otherwise."""
-    from zerotopo.trainer.checkpoint import parameter_shapes
+    from zerotopo.checkpoint.store import parameter_shapes
 
     weights = to_zerotopo_names(read_layers(step_dir), cfg.num_layers)
     shapes = parameter_shapes(cfg)
@@ -160,7 +160,7 @@ def check_neox_checkpoint(step_dir: Path, cfg) -> dict[str, torch.Tensor]:
 def load_neox_weights(step_dir: Path, model, optimizer, cfg) -> None:
     """Collective: the weights of a ``global_stepN`` directory into a wrapped model (weights only: moments
     zero, step 0), each rank copying only its own elements."""
-    from zerotopo.trainer.checkpoint import _pieces, settle_optimizer
+    from zerotopo.checkpoint.store import _pieces, settle_optimizer
 
     weights = check_neox_checkpoint(step_dir, cfg)
     with torch.no_grad():

@@ -3,7 +3,7 @@
 A codec names the wire format of a collective's payload and the ledger op that carries it. The three
 quantization booleans of a plan map onto codecs here (``quantize_weights`` -> ``int8`` gathers,
 ``quantize_grads`` -> ``int4`` reductions, ``secondary_dtype`` -> the backward gather's codec), so a new
-wire format is one entry of :data:`CODECS`. Byte counts come from :mod:`zerotopo.comm.volume`, the
+wire format is one entry of :data:`CODECS`. Byte counts come from :mod:`zerotopo.placement.volume`, the
 functions the runtime ledger uses.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zerotopo.comm import volume
+from zerotopo.placement import volume
 
 
 @dataclass(frozen=True)

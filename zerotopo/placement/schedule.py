@@ -36,12 +36,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from zerotopo.comm import volume
-from zerotopo.layout import groups, padded_numel
-from zerotopo.models.shape import ModelShape
-from zerotopo.plan import Degrees, Plan
-from zerotopo.spec.codecs import CODECS, codec_for_width
-from zerotopo.topology import Topology
+from zerotopo.placement import volume
+from zerotopo.placement.codecs import CODECS, codec_for_width
+from zerotopo.placement.layout import groups, padded_numel
+from zerotopo.placement.plan import Degrees, Plan
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import Topology
 
 PHASES = ("forward", "backward", "grad_reduce", "replica_reduce", "param_gather", "scalar")
 #: Phases that repeat every micro-batch (the rest run once per step).
@@ -63,7 +63,7 @@ class Collective:
     """As the runtime ledger names it: ``all_gather``, ``all_gather_int8``, ``reduce_scatter``,
     ``reduce_scatter_int4`` (the all-to-all based one, each hop of the two-hop form) or ``all_reduce``."""
     group: str
-    """Group kind (:func:`zerotopo.layout.groups`); ``grads_intra``/``grads_inter`` for the hops of the
+    """Group kind (:func:`zerotopo.placement.layout.groups`); ``grads_intra``/``grads_inter`` for the hops of the
     two-hop int4 reduce-scatter and ``world`` for the fp16 overflow check (the mesh's extra kinds)."""
     group_size: int
     """Ranks in the group (for a hop of the two-hop all-to-all: ranks in that hop)."""

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from zerotopo import resources
-from zerotopo.config.yamlio import load_yaml_file
 from zerotopo.errors import ConfigError, short
+from zerotopo.placement.yamlio import load_yaml_file
 
 #: Names a degree may use besides tier names.
 DEVICE_NAMES = ("device", "die", "gcd", "gpu")

@@ -3,7 +3,7 @@
 Layout of ``<save>/step_<N>/``:
 
 - ``__<rank>_0.distcp``: the tensors each rank wrote, and ``dcp_metadata.json``, DCP's description of
-  them (JSON, see :mod:`zerotopo.trainer.dcpio`). Stored per parameter, as 1-D tensors of its flattened
+  them (JSON, see :mod:`zerotopo.checkpoint.dcpio`). Stored per parameter, as 1-D tensors of its flattened
   elements cut into the pieces the writing ranks held (see [Note: flat shards in DCP]):
   ``param/<name>`` (the fp32 master weights), ``exp_avg/<name>`` and ``exp_avg_sq/<name>`` (Adam's
   moments), ``scaler/<key>`` (the fp16 loss scaler) and ``rng/<rank>/torch`` (each rank's RNG state).
@@ -85,7 +85,7 @@ def _pieces(unit, chunk: torch.Tensor):
 
 def _shard_state(model, optimizer) -> dict[str, Any]:
     """This rank's shards as DCP entries: views of the optimizer's fp32 buffers, cut per parameter."""
-    from zerotopo.trainer.dcpio import FlatPieces
+    from zerotopo.checkpoint.dcpio import FlatPieces
 
     state: dict[str, Any] = {}
     for i, u in enumerate(model.units):
@@ -310,7 +310,7 @@ def save_checkpoint(
     :class:`NonFiniteError` without writing anything when the optimizer state is not finite."""
     import torch.distributed.checkpoint as dcp
 
-    from zerotopo.trainer.dcpio import FlatSavePlanner, SafeWriter
+    from zerotopo.checkpoint.dcpio import FlatSavePlanner, SafeWriter
 
     root = Path(root)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -610,7 +610,7 @@ def _refuse_link(path: Path) -> None:
 def open_checkpoint(step_dir: Path) -> Checkpoint:
     """Read and check ``checkpoint.json`` and the DCP metadata of a step directory; every data file the
     metadata names must exist and be long enough."""
-    from zerotopo.trainer.dcpio import METADATA_FILE, read_metadata_file
+    from zerotopo.checkpoint.dcpio import METADATA_FILE, read_metadata_file
 
     step_dir = Path(step_dir)
     mpath = step_dir / MANIFEST
@@ -797,7 +797,7 @@ def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
     """Check a checkpoint without training (``zerotopo ckpt verify``): the manifest, the metadata against
     the manifest's model, and every stored piece's checksum, dtype, element count and values. Raises
     :class:`ZerotopoError` naming the file at the first fault."""
-    from zerotopo.trainer.dcpio import open_data_file, read_piece
+    from zerotopo.checkpoint.dcpio import open_data_file, read_piece
 
     step_dir = find_checkpoint(path)
     if step_dir is None:
@@ -823,7 +823,7 @@ def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str
     each assembled from the pieces every writing rank stored."""
     import torch.distributed.checkpoint as dcp
 
-    from zerotopo.trainer.dcpio import FlatLoadPlanner, SafeReader, read_metadata_file
+    from zerotopo.checkpoint.dcpio import FlatLoadPlanner, SafeReader, read_metadata_file
 
     stored = read_metadata_file(Path(step_dir)).state_dict_metadata
     state = {}
@@ -853,7 +853,7 @@ def load_checkpoint(
     """Collective: load the checkpoint ``path`` names into a wrapped model, resharding as needed."""
     import torch.distributed.checkpoint as dcp
 
-    from zerotopo.trainer.dcpio import FlatLoadPlanner, SafeReader
+    from zerotopo.checkpoint.dcpio import FlatLoadPlanner, SafeReader
 
     step_dir = find_checkpoint(path)
     if step_dir is None:

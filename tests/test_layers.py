@@ -1,0 +1,78 @@
+"""The package's layers (DESIGN.md, "Layers"): data flows down, and no module imports from a layer above
+its own. Read from the source with :mod:`ast`, so a function-local import counts as much as a top-level one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "zerotopo"
+
+# Lowest first. A module may import its own layer and any layer below it.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "fsutil", "logs", "resources"),  # the foundation: no zerotopo imports but each other
+    ("placement",),  # topology, plan, layout, schedule, codecs, volume, shape, yaml reader
+    ("launch", "comm", "models", "data"),
+    ("config", "engine", "cost"),
+    ("checkpoint",),
+    ("trainer",),
+    ("bench",),
+    ("cli",),
+    ("__main__",),
+]
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _part(module: str) -> str | None:
+    """The top-level part of ``zerotopo.X...`` (None for the package root, which only names a version)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "zerotopo":
+                found += [(node.lineno, f"zerotopo.{a.name}") for a in node.names]
+            elif node.module.startswith("zerotopo."):
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("zerotopo.")]
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(PKG.rglob("*.py"))
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {p.relative_to(PKG).parts[0].removesuffix(".py") for p in _sources()}
+    parts -= {"__init__"}
+    assert parts - set(RANK) == set(), "give each new top-level module or folder a layer in LAYERS"
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PKG)))
+def test_no_import_goes_up_a_layer(path):
+    own = path.relative_to(PKG).parts[0].removesuffix(".py")
+    if own == "__init__":
+        return
+    up = []
+    for line, module in _imports(path):
+        other = _part(module)
+        if other is None or other == "__version__" or other == own:
+            continue
+        if RANK[other] > RANK[own]:
+            up.append(f"line {line}: {module} ({other} is above {own})")
+    assert not up, f"{path.relative_to(PKG)} imports up a layer:\n" + "\n".join(up)
+
+
+def test_placement_needs_nothing_but_the_foundation():
+    """The placement layer is pure Python: plans are costed and checked without torch.distributed."""
+    for path in (PKG / "placement").rglob("*.py"):
+        text = path.read_text()
+        assert "torch.distributed" not in text, path
+        for _, module in _imports(path):
+            assert _part(module) in {"placement", "errors", "resources", "__version__"}, (path, module)
