@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -165,6 +166,18 @@ def console_muted() -> Iterator[None]:
         yield
     finally:
         _MUTED = before
+
+
+def terminal_columns(stream=None) -> int | None:
+    """Columns of the terminal behind ``stream`` (stderr by default), or None when it does not say: a
+    pseudo-terminal that nobody sized (``script``, some batch consoles and CI runners) reports 0 columns,
+    and a progress bar sized to that draws nothing."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        cols = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return None
+    return cols or None
 
 
 def on_terminal(stream=None) -> bool:

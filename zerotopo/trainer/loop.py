@@ -32,7 +32,15 @@ from zerotopo.fsutil import write_text_atomic
 from zerotopo.launch.advice import topology_mismatch_advice
 from zerotopo.launch.devices import check_device_list
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
-from zerotopo.logs import attach_run_log, close_run_log, console_muted, get_logger, on_terminal, setup_console
+from zerotopo.logs import (
+    attach_run_log,
+    close_run_log,
+    console_muted,
+    get_logger,
+    on_terminal,
+    setup_console,
+    terminal_columns,
+)
 from zerotopo.models.config import check_trainable
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 from zerotopo.placement.plan import PRESETS
@@ -455,7 +463,16 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
         # A bar only on a terminal: in a scheduler's log file the log_interval lines are the progress.
         from tqdm import tqdm
 
-        bar = tqdm(total=iters, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        # Follow the terminal's width when it has one; an unsized pseudo-terminal gets 80 columns.
+        sized = terminal_columns() is not None
+        bar = tqdm(
+            total=iters,
+            initial=start_step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=sized,
+            ncols=None if sized else 80,
+        )
     save_steps = set(args.save_iters(iters))
     pending: list[tuple[int, torch.Tensor, dict[str, Any]]] = []
     first_loss = last_loss = None
