@@ -3,7 +3,7 @@
 One spawn of 4 gloo ranks (2 nodes x 2 ranks, launched in the closest binding's order, so the
 launcher's rank order is not topological) trains every preset, fp16 loss scaling with an overflow,
 and the sorted-group fallback of the mesh. After two warm-up steps (which record the unit order and
-make the index tensors of the groups), :class:`~zerotopo.engine.hostsync.HostSyncCounter` counts the
+make the index tensors of the groups), :class:`~tests.engine.hostsync.HostSyncCounter` counts the
 calls that would make the host wait on an accelerator during the next steps: forward, backward,
 ``optimizer.step()``, ``zero_grad()`` and ``ledger.mark_step()`` — everything a step does outside the
 logging interval. The test's own reading of the losses happens after the counted window.
@@ -45,10 +45,10 @@ def _topology():
 
 
 def _worker(rank: int, world: int) -> list[dict[str, Any]]:
+    from tests.engine.hostsync import HostSyncCounter
     from zerotopo.comm import mesh as mesh_mod
     from zerotopo.comm.ledger import Ledger
     from zerotopo.engine import parallelize
-    from zerotopo.engine.hostsync import HostSyncCounter
     from zerotopo.placement.plan import get_preset
 
     topo = _topology()
@@ -145,7 +145,7 @@ def test_host_sync_groups_follow_topological_order(results) -> None:
 
 def test_host_sync_counter_sees_the_calls_it_counts() -> None:
     """The counter is not blind: each kind of host sync it claims to count is counted."""
-    from zerotopo.engine.hostsync import HostSyncCounter
+    from tests.engine.hostsync import HostSyncCounter
 
     x = torch.arange(6.0)
     with HostSyncCounter() as c:

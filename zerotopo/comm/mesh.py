@@ -112,11 +112,6 @@ class RankPlacement:
     pg_count: int | None = None
 
 
-def default_backend() -> str:
-    """``nccl`` when torch sees an accelerator (RCCL under the same name on ROCm), else ``gloo``."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
 def backend_label(backend: str) -> str:
     """The backend as a person knows it: RCCL is torch's ``nccl`` on a ROCm build."""
     if backend == "nccl" and getattr(torch.version, "hip", None):

@@ -21,6 +21,7 @@ from zerotopo.config.neox_keys import (  # noqa: F401 - NO_EFFECT_KEYS and REFUS
     REFUSED_UNLESS_DEFAULT,
     refused_value,
 )
+from zerotopo.data.tokenizers import TOKENIZER_TYPES
 from zerotopo.errors import ConfigError, short
 from zerotopo.models.config import INIT_METHODS, NeoXConfig, mlp_width
 from zerotopo.placement.shape import ModelShape
@@ -304,15 +305,7 @@ class NeoXArgs:
     eod_mask_loss: bool = _key(c.boolean, False)
     """No loss on the positions whose input is the end-of-document token (NeoX's loss mask)."""
     tokenizer_type: str = _key(
-        c.choice(
-            "GPT2BPETokenizer",
-            "HFTokenizer",
-            "CharLevelTokenizer",
-            "ByteTokenizer",
-            "SPMTokenizer",
-            "TiktokenTokenizer",
-            aliases={"ByteLevel": "ByteTokenizer"},
-        ),
+        c.choice(*TOKENIZER_TYPES, aliases={"ByteLevel": "ByteTokenizer"}),
         "GPT2BPETokenizer",
     )
     """GPT2BPETokenizer (NeoX's default: ``vocab_file`` vocab.json + ``merge_file`` merges.txt),

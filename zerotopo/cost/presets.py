@@ -141,7 +141,3 @@ def resolve(spec: str | Plan) -> tuple[Plan, ScheduleOptions]:
             f"{', '.join(COST_PRESETS)}",
             key="plan",
         ) from exc
-
-
-def schedule_options(plan: Plan) -> ScheduleOptions:
-    return resolve(plan)[1]

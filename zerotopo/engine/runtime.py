@@ -132,7 +132,6 @@ class Runtime:
         for u in self.units:
             u.grads_ready = 0
             u.reduced = False
-            u.forward_done = False
             u.backward_started = False
             if u.module is None:
                 # The root unit (stray parameters) is used anywhere in the forward: gather it first and
@@ -186,7 +185,6 @@ class Runtime:
     def post_forward(self, u: FlatUnit, out: Any) -> Any:
         if self.in_backward:
             return out
-        u.forward_done = True
         self._last_forward = u
         if self.degrees.secondary is not None and torch.is_grad_enabled():
             with record_function(f"zerotopo::secondary_write {u.name}"):

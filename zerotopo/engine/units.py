@@ -131,7 +131,6 @@ class FlatUnit:
         # Per micro-batch bookkeeping (runtime.py).
         self.grads_ready = 0
         self.reduced = False
-        self.forward_done = False
         self.backward_started = False
 
     # -- views and storage ------------------------------------------------------------------------------
