@@ -16,11 +16,11 @@ from zerotopo.checkpoint.hf import (
     export_hf,
     hf_to_neox_config,
     merge_hf_config,
-    parse_size,
 )
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.hf import _hf_name
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
+from zerotopo.sizes import parse_size
 
 pytestmark = pytest.mark.slow  # a module fixture trains and saves a checkpoint on spawned ranks
 

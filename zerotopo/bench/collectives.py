@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerotopo import sizes
 from zerotopo.comm import collectives as C
 from zerotopo.comm import qcollectives as Q
 from zerotopo.comm.ledger import Ledger
@@ -62,24 +63,15 @@ MAX_MESSAGE_BYTES = 16 << 30
 
 
 def parse_size(text: str) -> int:
-    """``4M`` -> 4194304 bytes (K, M, G are powers of two; a trailing B or iB is allowed)."""
-    s = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = s[-1:] if s[-1:] in _UNITS and s[-1:] else ""
-    number = s[: len(s) - len(unit)]
-    try:
-        value = float(number) * _UNITS[unit]
-    except ValueError:
-        raise ConfigError(
-            f"message size {text[:40]!r} is not a size; use e.g. 64K, 1M, 4M", key="--sizes"
-        ) from None
-    if not value >= 1:  # NaN too
-        raise ConfigError(f"message size {text[:40]!r} must be at least one byte", key="--sizes")
+    """A message size of ``--sizes``: ``4M`` -> 4194304 bytes (:mod:`zerotopo.sizes`), at most
+    :data:`MAX_MESSAGE_BYTES`."""
+    value = sizes.parse_size(text, key="--sizes", example="64K, 1M, 4M")
     if value > MAX_MESSAGE_BYTES:
         raise ConfigError(
             f"message size {text[:40]!r} is above the limit of {format_size(MAX_MESSAGE_BYTES)}",
             key="--sizes",
         )
-    return int(value)
+    return value
 
 
 def format_size(nbytes: int) -> str:

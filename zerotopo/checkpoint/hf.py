@@ -335,22 +335,6 @@ def load_hf_shards(directory: str | os.PathLike, model, optimizer, cfg: NeoXConf
 # -- weights out --------------------------------------------------------------------------------------
 
 
-def parse_size(text: str | int) -> int:
-    """``"5GB"``, ``"500MB"``, ``"2GiB"`` or a byte count."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ZerotopoError(f"size {text!r}: expected a byte count or e.g. 500MB, 5GB, 2GiB")
-    unit = (m.group(2) or "B").upper()
-    base = 1024 if "I" in unit else 1000
-    power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
-    size = int(float(m.group(1)) * base**power)
-    if size < 1:
-        raise ZerotopoError(f"size {text!r} must be positive")
-    return size
-
-
 _OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

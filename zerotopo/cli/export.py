@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotopo.checkpoint.hf import export_hf, parse_size
+    from zerotopo.checkpoint.hf import export_hf
+    from zerotopo.sizes import parse_size
 
     files = export_hf(
         args.checkpoint, args.out, max_shard_bytes=parse_size(args.max_shard_size), dtype=args.dtype
