@@ -4,6 +4,7 @@ process gone) taken over; held and released by real processes."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -33,7 +34,10 @@ def test_a_live_holder_is_named_and_a_second_lock_refused(tmp_path):
     assert read_holder(tmp_path).pid == holder.pid  # refused: the other job's lock is untouched
 
 
-def test_a_lock_whose_process_is_gone_is_taken_over_and_released(tmp_path, caplog):
+def test_a_lock_whose_process_is_gone_is_taken_over_and_released(tmp_path, caplog, monkeypatch):
+    # An earlier test in this process may have set up the console, which stops the zerotopo logger's
+    # records from reaching the root logger that caplog listens on.
+    monkeypatch.setattr(logging.getLogger("zerotopo"), "propagate", True)
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
