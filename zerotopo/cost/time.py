@@ -43,7 +43,7 @@ stream idle while it runs, shared equally between collectives in flight together
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -146,6 +146,10 @@ class StepTime:
     """Compute time added by collectives running alongside it."""
     breakdown: tuple[TimeShare, ...] = field(default=(), repr=False)
     """Per (phase, op, group, tier): seconds and exposed seconds."""
+    optimizer_s: float = 0.0
+    """The optimizer step (unscale, clipping, AdamW) as memory traffic, after the step-end collectives."""
+    host_s: float = 0.0
+    """Compute time the framework's host work added (units whose host work outlasts their compute)."""
 
 
 def quantizer_time(c: Collective, topology: Topology) -> float:
@@ -181,6 +185,61 @@ def quantizer_bytes(c: Collective, value_bytes: int = 4) -> float:
     return mine + volume.dequantize_traffic(n, payload, value_bytes)
 
 
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """A framework runtime's fixed costs that its collectives' bytes do not show (see the module note);
+    the engine has none, DeepSpeed stage 3's are :data:`zerotopo.cost.presets.DEEPSPEED_RUNTIME`."""
+
+    host_s_per_unit: float = 0.0
+    """Host seconds per unit per micro-batch (hooks, fetch and release, gradient hook): a third in the
+    forward, two thirds in the backward; a unit's compute takes at least that long (the device waits
+    for a host that falls behind)."""
+    fetch_window: int | None = None
+    """Units ahead whose gathers may be in flight (the host blocks on the oldest fetch beyond it);
+    None: the schedule's prefetch depth alone."""
+    scale_gather: bool = False
+    """An int8 all-gather runs as two calls, the codes then their fp32 scales, each paying its own
+    latency and its own place on the bandwidth curve."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.host_s_per_unit < 10:
+            raise ValueError(f"host_s_per_unit must be in [0, 10) seconds, got {self.host_s_per_unit!r}")
+        if self.fetch_window is not None and self.fetch_window < 1:
+            raise ValueError(f"fetch_window must be >= 1 or None, got {self.fetch_window!r}")
+
+
+@dataclass(frozen=True)
+class OptimizerShard:
+    """What one rank's optimizer step touches: its shard of the parameters and their widths."""
+
+    numel: int
+    """Elements of the rank's optimizer shard (parameters / optimizer degree)."""
+    grad_bytes: int = 4
+    """Width of the accumulated gradient shard it reads."""
+    param_bytes: int = 2
+    """Width of the low-precision parameter copy it writes."""
+
+
+def optimizer_bytes(grad_bytes: int, param_bytes: int) -> int:
+    """Device-memory bytes per element of one AdamW step with gradient unscaling and clipping, each a
+    pass over the shard (the kernels are memory-bound: a few FLOPs per byte):
+
+    - the gradient norm for clipping (and the overflow check): read the gradient;
+    - unscale and clip, fused into one multiply by the combined factor: read and write the gradient;
+    - AdamW: read the gradient, the fp32 master, m and v (12 bytes), write the three back, write the
+      low-precision parameter copy."""
+    return grad_bytes + 2 * grad_bytes + (grad_bytes + 12) + 12 + param_bytes
+
+
+def optimizer_time(shard: OptimizerShard, topology: Topology) -> float:
+    """Seconds of one rank's optimizer step: :func:`optimizer_bytes` per element of its shard at the
+    device's ``memory_bandwidth_gbps``; 0 when the topology does not declare it."""
+    bw = topology.device.memory_bandwidth_gbps
+    if bw <= 0 or shard.numel <= 0:
+        return 0.0
+    return shard.numel * optimizer_bytes(shard.grad_bytes, shard.param_bytes) / (bw * 1e9)
+
+
 def collective_time(c: Collective, topology: Topology, table: BandwidthTable | None = None) -> float:
     """Seconds of one call of ``c``: the table's bus bandwidth, else alpha-beta on its tier, plus the
     quantizer's passes (:func:`quantizer_time`)."""
@@ -207,6 +266,89 @@ def _key(c: Collective) -> tuple[str, str, str, str]:
     return (c.phase, c.op, c.group, c.tier)
 
 
+class _Streams:
+    """The compute stream and the communication streams of one simulated micro-batch."""
+
+    def __init__(self, overlap: OverlapModel, time_of: Callable[[Collective], float], quant_of) -> None:
+        self.overlap = overlap
+        self.time_of = time_of
+        self.quant_of = quant_of
+        self.free = {"gather": 0.0, "reduce": 0.0, "replica": 0.0}
+        self.stream = {
+            1: {"gather": "gather", "reduce": "gather", "replica": "gather"},
+            2: {"gather": "gather", "reduce": "reduce", "replica": "reduce"},
+        }.get(overlap.concurrent, {"gather": "gather", "reduce": "reduce", "replica": "replica"})
+        self.comm: list[tuple[float, float, Collective]] = []
+        self.busy: list[tuple[float, float]] = []
+        self.slow = 0.0
+        self.debt = 0.0  # quantizer seconds the compute stream still owes (see collective time)
+        self.tier_of: dict[str, str] = {}
+
+    def run(self, kind: str, at: float, colls) -> float:
+        """Issue ``colls`` on ``kind``'s stream no earlier than ``at``; returns when they end."""
+        if not colls:  # nothing to move: ready at once, the stream stays as it is
+            return at
+        s = self.stream[kind]
+        start = max(at, self.free[s])
+        for c in colls:
+            d = self.time_of(c)
+            self.debt += self.quant_of(
+                c
+            )  # the quantizer is compute: it takes the cores/SMs the compute runs on
+            # the other stream busy on the same tier: the two share its links while both run
+            for o, until in self.free.items():
+                if o != s and until > start and self.tier_of.get(o) == c.tier:
+                    d += min(d, until - start)
+            self.comm.append((start, start + d, c))
+            start += d
+            self.tier_of[s] = c.tier
+        self.free[s] = start
+        return start
+
+    def compute(self, start: float, dur: float) -> float:
+        """Run ``dur`` seconds of compute from ``start``, slowed by the collectives in flight."""
+        inflight = max(0.0, max(self.free.values()) - start)
+        extra = self.overlap.compute_slowdown * min(dur, inflight) + self.debt
+        self.debt = 0.0
+        self.slow += extra
+        self.busy.append((start, start + dur + extra))
+        return start + dur + extra
+
+
+def _pass(
+    schedule: StepSchedule, st: _Streams, direction: str, durations: list[float], t: float, not_before, last
+) -> float:
+    """One direction of a micro-batch: gathers issued on demand or ``prefetch`` units ahead, then each
+    unit's compute (and in the backward its reductions); returns when the last compute ends."""
+    units = schedule.units
+    U = len(units)
+    order = list(range(U)) if direction == "forward" else list(range(U - 1, -1, -1))
+    ready = [0.0] * U
+    issued = 0
+
+    def issue(upto: int, at: float) -> None:
+        nonlocal issued
+        while issued <= upto:
+            j = order[issued]
+            colls = units[j].forward if direction == "forward" else units[j].backward
+            ready[j] = st.run("gather", max(at, not_before[j]), colls)
+            issued += 1
+
+    for pos, i in enumerate(order):
+        u = units[i]
+        issue(pos, t)  # on demand: when the previous compute ends
+        start = max(t, ready[i])
+        issue(min(U - 1, pos + (u.prefetch if direction == "forward" else u.prefetch_backward)), start)
+        t = st.compute(start, durations[i])
+        if direction == "backward" and (u.reduce or last and u.last_reduce):
+            done = st.run("reduce", t, u.reduce)
+            if st.overlap.host_reduce:
+                t = done  # the next backward compute starts when the reduction returns
+            if last:
+                st.run("replica", done, u.last_reduce)
+    return t
+
+
 def _simulate(
     schedule: StepSchedule,
     fwd: list[float],
@@ -220,82 +362,16 @@ def _simulate(
     """One micro-batch (see the module note; ``first``: the step's first, with the units'
     ``first_forward``; ``last``: its last, with their ``last_reduce``): (end, slowdown, comm intervals,
     compute intervals)."""
+    st = _Streams(overlap, time_of, quant_of)
     units = schedule.units
-    U = len(units)
-    free = {"gather": 0.0, "reduce": 0.0, "replica": 0.0}
-    streams = {
-        1: {"gather": "gather", "reduce": "gather", "replica": "gather"},
-        2: {"gather": "gather", "reduce": "reduce", "replica": "reduce"},
-    }.get(overlap.concurrent, {"gather": "gather", "reduce": "reduce", "replica": "replica"})
-    stream = streams.__getitem__
-    comm: list[tuple[float, float, Collective]] = []
-    busy: list[tuple[float, float]] = []
-    slow = 0.0
-    t = 0.0
-    debt = 0.0  # quantizer seconds the compute stream still owes (see collective time)
-
-    tier_of: dict[str, str] = {}
-
-    def run(kind: str, at: float, colls) -> float:
-        if not colls:  # nothing to move: ready at once, the stream stays as it is
-            return at
-        s = stream(kind)
-        start = max(at, free[s])
-        nonlocal debt
-        for c in colls:
-            d = time_of(c)
-            debt += quant_of(c)  # the quantizer is compute: it takes the cores/SMs the compute runs on
-            # the other stream busy on the same tier: the two share its links while both run
-            for o, until in free.items():
-                if o != s and until > start and tier_of.get(o) == c.tier:
-                    d += min(d, until - start)
-            comm.append((start, start + d, c))
-            start += d
-            tier_of[s] = c.tier
-        free[s] = start
-        return start
-
-    def compute(start: float, dur: float) -> float:
-        nonlocal slow, debt
-        inflight = max(0.0, max(free.values()) - start)
-        extra = overlap.compute_slowdown * min(dur, inflight) + debt
-        debt = 0.0
-        slow += extra
-        busy.append((start, start + dur + extra))
-        return start + dur + extra
-
     # the previous step's parameter all-gathers, in flight from the start (the first micro-batch only)
-    params_at = [run("replica", 0.0, u.first_forward) if first else 0.0 for u in units]
-    for direction in ("forward", "backward"):
-        order = list(range(U)) if direction == "forward" else list(range(U - 1, -1, -1))
-        not_before = params_at if direction == "forward" else [0.0] * U
-        ready = [0.0] * U
-        issued = 0
-        for pos, i in enumerate(order):
-            u = units[i]
-            while issued <= pos:  # on demand: when the previous compute ends
-                j = order[issued]
-                colls = units[j].forward if direction == "forward" else units[j].backward
-                ready[j] = run("gather", max(t, not_before[j]), colls)
-                issued += 1
-            start = max(t, ready[i])
-            depth = u.prefetch if direction == "forward" else u.prefetch_backward
-            while issued <= min(U - 1, pos + depth):
-                j = order[issued]
-                colls = units[j].forward if direction == "forward" else units[j].backward
-                ready[j] = run("gather", max(start, not_before[j]), colls)
-                issued += 1
-            t = compute(start, fwd[i] if direction == "forward" else bwd[i])
-            if direction == "backward" and (u.reduce or last and u.last_reduce):
-                done = run("reduce", t, u.reduce)
-                if overlap.host_reduce:
-                    t = done  # the next backward compute starts when the reduction returns
-                if last:
-                    run("replica", done, u.last_reduce)
-    t += debt  # the quantizer passes after the last compute (the last reductions')
-    slow += debt
-    end = max([t] + list(free.values()))
-    return end, slow, comm, busy
+    params_at = [st.run("replica", 0.0, u.first_forward) if first else 0.0 for u in units]
+    t = _pass(schedule, st, "forward", fwd, 0.0, params_at, last)
+    t = _pass(schedule, st, "backward", bwd, t, [0.0] * len(units), last)
+    t += st.debt  # the quantizer passes after the last compute (the last reductions')
+    st.slow += st.debt
+    end = max([t] + list(st.free.values()))
+    return end, st.slow, st.comm, st.busy
 
 
 def _exposure(comm, busy, end: float) -> dict[int, float]:
@@ -323,50 +399,69 @@ def _exposure(comm, busy, end: float) -> dict[int, float]:
     return out
 
 
-def step_time(
-    schedule: StepSchedule,
-    topology: Topology,
-    shape: ModelShape,
-    *,
-    micro_batch: int,
-    efficiency: float = 0.5,
-    checkpoint_activations: bool = True,
-    table: BandwidthTable | None = None,
-    overlap: OverlapModel | None = None,
-) -> StepTime:
-    """Step time of ``schedule`` (see the module notes). A device with unknown peak (0 TFLOPS) is
-    costed on communication alone."""
-    if not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
-    overlap = overlap or OverlapModel()
-    if topology.device.host_reduce and not overlap.host_reduce:  # the machine says its ranks reduce so
-        overlap = replace(overlap, host_reduce=True)
-    M = schedule.micro_batches
-    samples = micro_batch * M
-    flops = shape.step_flops(samples, checkpoint_activations=checkpoint_activations)
-    peak = topology.device.peak_tflops * 1e12
-    compute = flops / (peak * efficiency) if peak > 0 else 0.0
-    per_mb = compute / M
+def _compute_split(
+    schedule: StepSchedule, per_mb: float, checkpoint_activations: bool, runtime: RuntimeCosts
+) -> tuple[list[float], list[float]]:
+    """Forward and backward compute seconds of each unit in one micro-batch, split by the units' FLOPs;
+    a unit's host work (``runtime.host_s_per_unit``) bounds it from below (the device waits for it)."""
     fwd_share = 1.0 / (4.0 if checkpoint_activations else 3.0)
     weights = [u.unit.flops for u in schedule.units]
     total_w = sum(weights)
     if total_w <= 0:
         weights, total_w = [1.0] * len(schedule.units), float(len(schedule.units) or 1)
-    fwd = [per_mb * fwd_share * w / total_w for w in weights]
-    bwd = [per_mb * (1 - fwd_share) * w / total_w for w in weights]
-    cache: dict[int, float] = {}  # by object: units of one size share their collectives
+    host = runtime.host_s_per_unit
+    fwd = [max(per_mb * fwd_share * w / total_w, host / 3) for w in weights]
+    bwd = [max(per_mb * (1 - fwd_share) * w / total_w, 2 * host / 3) for w in weights]
+    return fwd, bwd
+
+
+def _timer(topology: Topology, table: BandwidthTable | None, runtime: RuntimeCosts) -> Callable:
+    """``time_of(c)``: :func:`collective_time`, cached by object (units of one size share their
+    collectives), with the separate scales all-gather when ``runtime.scale_gather``."""
+    cache: dict[int, float] = {}
 
     def time_of(c: Collective) -> float:
         t = cache.get(id(c))
         if t is None:
-            t = cache[id(c)] = collective_time(c, topology, table)
+            if runtime.scale_gather and c.op == "all_gather_int8":
+                t = _split_scale_gather(c, topology, table) + quantizer_time(c, topology)
+            else:
+                t = collective_time(c, topology, table)
+            cache[id(c)] = t
         return t
 
-    def quant_of(c: Collective) -> float:
-        return quantizer_time(c, topology)  # 0 for plain codecs
+    return time_of
 
-    # the middle micro-batches are alike; the first also waits for the units' first_forward, the last
-    # runs their last_reduce
+
+def _split_scale_gather(c: Collective, topology: Topology, table: BandwidthTable | None) -> float:
+    """Wire time of an int8 all-gather sent as two calls, the codes then their fp32 scales (DeepSpeed's
+    ``zero_quantized_weights``: two ``all_gather_into_tensor`` calls per fetch)."""
+    if not c.message_bytes or not c.quant_numel:
+        return _wire_time(c, topology, table)
+    d = max(1, c.group_size)
+    codes = min(c.message_bytes, c.quant_numel * d // (d + 1))  # one byte per gathered value
+    sent = c.bytes_sent * codes // c.message_bytes
+    first = replace(c, message_bytes=codes, bytes_sent=sent)
+    scales = replace(c, message_bytes=c.message_bytes - codes, bytes_sent=c.bytes_sent - sent)
+    return _wire_time(first, topology, table) + _wire_time(scales, topology, table)
+
+
+def _with_window(schedule: StepSchedule, window: int | None) -> StepSchedule:
+    """``schedule`` with every unit's prefetch depth capped at ``window`` units ahead."""
+    if window is None:
+        return schedule
+    units = tuple(
+        replace(u, prefetch=min(u.prefetch, window), prefetch_backward=min(u.prefetch_backward, window))
+        for u in schedule.units
+    )
+    return replace(schedule, units=units)
+
+
+def _micro_batches(schedule: StepSchedule, fwd, bwd, time_of, overlap: OverlapModel, quant_of):
+    """Simulate the step's micro-batches (the middle ones are alike; the first also waits for the
+    units' ``first_forward``, the last runs their ``last_reduce``): (seconds, slowdown, {id: [collective,
+    calls, seconds, exposed]})."""
+    M = schedule.micro_batches
     has_first = any(u.first_forward for u in schedule.units)
     has_last = any(u.last_reduce for u in schedule.units)
     if M == 1:
@@ -387,6 +482,11 @@ def step_time(
             acc[1] += weight
             acc[2] += (e - s) * weight
             acc[3] += exposed.get(k, 0.0) * weight
+    return micro_time, slow_total, by_obj
+
+
+def _shares(schedule: StepSchedule, by_obj: dict, time_of, overlap: OverlapModel) -> tuple[dict, float]:
+    """Seconds per (phase, op, group, tier), the step-end collectives added: (shares, step-end seconds)."""
     shares: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for c, n, sec, exp in by_obj.values():
         acc = shares[_key(c)]
@@ -401,14 +501,67 @@ def step_time(
         acc[0] += 1
         acc[1] += d
         acc[2] += d * (1 - overlap.step_end_overlap)
-    last_bwd = sum(bwd)
-    hidden_end = min(overlap.step_end_overlap * step_end, last_bwd)
-    total = micro_time + step_end - hidden_end
-    all_comm = (
-        M * sum(time_of(c) for u in schedule.units for c in u.forward + u.backward + u.reduce)
-        + sum(time_of(c) for u in schedule.units for c in u.last_reduce + u.first_forward)
-        + step_end
+    return shares, step_end
+
+
+def _all_comm(schedule: StepSchedule, time_of, step_end: float) -> float:
+    """All communication of the step if nothing overlapped."""
+    units = schedule.units
+    per_micro = sum(time_of(c) for u in units for c in u.forward + u.backward + u.reduce)
+    once = sum(time_of(c) for u in units for c in u.last_reduce + u.first_forward)
+    return schedule.micro_batches * per_micro + once + step_end
+
+
+def _compute_rate(topology: Topology, efficiency: float, achieved_tflops: float | None) -> float:
+    """FLOP/s the compute runs at: ``achieved_tflops`` when given, else the device's peak × efficiency."""
+    if achieved_tflops is not None:
+        if not 0 < achieved_tflops <= 1e7:
+            raise ValueError(f"achieved_tflops must be in (0, 1e7], got {achieved_tflops}")
+        return achieved_tflops * 1e12
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
+    return topology.device.peak_tflops * 1e12 * efficiency
+
+
+def step_time(
+    schedule: StepSchedule,
+    topology: Topology,
+    shape: ModelShape,
+    *,
+    micro_batch: int,
+    efficiency: float = 0.5,
+    checkpoint_activations: bool = True,
+    table: BandwidthTable | None = None,
+    overlap: OverlapModel | None = None,
+    achieved_tflops: float | None = None,
+    runtime: RuntimeCosts | None = None,
+    optimizer: OptimizerShard | None = None,
+) -> StepTime:
+    """Step time of ``schedule`` (see the module notes). A device with unknown peak (0 TFLOPS) and no
+    ``achieved_tflops`` is costed on communication alone. ``runtime``: the framework's fixed costs
+    (:class:`RuntimeCosts`; none by default); ``optimizer``: the rank's optimizer shard, whose step is
+    priced as memory traffic (:func:`optimizer_time`; none by default)."""
+    rate = _compute_rate(topology, efficiency, achieved_tflops)
+    overlap = overlap or OverlapModel()
+    if topology.device.host_reduce and not overlap.host_reduce:  # the machine says its ranks reduce so
+        overlap = replace(overlap, host_reduce=True)
+    runtime = runtime or RuntimeCosts()
+    schedule = _with_window(schedule, runtime.fetch_window)
+    M = schedule.micro_batches
+    samples = micro_batch * M
+    flops = shape.step_flops(samples, checkpoint_activations=checkpoint_activations)
+    compute = flops / rate if rate > 0 else 0.0
+    fwd, bwd = _compute_split(schedule, compute / M, checkpoint_activations, runtime)
+    time_of = _timer(topology, table, runtime)
+    micro_time, slow_total, by_obj = _micro_batches(
+        schedule, fwd, bwd, time_of, overlap, lambda c: quantizer_time(c, topology)
     )
+    host_wait = M * (sum(fwd) + sum(bwd)) - compute  # compute time the host work added
+    shares, step_end = _shares(schedule, by_obj, time_of, overlap)
+    hidden_end = min(overlap.step_end_overlap * step_end, sum(bwd))
+    optim_s = optimizer_time(optimizer, topology) if optimizer else 0.0
+    total = micro_time + step_end - hidden_end + optim_s
+    peak = topology.device.peak_tflops * 1e12
     tokens = samples * shape.seq_length * topology.world_size
     model_flops = shape.step_flops(samples, checkpoint_activations=False)
     breakdown = tuple(
@@ -417,11 +570,13 @@ def step_time(
     return StepTime(
         step_time_s=total,
         compute_s=compute,
-        comm_s=all_comm,
-        exposed_comm_s=max(0.0, total - compute - slow_total),
+        comm_s=_all_comm(schedule, time_of, step_end),
+        exposed_comm_s=max(0.0, total - compute - slow_total - optim_s - host_wait),
         tokens_per_s=tokens / total if total > 0 else 0.0,
-        tflops_per_device=flops / total / 1e12 if total > 0 and peak > 0 else 0.0,
+        tflops_per_device=flops / total / 1e12 if total > 0 and rate > 0 else 0.0,
         mfu=model_flops / total / peak if total > 0 and peak > 0 else 0.0,
         slowdown_s=slow_total,
         breakdown=breakdown,
+        optimizer_s=optim_s,
+        host_s=host_wait,
     )
