@@ -129,6 +129,9 @@ class BandwidthTable:
     topology: str
     curves: tuple[Curve, ...]
     source: str = "<table>"
+    fallback: tuple[tuple[str, str], ...] = ()
+    """Families timed by another's curves in this table, beyond :data:`FALLBACK` (a set measured
+    without all-gathers: ``(("all_gather", "reduce_scatter"),)``)."""
 
     def _matching(self, family: str, tier: str) -> list[Curve]:
         return [c for c in self.curves if c.op == family and c.tier == tier]
@@ -139,7 +142,7 @@ class BandwidthTable:
         """Bus bandwidth (GB/s) of ``op`` on a message of ``message_bytes`` over a group spanning
         ``nodes`` × ``ranks_per_node`` crossing ``tier``; None when no curve applies."""
         family = OP_FAMILY.get(op, op)
-        for fam in (family, FALLBACK.get(family)):
+        for fam in (family, dict(self.fallback).get(family) or FALLBACK.get(family)):
             if fam is None:
                 continue
             cands = self._matching(fam, tier)
@@ -249,7 +252,21 @@ def table_from_mapping(raw: Any, source: str = "<table>") -> BandwidthTable:
         raise ConfigError(
             "missing required key 'bandwidth' (a list of curves)", source=source, key="bandwidth"
         )
-    return BandwidthTable(raw["topology"], curves_from_list(raw["bandwidth"], source), source)
+    return BandwidthTable(
+        raw["topology"], curves_from_list(raw["bandwidth"], source), source, _fallback(raw, source)
+    )
+
+
+def _fallback(raw: Mapping, source: str) -> tuple[tuple[str, str], ...]:
+    """A table's ``fallback: {family: family}`` mapping, checked."""
+    fb = raw.get("fallback", {})
+    if not isinstance(fb, Mapping) or not all(k in FAMILIES and v in FAMILIES for k, v in fb.items()):
+        raise ConfigError(
+            f"expected a mapping of collective families ({', '.join(FAMILIES)}), found {fb!r}",
+            source=source,
+            key="fallback",
+        )
+    return tuple(sorted(fb.items()))
 
 
 def tables_dir() -> Path:
@@ -271,6 +288,29 @@ def load_table(path: str | Path) -> BandwidthTable:
 
 
 _DEFAULTS: dict[str, BandwidthTable | None] = {}
+
+
+def curve_set(topology_name: str, name: str) -> BandwidthTable:
+    """A shipped curve set of a built-in topology: ``default`` (``topologies/bandwidth/NAME.yaml``) or
+    another measured set ``topologies/bandwidth/NAME-SET.yaml`` (frontier: ``rdzv0``)."""
+    if name == "default":
+        table = default_table(topology_name)
+        if table is None:
+            raise ConfigError(f"topology {topology_name!r} ships no bandwidth curves", source="--curves")
+        return table
+    p = tables_dir() / f"{topology_name}-{name}.yaml"
+    table = load_table(p) if p.is_file() else None
+    if table is None or table.topology != topology_name:  # emulated-frontier.yaml is no set of emulated
+        sets = [
+            x.stem[len(topology_name) + 1 :]
+            for x in sorted(tables_dir().glob(f"{topology_name}-*.yaml"))
+            if load_table(x).topology == topology_name
+        ]
+        raise ConfigError(
+            f"no curve set {name!r} for topology {topology_name!r}; sets: {', '.join(['default', *sets])}",
+            source="--curves",
+        )
+    return table
 
 
 def default_table(topology_name: str) -> BandwidthTable | None:

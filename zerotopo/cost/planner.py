@@ -18,8 +18,15 @@ from dataclasses import dataclass, field, replace
 from zerotopo.cost.bandwidth import BandwidthTable, default_table
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
 from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, max_model_params
-from zerotopo.cost.presets import COST_PRESETS, resolve
-from zerotopo.cost.time import OverlapModel, StepTime, collective_time, quantizer_time, step_time
+from zerotopo.cost.presets import COST_PRESETS, resolve, runtime_costs
+from zerotopo.cost.time import (
+    OptimizerShard,
+    OverlapModel,
+    StepTime,
+    collective_time,
+    quantizer_time,
+    step_time,
+)
 from zerotopo.errors import PlanError
 from zerotopo.placement.plan import PRESETS, Degrees, Plan, enumerate_plans
 from zerotopo.placement.schedule import Collective, ScheduleOptions, StepSchedule, engine_units, module_units
@@ -47,6 +54,9 @@ class CostOptions:
     """Micro-batches per step (``M``)."""
     efficiency: float = 0.5
     """Fraction of peak FLOPS the compute reaches."""
+    achieved_tflops: float | None = None
+    """TFLOPS per device the compute reaches (measured: ``zerotopo calibrate``'s ``compute.tflops``);
+    replaces ``efficiency`` when given."""
     checkpoint_activations: bool = True
     """Recompute activations in the backward (NeoX ``checkpoint_activations``)."""
     param_bytes: int = 2
@@ -281,6 +291,7 @@ def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOption
     plan, d, memory, schedule, fits = prepared
     o = options
     comm = schedule.collectives()
+    grad_bytes = grad_width(plan, o.param_bytes) if o.grad_bytes is None else o.grad_bytes
     t = step_time(
         schedule,
         topology,
@@ -290,9 +301,11 @@ def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOption
         checkpoint_activations=o.checkpoint_activations,
         table=o.table(topology),
         overlap=o.overlap,
+        achieved_tflops=o.achieved_tflops,
+        runtime=runtime_costs(schedule.options),
+        optimizer=OptimizerShard(shape.param_count() // d.optim, grad_bytes, o.param_bytes),
     )
     limit = o.memory_limit_bytes if o.memory_limit_bytes is not None else topology.device.memory_gib * GIB
-    grad_bytes = grad_width(plan, o.param_bytes) if o.grad_bytes is None else o.grad_bytes
     biggest = max_model_params(
         topology, plan, param_bytes=o.param_bytes, grad_bytes=grad_bytes,
         optim_bytes_per_param=o.optim_bytes_per_param, memory_bytes=limit,

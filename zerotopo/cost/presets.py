@@ -29,14 +29,36 @@ papers/004 (Lins) compared against DeepSpeed's ZeRO-1 and MiCS (its §VI-A, ``ov
   bucket's shard is all-reduced across the replica groups right after its reduce-scatter, on the same
   stream (``allreduce_mics_shard_grads``).
 
+papers/003's own design ran on the same DeepSpeed: ``deepspeed-zerotopo`` is the ``zerotopo`` placement
+(weights over a package's 2 GCDs with an int8 secondary per node, gradients per node, optimizer states
+over the job) on DeepSpeed's per-module stage-3 schedule, its cross-node gradient reduction an all-reduce
+of the node's gradient shard followed by select-and-drop (``grad_reduce: allreduce``), as papers/003 §IV
+describes it.
+
+DeepSpeed stage 3 also has fixed costs per module that the bytes do not show (:data:`DEEPSPEED_RUNTIME`,
+:class:`zerotopo.cost.time.RuntimeCosts`):
+
+- host work per module per step: ``DS_ACCELERATOR=cpu python benchmarks/deepspeed_host_cost.py
+  --modules 32,128,256`` (DeepSpeed 0.19.8, one rank, compute-free ``Linear(64, 64)`` stacks) measured
+  what stage 3 adds over stage 0 at 621, 499 and 426 µs per module per step on a 2-core VM
+  (docs/cost-model.md); the largest stack's figure, 426 µs, is the default (a datacenter host is
+  faster, so it bounds the host's share from above);
+- the fetch window: ``PartitionedParameterCoordinator`` keeps at most ``__max_ongoing_fetch_events = 2``
+  fetch events outstanding and synchronizes the host on the oldest beyond them
+  (``deepspeed/runtime/zero/partitioned_param_coordinator.py``), so no more than 2 modules are
+  prefetched ahead whatever the prefetch bucket allows;
+- ZeRO++'s quantized gather (``zero_quantized_weights``) all-gathers the int8 codes and then their fp32
+  scales in a second call.
+
 They are cost-model presets (``zerotopo plan --plans deepspeed-zero3,deepspeed-zeropp``): the engine runs
-the ``zero3``/``zeropp``/``zero1``/``mics`` plans with its own schedule.
+the ``zero3``/``zeropp``/``zero1``/``mics``/``zerotopo`` plans with its own schedule.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from zerotopo.cost.time import RuntimeCosts
 from zerotopo.errors import ConfigError
 from zerotopo.placement.plan import PRESETS, Plan, get_preset
 from zerotopo.placement.schedule import ENGINE, ScheduleOptions
@@ -46,6 +68,15 @@ DS_REDUCE_BUCKET = 500_000_000
 DS_ALLGATHER_BUCKET = 500_000_000
 DS_PREFETCH_BUCKET = 50_000_000
 DS_PERSISTENCE_THRESHOLD = 100_000
+#: Host seconds stage 3 adds per module per step (benchmarks/deepspeed_host_cost.py, 256 modules).
+DS_HOST_S_PER_MODULE = 426e-6
+#: ``PartitionedParameterCoordinator.__max_ongoing_fetch_events``.
+DS_FETCH_WINDOW = 2
+
+#: DeepSpeed stage 3's fixed costs (module note).
+DEEPSPEED_RUNTIME = RuntimeCosts(
+    host_s_per_unit=DS_HOST_S_PER_MODULE, fetch_window=DS_FETCH_WINDOW, scale_gather=True
+)
 
 DEEPSPEED = ScheduleOptions(
     name="deepspeed",
@@ -112,6 +143,18 @@ COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
         ),
         DEEPSPEED_ZERO12,
     ),
+    "deepspeed-zerotopo": (
+        replace(
+            PRESETS["zerotopo"],
+            name="deepspeed-zerotopo",
+            grad_dtype="param",
+            grad_reduce="allreduce",
+            description="papers/003 as it ran: weights on 2 GCDs (int8 secondary per node), gradients per "
+            "node all-reduced across nodes then select-and-drop, optimizer over the job, on DeepSpeed's "
+            "per-module schedule",
+        ),
+        DEEPSPEED,
+    ),
     "deepspeed-mics": (
         replace(
             PRESETS["mics"],
@@ -141,3 +184,11 @@ def resolve(spec: str | Plan) -> tuple[Plan, ScheduleOptions]:
             f"{', '.join(COST_PRESETS)}",
             key="plan",
         ) from exc
+
+
+def runtime_costs(options: ScheduleOptions) -> RuntimeCosts:
+    """The fixed runtime costs of the framework a schedule describes: DeepSpeed stage 3's for the
+    per-module schedules (:data:`DEEPSPEED_RUNTIME`), none for the engine's and for ZeRO-1/2 (no fetches)."""
+    if options.granularity == "module" and options.prefetch_bucket_elems is not None:
+        return DEEPSPEED_RUNTIME
+    return RuntimeCosts()
