@@ -291,8 +291,23 @@ def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOption
     plan, d, memory, schedule, fits = prepared
     o = options
     comm = schedule.collectives()
+    t = retime(plan, d, schedule, shape, topology, o)
+    limit = o.memory_limit_bytes if o.memory_limit_bytes is not None else topology.device.memory_gib * GIB
     grad_bytes = grad_width(plan, o.param_bytes) if o.grad_bytes is None else o.grad_bytes
-    t = step_time(
+    biggest = max_model_params(
+        topology, plan, param_bytes=o.param_bytes, grad_bytes=grad_bytes,
+        optim_bytes_per_param=o.optim_bytes_per_param, memory_bytes=limit,
+    )  # fmt: skip
+    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, fits, schedule, biggest)
+
+
+def retime(
+    plan: Plan, d: Degrees, schedule: StepSchedule, shape: ModelShape, topology: Topology, o: CostOptions
+) -> StepTime:
+    """The step time of a built schedule under ``o``'s compute, curves and overlap (the schedule does
+    not depend on them: a sweep over those inputs builds it once)."""
+    grad_bytes = grad_width(plan, o.param_bytes) if o.grad_bytes is None else o.grad_bytes
+    return step_time(
         schedule,
         topology,
         shape,
@@ -305,12 +320,6 @@ def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOption
         runtime=runtime_costs(schedule.options),
         optimizer=OptimizerShard(shape.param_count() // d.optim, grad_bytes, o.param_bytes),
     )
-    limit = o.memory_limit_bytes if o.memory_limit_bytes is not None else topology.device.memory_gib * GIB
-    biggest = max_model_params(
-        topology, plan, param_bytes=o.param_bytes, grad_bytes=grad_bytes,
-        optim_bytes_per_param=o.optim_bytes_per_param, memory_bytes=limit,
-    )  # fmt: skip
-    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, fits, schedule, biggest)
 
 
 def estimate(

@@ -33,7 +33,10 @@ papers/003's own design ran on the same DeepSpeed: ``deepspeed-zerotopo`` is the
 (weights over a package's 2 GCDs with an int8 secondary per node, gradients per node, optimizer states
 over the job) on DeepSpeed's per-module stage-3 schedule, its cross-node gradient reduction an all-reduce
 of the node's gradient shard followed by select-and-drop (``grad_reduce: allreduce``), as papers/003 §IV
-describes it.
+describes it ("after accumulating all mini-batch gradients ... we call Allreduce on local gradients
+stored among nodes before performing weight updates"): at the accumulation boundary, each reduce
+bucket's shard all-reduced across nodes after its reduce-scatter, as DeepSpeed's MiCS does
+(:data:`DEEPSPEED_MICS`).
 
 DeepSpeed stage 3 also has fixed costs per module that the bytes do not show (:data:`DEEPSPEED_RUNTIME`,
 :class:`zerotopo.cost.time.RuntimeCosts`):
@@ -150,10 +153,10 @@ COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
             grad_dtype="param",
             grad_reduce="allreduce",
             description="papers/003 as it ran: weights on 2 GCDs (int8 secondary per node), gradients per "
-            "node all-reduced across nodes then select-and-drop, optimizer over the job, on DeepSpeed's "
-            "per-module schedule",
+            "node all-reduced across nodes per reduce bucket then select-and-drop, optimizer over the job, "
+            "on DeepSpeed's per-module schedule",
         ),
-        DEEPSPEED,
+        DEEPSPEED_MICS,
     ),
     "deepspeed-mics": (
         replace(
