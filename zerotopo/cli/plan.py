@@ -12,8 +12,10 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 from zerotopo.config.model_files import DEFAULT_VOCAB, load_model, resolve_model_paths, tokenizer_vocab  # noqa: F401
+from zerotopo.cost.bandwidth import curve_set
 from zerotopo.cost.calibration import calibrated
 from zerotopo.cost.comm import intra_inter_bytes
 from zerotopo.cost.memory import GIB
@@ -32,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         nargs="+",
-        required=True,
-        help="NeoX-style YAML file(s), or a name from configs/ (neox-20b)",
+        default=None,
+        help="NeoX-style YAML file(s), or a name from configs/ (neox-20b); required but with --validate",
     )
     parser.add_argument("--micro-batch", type=int, default=None, help="samples per device per micro-batch")
     parser.add_argument("--grad-accum", type=int, default=None, help="micro-batches per step")
@@ -45,6 +47,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     parser.add_argument("--calibration", default=None, help="measured bandwidth table (zerotopo calibrate)")
     parser.add_argument("--efficiency", type=float, default=0.5, help="fraction of peak FLOPS reached (0.5)")
+    parser.add_argument(
+        "--tflops",
+        type=float,
+        default=None,
+        help="TFLOPS per device the compute reaches (measured); replaces --efficiency",
+    )
+    parser.add_argument(
+        "--curves",
+        default=None,
+        help="shipped bandwidth curve set of the topology: default, or another measured set (frontier: "
+        "rdzv0, measured with FI_CXI_RDZV_*=0)",
+    )
+    parser.add_argument(
+        "--validate",
+        choices=("papers",),
+        default=None,
+        help="papers: each published figure of papers/003 and papers/004 against the model's band over "
+        "the inputs the papers leave out (micro-batch, efficiency, curve set); see docs/cost-model.md",
+    )
     parser.add_argument(
         "--vocab-size", type=int, default=None, help=f"tokenizer vocabulary (default {DEFAULT_VOCAB})"
     )
@@ -106,8 +127,13 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         _positive(f"--{flag.replace('_', '-')}", getattr(args, flag), limits.get(flag, 2**40))
     if not 0 < args.efficiency <= 1:
         raise ConfigError(f"expected a fraction in (0, 1], found {args.efficiency}", source="--efficiency")
+    _positive("--tflops", getattr(args, "tflops", None), 1e7)
     topo = load_topology(args.topology, nodes=args.nodes)
     measured: dict = {}
+    if getattr(args, "curves", None):
+        if args.calibration:
+            raise ConfigError("give --curves or --calibration, not both", source="--curves")
+        measured["bandwidth"] = curve_set(topo.name, args.curves)
     if args.calibration:
         # a measured table replaces the topology's shipped curves and figures
         topo, measured = calibrated(topo, args.calibration)
@@ -125,6 +151,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         micro_batch=args.micro_batch or neox.train_micro_batch_size_per_gpu or 1,
         grad_accum=args.grad_accum or neox.gradient_accumulation_steps or 1,
         efficiency=args.efficiency,
+        achieved_tflops=getattr(args, "tflops", None),
         checkpoint_activations=bool(neox.checkpoint_activations),
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
@@ -145,7 +172,7 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
     head = (
         f"{shape.name}: {shape.param_count() / 1e9:.2f}B parameters on {topo.name} x {topo.nodes} nodes "
         f"({topo.world_size} x {topo.device.name}, {topo.device.memory_gib:g} GiB); micro-batch "
-        f"{options.micro_batch}, {options.grad_accum} micro-batches per step, efficiency {options.efficiency:g}"
+        f"{options.micro_batch}, {options.grad_accum} micro-batches per step, {_compute(options)}"
     )
     cols = [
         "plan",
@@ -192,6 +219,18 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
             "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
         )
     return "\n".join(lines)
+
+
+def _compute(options: CostOptions) -> str:
+    """How the compute is priced, and the curves when not the shipped default."""
+    rate = (
+        f"compute at {options.achieved_tflops:g} TFLOPS per device"
+        if options.achieved_tflops
+        else f"efficiency {options.efficiency:g}"
+    )
+    if options.bandwidth is not None:
+        rate += f", curves {Path(options.bandwidth.source).name}"
+    return rate
 
 
 def _tflops(x: float) -> str:
@@ -326,7 +365,25 @@ def plot(path: str, counts: list[int], series: dict[str, list[float]], title: st
     plt.close(fig)
 
 
+def validate(args: argparse.Namespace) -> int:
+    """``--validate papers``: the papers' figures against the model's bands (:mod:`zerotopo.cost.papers`)."""
+    from zerotopo.cost import papers
+
+    bands, ranking = papers.validate()
+    if args.json:
+        print(json.dumps({"bands": [b.to_json() for b in bands], "ranking": ranking.to_json()}, indent=2))
+    else:
+        print(papers.report(bands, ranking))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.validate:
+        return validate(args)
+    if not args.model:
+        raise ConfigError(
+            "give the model: --model configs/neox-20b.yml (or a name from configs/)", source="--model"
+        )
     if args.plot and not args.scaling:
         raise ConfigError("--plot draws the --scaling chart; give --scaling NODES too", source="--plot")
     if args.scaling:
