@@ -60,9 +60,12 @@ def test_neox_20b_on_48_frontier_nodes_against_papers_003(capsys):
     eff = tf["zerotopo"] / at2["zerotopo"]["tflops_per_device"]
     # the paper's ranking holds: zerotopo > ZeRO++ > ZeRO-3
     assert topo > zpp > 1
-    # ZeRO++ over ZeRO-3: within 15% of the paper's 1.405 (the model gives 1.227, 13% low)
-    assert zpp == pytest.approx(PAPER_ZEROPP_OVER_ZERO3, rel=0.15)
-    assert zpp == pytest.approx(1.227, abs=0.02)
+    # ZeRO++ over ZeRO-3 at micro-batch 4, efficiency 0.5: the model gives 1.131, 20% below the paper's
+    # 1.405, since DeepSpeed's two-fetch window and the separate scales all-gather are priced (1.227
+    # before them); the paper's figure is inside the model's band over the inputs it does not publish
+    # (test_paper_bands: 1.411 at micro-batch 1, efficiency 0.5)
+    assert zpp == pytest.approx(PAPER_ZEROPP_OVER_ZERO3, rel=0.25)
+    assert zpp == pytest.approx(1.131, abs=0.02)
     # zerotopo's 2 -> 48 node scaling efficiency: within 0.05 of the paper's 0.94 (the model gives 0.985:
     # the engine starts each unit's cross-node reduction in the last backward and leaves its post-step
     # parameter all-gather in flight into the next forward, so little of zerotopo's network traffic is

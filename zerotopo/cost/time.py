@@ -202,8 +202,10 @@ class RuntimeCosts:
     latency and its own place on the bandwidth curve."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.host_s_per_unit < 10:
-            raise ValueError(f"host_s_per_unit must be in [0, 10) seconds, got {self.host_s_per_unit!r}")
+        if not 0 <= self.host_s_per_unit < float("inf"):
+            raise ValueError(
+                f"host_s_per_unit must be a finite number of seconds >= 0, got {self.host_s_per_unit!r}"
+            )
         if self.fetch_window is not None and self.fetch_window < 1:
             raise ValueError(f"fetch_window must be >= 1 or None, got {self.fetch_window!r}")
 
