@@ -2,9 +2,10 @@
 
 For every group span training uses (the shard groups of each tier's size, and the groups crossing
 exactly one tier), every group at once: the bus bandwidth of each collective at several message sizes
-(the ``bandwidth:`` curves), per-tier latency and bandwidth (``tiers:``), and the overlap parameters
-(``overlap:``). ``zerotopo plan --calibration FILE`` reads it in place of the topology's shipped table
-(:mod:`zerotopo.bench.curves`, :mod:`zerotopo.cost.calibration`). Outside a distributed job it spawns
+(the ``bandwidth:`` curves), per-tier latency and bandwidth (``tiers:``), the overlap parameters
+(``overlap:``), and this machine's compute and quantizer rates (``device:``,
+:mod:`zerotopo.cost.rates`). ``zerotopo plan --calibration FILE`` reads it in place of the topology's
+shipped table (:mod:`zerotopo.bench.curves`, :mod:`zerotopo.cost.calibration`). Outside a distributed job it spawns
 local gloo ranks.
 """
 
@@ -41,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="collectives to measure (default all_gather,reduce_scatter,all_reduce,all_to_all)",
     )
     parser.add_argument("--no-overlap", action="store_true", help="skip the overlap measurements")
+    parser.add_argument(
+        "--no-device",
+        action="store_true",
+        help="skip the device rates (device.compute_tflops: matmul rate; device.quant_gbps: quantizer rate)",
+    )
     parser.add_argument("-o", "--output", metavar="FILE", help="write the table to FILE (YAML)")
 
 
@@ -73,10 +79,14 @@ def run(args: argparse.Namespace) -> int:
     table = measure.run(spec, ranks=args.ranks, emulate=emulation(args))
     if table is None:  # not rank 0 of a job
         return 0
+    if not args.no_device:
+        from zerotopo.cost.rates import measure_device
+
+        table["device"] = measure_device()  # after the ranks are done: this process alone on the machine
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo calibrate"
     # The layout of zerotopo.cost.calibration: header fields, then the measurements.
-    head = {k: v for k, v in table.items() if k not in ("tiers", "bandwidth", "overlap")}
-    body = {k: table[k] for k in ("tiers", "overlap", "bandwidth") if k in table}
+    head = {k: v for k, v in table.items() if k not in ("tiers", "bandwidth", "overlap", "device")}
+    body = {k: table[k] for k in ("tiers", "overlap", "device", "bandwidth") if k in table}
     text = yaml.safe_dump({**head, "command": command, **body}, sort_keys=False, default_flow_style=None)
     if args.output:
         from zerotopo.fsutil import write_text_atomic

@@ -155,7 +155,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         micro_batch=args.micro_batch or neox.train_micro_batch_size_per_gpu or 1,
         grad_accum=args.grad_accum or neox.gradient_accumulation_steps or 1,
         efficiency=args.efficiency,
-        achieved_tflops=getattr(args, "tflops", None),
+        achieved_tflops=getattr(args, "tflops", None) or measured.pop("achieved_tflops", None),
         checkpoint_activations=bool(neox.checkpoint_activations),
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",

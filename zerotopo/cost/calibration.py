@@ -14,8 +14,10 @@ The table ``zerotopo calibrate`` writes (YAML or JSON; see docs/cost-model.md)::
 
 Optional sections (see docs/cost-model.md): ``bandwidth:`` measured curves by collective, message size
 and group span (:mod:`zerotopo.cost.bandwidth`; they replace the topology's shipped table) and
-``overlap:`` the overlap parameters (:class:`zerotopo.cost.time.OverlapModel`). At least one of
-``tiers``, ``bandwidth`` and ``overlap`` is required.
+``overlap:`` the overlap parameters (:class:`zerotopo.cost.time.OverlapModel`), ``device:`` this machine's
+measured rates (:mod:`zerotopo.cost.rates`: ``compute_tflops``, the compute rate that replaces peak ×
+efficiency, and ``quant_gbps``, the block quantizer's rate that replaces the topology's). At least one
+of ``tiers``, ``bandwidth``, ``overlap`` and ``device`` is required.
 
 Every tier bandwidth is GB/s per device, one direction, measured with every device of the machine
 communicating across that tier at once: the figure the cost model divides bytes by. For the network tier
@@ -39,7 +41,8 @@ from zerotopo.placement.topology import Topology
 from zerotopo.placement.yamlio import load_yaml_file
 
 _TOP_REQUIRED = ("topology",)
-_TOP_OPTIONAL = ("nodes", "date", "command", "notes", "tiers", "bandwidth", "overlap")
+_TOP_OPTIONAL = ("nodes", "date", "command", "notes", "tiers", "bandwidth", "overlap", "device")
+_DEVICE_KEYS = ("compute_tflops", "quant_gbps")
 _TIER_KEYS = ("bandwidth_gbps", "latency_us")
 
 
@@ -67,9 +70,9 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
     for k in _TOP_REQUIRED:
         if k not in raw:
             raise ConfigError(f"missing required key {k!r}", source=source, key=k)
-    if not any(k in raw for k in ("tiers", "bandwidth", "overlap")):
+    if not any(k in raw for k in ("tiers", "bandwidth", "overlap", "device")):
         raise ConfigError(
-            "missing required key 'tiers' (or 'bandwidth' curves, or 'overlap' parameters)",
+            "missing required key 'tiers' (or 'bandwidth' curves, 'overlap' parameters, 'device' rates)",
             source=source,
             key="tiers",
         )
@@ -118,7 +121,24 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
         out["bandwidth"] = BandwidthTable(out["topology"], curves_from_list(raw["bandwidth"], source), source)
     if "overlap" in raw:
         out["overlap"] = overlap_from_mapping(raw["overlap"], source)
+    if "device" in raw:
+        out["device"] = _device_rates(raw["device"], source)
     return out
+
+
+def _device_rates(raw: Any, source: str) -> dict[str, float]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError(
+            f"expected a mapping with {' and/or '.join(_DEVICE_KEYS)}, found {short(raw)}",
+            source=source,
+            key="device",
+        )
+    for k in raw:
+        if k not in _DEVICE_KEYS:
+            raise ConfigError(
+                f"unknown key; expected {', '.join(_DEVICE_KEYS)}", source=source, key=f"device.{k}"
+            )
+    return {k: _number(raw[k], source, f"device.{k}", positive=True) for k in _DEVICE_KEYS if k in raw}
 
 
 def load_calibration(path: str | Path) -> dict[str, Any]:
@@ -162,17 +182,23 @@ def apply_calibration(topology: Topology, table: Mapping[str, Any]) -> Topology:
                 source=source,
                 key=f"tiers.{name}",
             )
-    return replace(topology, tiers=tuple(tiers), network=network)
+    device = topology.device
+    if "quant_gbps" in table.get("device", {}):
+        device = replace(device, quant_gbps=table["device"]["quant_gbps"])
+    return replace(topology, tiers=tuple(tiers), network=network, device=device)
 
 
 def calibrated(topology: Topology, path: str | Path) -> tuple[Topology, dict[str, Any]]:
     """``topology`` with the calibration file at ``path`` applied, and the measured inputs of
     :class:`~zerotopo.cost.planner.CostOptions` it brings (its curves in place of the topology's shipped
-    table, its overlap figures): what ``--calibration FILE`` means to ``zerotopo plan`` and ``zerotopo
-    bench compare``."""
+    table, its overlap figures, its measured compute rate): what ``--calibration FILE`` means to
+    ``zerotopo plan`` and ``zerotopo bench compare``."""
     cal = load_calibration(path)
-    return apply_calibration(topology, cal), {
+    measured: dict[str, Any] = {
         "bandwidth": cal.get("bandwidth"),
         "default_bandwidth": False,
         "overlap": cal.get("overlap") or OverlapModel(),
     }
+    if "compute_tflops" in cal.get("device", {}):
+        measured["achieved_tflops"] = cal["device"]["compute_tflops"]
+    return apply_calibration(topology, cal), measured
