@@ -248,11 +248,14 @@ def _fmt_s(x: float) -> str:
 def explain(e: PlanEstimate, others: list[PlanEstimate], topo: Topology) -> str:
     """Where each second of ``e``'s step goes, and how it compares with the other plans."""
     t = e.time
-    other = t.step_time_s - t.compute_s - t.slowdown_s - t.exposed_comm_s
+    busy = t.compute_s + t.optimizer_s + t.host_s  # the device's own work: FLOPs, optimizer step, host waits
+    other = t.step_time_s - busy - t.slowdown_s - t.exposed_comm_s
     lines = [
         f"{e.name} ({e.plan.label(topo)}) on {topo.name} x {topo.nodes} nodes: step {t.step_time_s:.3f} s "
-        f"= compute {t.compute_s:.3f} s + compute slowdown {t.slowdown_s:.3f} s + exposed communication "
+        f"= compute {busy:.3f} s + compute slowdown {t.slowdown_s:.3f} s + exposed communication "
         f"{t.exposed_comm_s:.3f} s" + (f" + {other:.3f} s" if abs(other) > 1e-6 else ""),
+        f"  compute: {t.compute_s:.3f} s of FLOPs, optimizer step (unscale, clipping, AdamW; memory-bound) "
+        f"{t.optimizer_s:.3f} s, framework host work beyond the FLOPs {t.host_s:.3f} s",
         f"  {t.tflops_per_device:.1f} TFLOPS per device, MFU {100 * t.mfu:.1f}%; communication "
         f"{t.comm_s:.3f} s in all, {t.comm_s - t.exposed_comm_s:.3f} s of it hidden under compute",
         "",
