@@ -23,6 +23,8 @@ and is not listed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from zerotopo.placement.plan import Degrees, Plan
 from zerotopo.placement.schedule import (
     ENGINE,
@@ -55,37 +57,19 @@ INT4_RS = "reduce_scatter_int4"
 
 
 def comm_per_step(
-    unit_numels: list[int],
-    topology: Topology,
-    plan: Plan,
-    *,
-    micro_batches: int,
-    param_bytes: int = 2,
-    reduce_bytes: int | None = None,
-    grad_shard_bytes: int | None = None,
-    padded: bool = True,
-    fp16: bool = False,
+    unit_numels: list[int], topology: Topology, plan: Plan, **kwargs: Any
 ) -> list[CollectiveCost]:
-    """Every collective of one training step with ``micro_batches`` micro-batches (see the module note).
+    """Every collective of one training step (see the module note): :func:`schedule_of`'s schedule with
+    its keywords (``micro_batches``, required; ``param_bytes``, ``reduce_bytes``, ``grad_shard_bytes``,
+    ``padded``, ``fp16``), identical collectives merged (``count`` says how many run per step).
 
     ``param_bytes`` is the width of the gathered weights, ``reduce_bytes`` that of the per-micro-batch
     gradient reduce-scatter and ``grad_shard_bytes`` that of the accumulated gradient shard reduced once
     per step; both follow ``plan.grad_dtype`` when not given (``fp32``: 4 bytes, the engine's default;
     ``param``: ``param_bytes``, as DeepSpeed and the papers' fp16 tables). With ``padded=False`` units are
     not padded, so every count must split evenly over the groups (as the papers' closed forms assume).
-    Identical collectives are merged: ``count`` says how many run per step.
     """
-    return schedule_of(
-        unit_numels,
-        topology,
-        plan,
-        micro_batches=micro_batches,
-        param_bytes=param_bytes,
-        reduce_bytes=reduce_bytes,
-        grad_shard_bytes=grad_shard_bytes,
-        padded=padded,
-        fp16=fp16,
-    ).collectives()
+    return schedule_of(unit_numels, topology, plan, **kwargs).collectives()
 
 
 def grad_width(plan: Plan, param_bytes: int) -> int:

@@ -101,18 +101,9 @@ def memory_per_device(
         raise ValueError("a model needs at least one unit")
     if grad_bytes is None:
         grad_bytes = param_bytes if getattr(plan, "grad_dtype", None) == "param" else 4
-    return _memory(
-        unit_numels,
-        plan,
-        plan.degrees(topology),
-        param_bytes,
-        grad_bytes,
-        optim_bytes_per_param,
-        padded,
-        micro_batch,
-        shape,
-        checkpoint_activations,
-    )
+    widths = (param_bytes, grad_bytes, optim_bytes_per_param)
+    activations = (micro_batch, shape, checkpoint_activations)
+    return _memory(unit_numels, plan, plan.degrees(topology), *widths, padded, *activations)
 
 
 def _memory(

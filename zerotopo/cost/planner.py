@@ -267,22 +267,6 @@ def _schedule(
     )
 
 
-def _prepare(
-    plan: Plan,
-    shape: ModelShape,
-    topology: Topology,
-    options: CostOptions,
-    degrees: Degrees | None,
-    unit_layers: int | None = None,
-    schedule: ScheduleOptions | None = None,
-    shared: dict | None = None,
-):
-    """Everything but the step time: (plan, degrees, memory, step schedule, fits); ``schedule`` as in
-    :func:`estimate`, ``shared`` as in :func:`~zerotopo.placement.schedule.step_schedule`."""
-    f = _fit(plan, shape, topology, options, degrees, unit_layers, schedule)
-    return _complete(f, topology, options, shared)
-
-
 def _complete(f: _Fit, topology: Topology, options: CostOptions, shared: dict | None):
     return f.plan, f.degrees, f.memory, _schedule(f, topology, options, shared), f.fits
 
@@ -340,7 +324,10 @@ def estimate(
     choices = options.unit_layers if sched.granularity == "unit" and schedule is None else (None,)
     out = [
         _finish(
-            _prepare(plan, shape, topology, options, degrees, k, schedule, shared), shape, topology, options
+            _complete(_fit(plan, shape, topology, options, degrees, k, schedule), topology, options, shared),
+            shape,
+            topology,
+            options,
         )
         for k in choices
     ]
