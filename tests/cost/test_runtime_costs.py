@@ -154,3 +154,20 @@ def test_unknown_curve_set_and_bad_fallback_are_named():
         curve_set("emulated", "frontier")  # emulated-frontier.yaml is another topology's table
     with pytest.raises(ConfigError, match="fallback"):
         table_from_mapping({"topology": "x", "bandwidth": [], "fallback": {"all_gather": "nccl"}})
+
+
+def test_a_deepspeed_presets_alternative_without_secondary_stays_on_deepspeeds_schedule():
+    from dataclasses import replace
+
+    from zerotopo.cost.papers import neox_20b
+    from zerotopo.cost.planner import secondary_alternative
+
+    shape, base = neox_20b()
+    topo = load_topology("frontier", nodes=48)
+    o = replace(base, micro_batch=4)
+    (e,) = plan_candidates(shape, topo, plans=["deepspeed-zerotopo"], options=o)
+    alt, why = secondary_alternative(e, shape, topo, o)
+    assert alt.name == "deepspeed-zerotopo-nosec" and alt.schedule.options == DEEPSPEED_MICS
+    assert why.startswith("deepspeed-zerotopo: its 8-rank int8 secondary partition")
+    # on DeepSpeed's schedule the two are within 0.5% of each other, far from the engine's figure
+    assert alt.time.step_time_s == pytest.approx(e.time.step_time_s, rel=0.005)

@@ -29,7 +29,14 @@ from zerotopo.cost.time import (
 )
 from zerotopo.errors import PlanError
 from zerotopo.placement.plan import PRESETS, Degrees, Plan, enumerate_plans
-from zerotopo.placement.schedule import Collective, ScheduleOptions, StepSchedule, engine_units, module_units
+from zerotopo.placement.schedule import (
+    ENGINE,
+    Collective,
+    ScheduleOptions,
+    StepSchedule,
+    engine_units,
+    module_units,
+)
 from zerotopo.placement.shape import ModelShape
 from zerotopo.placement.topology import Topology
 
@@ -569,7 +576,10 @@ def secondary_alternative(
     d = e.degrees
     if d.secondary is None or d.secondary <= d.params:
         return None
-    alt = estimate(replace(e.plan, name=f"{e.plan.name}-nosec", secondary=None), shape, topology, options)
+    # priced on e's own schedule: a DeepSpeed preset's alternative runs on DeepSpeed's too
+    own = e.schedule.options if e.schedule is not None and e.schedule.options.name != ENGINE.name else None
+    nosec = replace(e.plan, name=f"{e.plan.name}-nosec", secondary=None)
+    alt = estimate(nosec, shape, topology, options, schedule=own)
     if alt.time.step_time_s > e.time.step_time_s * 1.005 or alt.memory.total >= e.memory.total:
         return None
 
