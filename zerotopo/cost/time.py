@@ -38,6 +38,13 @@ when :attr:`OverlapModel.concurrent` is 1):
 
 Each collective's time is split into the part hidden under compute and the exposed part (the compute
 stream idle while it runs, shared equally between collectives in flight together).
+
+[Note: beyond the bytes] The compute rate is ``peak × efficiency`` or a measured ``achieved_tflops``
+(``zerotopo calibrate``'s ``device.compute_tflops``). The optimizer step after the step-end collectives
+is memory traffic (:func:`optimizer_bytes` per element of the rank's shard over the device's
+``memory_bandwidth_gbps``). A framework's fixed runtime costs (:class:`RuntimeCosts`: host work per
+unit, a fetch window, a separate scales gather) are DeepSpeed stage 3's in its presets and none in the
+engine (:mod:`zerotopo.cost.presets`).
 """
 
 from __future__ import annotations
