@@ -51,25 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     parser.add_argument("--calibration", default=None, help="measured bandwidth table (zerotopo calibrate)")
     parser.add_argument("--efficiency", type=float, default=0.5, help="fraction of peak FLOPS reached (0.5)")
-    parser.add_argument(
-        "--tflops",
-        type=float,
-        default=None,
-        help="TFLOPS per device the compute reaches (measured); replaces --efficiency",
-    )
-    parser.add_argument(
-        "--curves",
-        default=None,
-        help="shipped bandwidth curve set of the topology: default, or another measured set (frontier: "
-        "rdzv0, measured with FI_CXI_RDZV_*=0)",
-    )
-    parser.add_argument(
-        "--validate",
-        choices=("papers",),
-        default=None,
-        help="papers: each published figure of papers/003 and papers/004 against the model's band over "
-        "the inputs the papers leave out (micro-batch, efficiency, curve set); see docs/cost-model.md",
-    )
+    _add_input_arguments(parser)
     parser.add_argument(
         "--vocab-size", type=int, default=None, help=f"tokenizer vocabulary (default {DEFAULT_VOCAB})"
     )
@@ -113,6 +95,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="1",
         help="layers per gather unit the planner may choose from, comma-separated (default 1, the "
         "engine's; larger units send larger messages and hold larger buffers)",
+    )
+
+
+def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """The measured inputs (compute rate, curve set) and the papers' validation."""
+    parser.add_argument(
+        "--tflops",
+        type=float,
+        default=None,
+        help="TFLOPS per device the compute reaches (measured); replaces --efficiency",
+    )
+    parser.add_argument(
+        "--curves",
+        default=None,
+        help="shipped bandwidth curve set of the topology: default, or another measured set (frontier: "
+        "rdzv0, measured with FI_CXI_RDZV_*=0)",
+    )
+    parser.add_argument(
+        "--validate",
+        choices=("papers",),
+        default=None,
+        help="papers: each published figure of papers/003 and papers/004 against the model's band over "
+        "the inputs the papers leave out (micro-batch, efficiency, curve set); see docs/cost-model.md",
     )
 
 
