@@ -108,3 +108,30 @@ def test_replay_wait_is_the_curves_time_for_the_scaled_message():
     mid = replay_wait(table, "all_gather", 64e6 * 0.01, "network", 48, 8, r) / 64e6
     big = replay_wait(table, "all_gather", 1e9 * 0.01, "network", 48, 8, r) / 1e9
     assert mid > big
+
+
+def _args(*argv: str):
+    import argparse
+
+    from zerotopo.bench.compare import DEFAULT_REPEAT, add_arguments, options_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(list(argv))
+    return args, options_from_args(args), DEFAULT_REPEAT
+
+
+def test_the_cli_defaults_to_frontier_20b_and_keeps_comm_bound_by_name():
+    from zerotopo.errors import ConfigError
+
+    args, opts, default_repeat = _args()
+    assert opts.regime == "frontier-20b" and opts.model == "wide" and opts.curves is None
+    assert args.repeat == default_repeat == 3
+    _, old, _ = _args("--regime", "comm-bound")
+    assert (old.model, old.batch, old.micro_batches, old.network_mbit) == ("small", 2, 4, 50.0)
+    assert not old.node_uplink and old.memory_cap_bytes is None and old.deepspeed_buckets is None
+    _, curves, _ = _args("--curves", "frontier-48")
+    assert curves.curves == "frontier-48"
+    # what the regime derives cannot also be given
+    with pytest.raises(ConfigError, match="--regime comm-bound"):
+        _args("--batch", "4")
