@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zerotopo.bench import FLOOR_ROW, FRAMEWORK_ROWS
-from zerotopo.bench.regime import measured_ratio, target_regime
+from zerotopo.bench.regime import REGIMES, Regime, fits, measured_ratio, target_regime
+from zerotopo.bench.replay import CURVES, Replay
 from zerotopo.errors import ConfigError, ZerotopoError
 
 ZEROTOPO_ROWS = ("zerotopo", "planner", "zero3", "zeropp", "mics")
@@ -50,6 +51,7 @@ MODELS: dict[str, dict[str, int]] = {
     "tiny": {"hidden": 32, "layers": 2, "heads": 2, "vocab": 256, "seq": 32},
     "small": {"hidden": 128, "layers": 4, "heads": 4, "vocab": 1024, "seq": 64},
     "medium": {"hidden": 256, "layers": 4, "heads": 4, "vocab": 2048, "seq": 64},
+    "wide": {"hidden": 384, "layers": 1, "heads": 6, "vocab": 256, "seq": 256},
 }
 """Built-in benchmark models (``--model NAME``); ``--model`` also takes a NeoX YAML from configs/."""
 
@@ -85,6 +87,22 @@ class CompareOptions:
     calibration: str | None = None
     """A ``zerotopo calibrate`` file whose tiers, curves and overlap price the predictions (default: the
     topology file and its shipped bandwidth table)."""
+    regime: str = "comm-bound"
+    """``frontier-20b``: :func:`apply_regime` derives batch, seq, checkpointing, link rate and memory cap
+    at start; ``comm-bound``: these options as given."""
+    node_uplink: bool = False
+    """A node's ranks share one shaped uplink (:func:`zerotopo.launch.netem.emulated_cluster`)."""
+    checkpoint: bool = False
+    """Activation checkpointing in every row's model."""
+    memory_cap_bytes: float | None = None
+    """Emulated device memory per rank: rows the cost model says exceed it are not run."""
+    deepspeed_buckets: dict[str, int] | None = None
+    """DeepSpeed's prefetch/reduce buckets and persistence threshold, elements (None: the row's settings
+    as before: persistence 0, DeepSpeed's default buckets)."""
+    curves: str | None = None
+    """``frontier-48``: replay the shipped Frontier curves' time on every collective (:mod:`.replay`)."""
+    replay: Any = None
+    """The :class:`zerotopo.bench.replay.Replay` the ranks install (set by :func:`compare`)."""
     repeat: int = 1
     """Runs of every row (interleaved: all rows, then all rows again); a row's step time is the median of
     its runs' medians, reported with their min and max (``--repeat``, default :data:`DEFAULT_REPEAT`)."""
@@ -107,6 +125,7 @@ def model_config(opts: CompareOptions) -> tuple[Any, int]:
             num_layers=m["layers"],
             num_attention_heads=m["heads"],
             max_position_embeddings=seq,
+            checkpoint_activations=opts.checkpoint,
         )
         return cfg, seq
     from zerotopo.config.model_files import load_model
@@ -117,7 +136,8 @@ def model_config(opts: CompareOptions) -> tuple[Any, int]:
         raise ConfigError(
             f"{exc}; or use a built-in benchmark model: {', '.join(MODELS)}", source="--model"
         ) from None
-    return neox.model_config(opts.vocab or 1024), opts.seq or neox.seq_length
+    cfg = replace(neox.model_config(opts.vocab or 1024), checkpoint_activations=opts.checkpoint)
+    return cfg, opts.seq or neox.seq_length
 
 
 def batches(opts: CompareOptions, vocab: int, seq: int, rank: int, step: int) -> list[tuple[Any, Any]]:
@@ -152,6 +172,11 @@ def _worker(
     topo = load_topology(opts.topology)
     cfg, seq = model_config(opts)
     out = []
+    waited: dict[str, float] = {}
+    if opts.replay is not None:
+        from zerotopo.bench.replay import install
+
+        waited = install(opts.replay)
     warm_up(cfg)
     for repeat, (name, plan) in ((k, x) for k in range(opts.repeat) for x in specs):
         try:
@@ -159,6 +184,7 @@ def _worker(
         except ImportError as exc:  # the same on every rank, before any collective of the row
             out.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
             continue
+        waited0 = sum(waited.values())
         memory = PeakMemory()
         t_setup = time.perf_counter()
         row = build_row(name, plan, cfg, topo, rank, opts)
@@ -193,6 +219,7 @@ def _worker(
                 "tier_bytes": {t: (sent1[t] - sent0.get(t, 0)) / opts.steps for t in sent1},
                 "peak_memory_bytes": peak,
                 "setup_s": setup_s,
+                "replay_wait_s": (sum(waited.values()) - waited0) / (opts.warmup + opts.steps),
             }
         )
         del row
@@ -243,7 +270,7 @@ def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
     return topo, {**measured, "overlap": replace(overlap, host_reduce=True)}
 
 
-def framework_cost(name: str) -> tuple[Any, Any] | None:
+def framework_cost(name: str, buckets: dict[str, int] | None = None) -> tuple[Any, Any] | None:
     """The plan and schedule the cost model prices a framework row with, or None (no model of it).
 
     ``deepspeed-zero3`` is the ``deepspeed-zero3`` cost preset (:mod:`zerotopo.cost.presets`) with the
@@ -251,7 +278,8 @@ def framework_cost(name: str) -> tuple[Any, Any] | None:
     (``stage3_param_persistence_threshold: 0``), DeepSpeed's default prefetch and reduce buckets.
     ``deepspeed-hpz`` is the ``deepspeed-zeropp`` preset without its quantized collectives (DeepSpeed's
     qwZ/qgZ need CUDA, so the row runs hpZ alone), its secondary copy per node in the parameters' dtype.
-    FSDP2 has no cost preset: its rows are measured, not predicted."""
+    FSDP2 has no cost preset: its rows are measured, not predicted. ``buckets``: the row's scaled
+    DeepSpeed buckets (:func:`zerotopo.bench.regime.deepspeed_buckets`)."""
     from zerotopo.cost.presets import COST_PRESETS
 
     if name == "deepspeed-zero3":
@@ -261,7 +289,14 @@ def framework_cost(name: str) -> tuple[Any, Any] | None:
         plan = replace(plan, name=name, quantize_weights=False, quantize_grads=False)
     else:
         return None
-    return plan, replace(sched, persistence_threshold=0)
+    if buckets is None:
+        return plan, replace(sched, persistence_threshold=0)
+    return plan, replace(
+        sched,
+        persistence_threshold=buckets["persistence"],
+        prefetch_bucket_elems=buckets["prefetch"],
+        reduce_bucket_elems=buckets["reduce"],
+    )
 
 
 def resolve_rows(
@@ -277,7 +312,8 @@ def resolve_rows(
         micro_batch=opts.batch,
         grad_accum=opts.micro_batches,
         param_bytes=4,
-        checkpoint_activations=False,
+        checkpoint_activations=opts.checkpoint,
+        memory_limit_bytes=opts.memory_cap_bytes,
         **(measured or {}),
     )
     specs: list[tuple[str, Any]] = []
@@ -291,16 +327,18 @@ def resolve_rows(
             kind = name.split("-")[0]
             specs.append((name, None))
             meta[name] = {"kind": kind, "quantized": False, "predicted": None, "plan": None}
-            costed = framework_cost(name)
+            costed = framework_cost(name, opts.deepspeed_buckets)
             if costed is not None:  # priced on the framework's own schedule
                 plan, sched = costed
                 est = estimate(plan, shape, topo, cost, schedule=sched)
                 meta[name].update(
                     predicted=est.time.step_time_s,
                     predicted_tier_bytes=dict(est.comm_bytes),
+                    predicted_memory_bytes=est.memory.total,
                     plan_object=plan,
                     schedule_object=sched,
                 )
+                _cap(specs, meta[name], opts.memory_cap_bytes)
             continue
         if name == "planner":
             pick = best_plan(plan_candidates(shape, topo, plans="auto", options=cost))
@@ -324,7 +362,11 @@ def resolve_rows(
             "predicted_tier_bytes": {k: v for k, v in est.comm_bytes.items()},
             "placement": placement(plan, topo),
             "plan_object": plan,
+            "predicted_memory_bytes": est.memory.total,
         }
+        if not fits(est.memory.total, opts.memory_cap_bytes):
+            meta[name]["does_not_fit"] = True
+            continue
         twin = next(
             (n for n, p in specs if p is not None and meta[n]["placement"] == meta[name]["placement"]), None
         )
@@ -333,6 +375,13 @@ def resolve_rows(
         else:
             specs.append((name, plan))
     return specs, meta
+
+
+def _cap(specs: list[tuple[str, Any]], meta: dict[str, Any], cap: float | None) -> None:
+    """Take the row just added to ``specs`` out again when its predicted memory exceeds ``cap``."""
+    if not fits(meta.get("predicted_memory_bytes"), cap):
+        meta["does_not_fit"] = True
+        specs.pop()
 
 
 def repredict(
@@ -353,11 +402,12 @@ def repredict(
     floor = next((r for r in rows if r["kind"] == "floor" and r.get("step_time_s")), None)
     if floor is None:
         return f"topology file: {topo.device.peak_tflops:g} TFLOPS at efficiency 0.5"
-    flops = shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=False)
+    flops = shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint)
     tflops = flops / floor["step_time_s"] / 1e12
     measured = dc_replace(topo, device=dc_replace(topo.device, peak_tflops=tflops))
     cost = CostOptions(micro_batch=opts.batch, grad_accum=opts.micro_batches, param_bytes=4,
-                       checkpoint_activations=False, efficiency=1.0, **(measured_inputs or {}))  # fmt: skip
+                       checkpoint_activations=opts.checkpoint, efficiency=1.0, memory_limit_bytes=opts.memory_cap_bytes,
+                       **(measured_inputs or {}))  # fmt: skip
     for r in rows:
         m = meta[r["name"]]
         plan = m.get("plan_object")
@@ -386,6 +436,11 @@ def assemble(
         ranks = [results[runs[source][0]] for results in per_rank]  # the first run
         r0 = ranks[0]
         row: dict[str, Any] = {"name": name, "kind": m["kind"], "plan": m["plan"]}
+        if m.get("does_not_fit"):
+            row.update(does_not_fit=True, predicted_memory_bytes=m["predicted_memory_bytes"], step_time_s=None,
+                       final_loss=None, predicted_step_time_s=m["predicted"])  # fmt: skip
+            rows.append(row)
+            continue
         if m.get("same_as"):
             row["same_as"] = m["same_as"]
         if "error" in r0:
@@ -418,6 +473,8 @@ def assemble(
                 "losses": [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(len(r0["losses"]))],
                 "quantized": m["quantized"],
                 "setup_s": r0["setup_s"],
+                "predicted_memory_bytes": m.get("predicted_memory_bytes"),
+                "replay_wait_s_per_step": r0.get("replay_wait_s"),
             }
         )
         rows.append(row)
@@ -459,20 +516,67 @@ def ratios(rows: list[dict[str, Any]], base: str = "zerotopo") -> dict[str, floa
     return {f"{base}/{n}": by[base]["tokens_per_s"] / r["tokens_per_s"] for n, r in by.items() if n != base}
 
 
-def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
-    """Run every row on local ranks (on the emulated cluster unless ``opts.emulate`` is False) and
-    return the report (see the module docstring)."""
-    from zerotopo.launch.spawn import spawn
-    from zerotopo.placement.topology import load_topology
-
+def _check(opts: CompareOptions) -> None:
     for key in ("steps", "micro_batches", "batch", "repeat"):
         if getattr(opts, key) < 1:
             raise ConfigError(f"expected a positive number, got {getattr(opts, key)}", key=f"--{key}")
-    topo = load_topology(opts.topology)
+    if opts.regime not in REGIMES:
+        raise ConfigError(f"unknown regime {opts.regime!r}; regimes are {', '.join(REGIMES)}", key="--regime")
+    if opts.curves is not None and opts.curves not in CURVES:
+        raise ConfigError(f"unknown curves {opts.curves!r}; choose {', '.join(CURVES)}", key="--curves")
+
+
+def apply_regime(opts: CompareOptions, topo: Any, target: Any) -> tuple[CompareOptions, Regime | None]:
+    """``opts`` with the settings :func:`zerotopo.bench.regime.derive` gives for the target's ZeRO-3 R
+    (``frontier-20b``: this machine's compute rate measured now), and the derivation; ``comm-bound``:
+    ``opts`` unchanged, None."""
+    if opts.regime == "comm-bound":
+        return opts, None
+    from zerotopo.bench import regime as R
+    from zerotopo.cost.planner import CostOptions, estimate
+    from zerotopo.cost.presets import resolve
+
     cfg, seq = model_config(opts)
-    shape = cfg.shape(seq, name=opts.model)
+    batch = max(1, -(-R.MIN_TOKENS // seq))
+    flops = R.measure_flops_per_rank(cfg, seq, batch, topo.world_size)
     cost_topo, measured = cost_inputs(opts, topo)
-    specs, meta = resolve_rows(opts, cost_topo, shape, measured)
+    target_bytes = R.target_zero3_memory()
+
+    def cap_of(checkpoint: bool) -> tuple[float, float]:
+        shape = replace(cfg, checkpoint_activations=checkpoint).shape(seq)
+        cost = CostOptions(micro_batch=batch, checkpoint_activations=checkpoint, param_bytes=4)
+        need = estimate(resolve("zero3")[0], shape, cost_topo, cost).memory.total
+        return R.memory_cap(need, target_bytes), need
+
+    reg = R.derive(target.zero3, flops, cfg, seq, cost_topo, cap_of, **measured)
+    opts = replace(opts, batch=reg.batch, seq=seq, micro_batches=reg.micro_batches,
+                   checkpoint=reg.checkpoint_activations, network_mbit=reg.network_mbit, node_uplink=True,
+                   memory_cap_bytes=reg.memory_cap_bytes,
+                   deepspeed_buckets=R.deepspeed_buckets(reg.layer_ratio))  # fmt: skip
+    return opts, reg
+
+
+def with_replay(opts: CompareOptions, topo: Any, target: Any, reg: Regime | None) -> CompareOptions:
+    """``opts`` carrying the :class:`Replay` of ``--curves``: time scale = this machine's compute of one
+    micro-batch over the target's (compute rate: the regime's, else measured now)."""
+    if opts.curves is None:
+        return opts
+    from zerotopo.bench import regime as R
+
+    cfg, seq = model_config(opts)
+    shape = cfg.shape(seq)
+    flops = reg.flops_per_rank if reg else R.measure_flops_per_rank(cfg, seq, opts.batch, topo.world_size)
+    bench_s = shape.step_flops(opts.batch, checkpoint_activations=opts.checkpoint) / flops
+    ratio = reg.layer_ratio if reg else R.layer_ratio(shape)
+    replay = Replay(opts.curves, ratio, bench_s / target.compute_per_micro_batch_s, topo.devices_per_node)
+    return replace(opts, replay=replay)
+
+
+def run_ranks(opts: CompareOptions, topo: Any, specs: list) -> tuple[list, dict[str, float], float]:
+    """Every row on the ranks (on the emulated cluster unless ``opts.emulate`` is False): (per-rank
+    results, shaped rates in Mbit/s, wall seconds)."""
+    from zerotopo.launch.spawn import spawn
+
     env = {"DS_ACCELERATOR": "cpu"}  # DeepSpeed's CPU accelerator (no CUDA here)
 
     def go(tier_classes: dict[str, str], network: Any = None) -> list:
@@ -480,73 +584,113 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
                      ranks_per_node=topo.devices_per_node, env=env, timeout_s=opts.timeout_s,
                      network=network)  # fmt: skip
 
-    rates: dict[str, float] = {}
     t0 = time.perf_counter()
-    if opts.emulate:
-        from zerotopo.launch.netem import HOW_TO_SKIP, available, emulated_cluster
+    if not opts.emulate:
+        return go({}), {}, time.perf_counter() - t0
+    from zerotopo.launch.netem import HOW_TO_SKIP, available, emulated_cluster
 
-        ok, why = available()
-        if not ok:
-            raise ZerotopoError(
-                f"cannot emulate the cluster here ({why}); {HOW_TO_SKIP}: zerotopo bench compare --no-emulate"
-            )
-        with emulated_cluster(topo, network_mbit=opts.network_mbit, rates=opts.rates) as net:
-            rates = dict(net.tier_rates_mbit)
-            per_rank = go(dict(net.tier_classes), net)
-    else:
-        per_rank = go({})
-    wall = time.perf_counter() - t0
+    ok, why = available()
+    if not ok:
+        raise ZerotopoError(
+            f"cannot emulate the cluster here ({why}); {HOW_TO_SKIP}: zerotopo bench compare --no-emulate"
+        )
+    with emulated_cluster(
+        topo, network_mbit=opts.network_mbit, rates=opts.rates, node_uplink=opts.node_uplink
+    ) as net:
+        rates = dict(net.tier_rates_mbit)
+        if net.node_uplink_mbit is not None:
+            rates["uplink per node"] = net.node_uplink_mbit
+        per_rank = go(dict(net.tier_classes), net)
+    return per_rank, rates, time.perf_counter() - t0
+
+
+def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
+    """Run every row on local ranks (on the emulated cluster unless ``opts.emulate`` is False) and
+    return the report (see the module docstring)."""
+    from zerotopo.placement.topology import load_topology
+
+    _check(opts)
+    topo = load_topology(opts.topology)
+    target = target_regime()
+    opts, reg = apply_regime(opts, topo, target)
+    opts = with_replay(opts, topo, target, reg)
+    cfg, seq = model_config(opts)
+    shape = cfg.shape(seq, name=opts.model)
+    cost_topo, measured = cost_inputs(opts, topo)
+    specs, meta = resolve_rows(opts, cost_topo, shape, measured)
+    per_rank, rates, wall = run_ranks(opts, topo, specs)
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
     rows = assemble(opts, per_rank, meta, tokens)
     compute = repredict(rows, meta, opts, cost_topo, shape, measured)
     reference, void = check_losses(rows)
-    zt = [r for r in rows if r["kind"] == "zerotopo" and r.get("tokens_per_s") and not r.get("same_as")]
     for r in rows:
         if r.get("predicted_step_time_s") and r.get("step_time_s"):
             r["predicted_over_measured"] = r["predicted_step_time_s"] / r["step_time_s"]
-    planner = next((r for r in rows if r["name"] == "planner"), None)
-    target = target_regime()
+    report = {"command": command, "machine": f"{socket.gethostname()}, {os.cpu_count()} CPUs",
+              "topology": topo.name, "world_size": topo.world_size, "emulated": opts.emulate,
+              "tier_rates_mbit": rates}  # fmt: skip
+    report.update(_settings(opts, cfg, shape, seq, tokens, topo.world_size))
+    report.update(wall_s=wall, predicted_compute=compute, reference=reference, losses_agree=void is None,
+                  cost_inputs=opts.calibration or f"topologies/{topo.name}.yaml and its default bandwidth table",
+                  void=void)  # fmt: skip
+    report.update(_verdicts(rows))
+    report["regime"] = _regime_report(opts, target, reg, rows)
+    report["rows"] = rows
+    return report
+
+
+def _settings(
+    opts: CompareOptions, cfg: Any, shape: Any, seq: int, tokens: int, world: int
+) -> dict[str, Any]:
+    model = {"name": opts.model, "parameters": shape.param_count(), "hidden": cfg.hidden_size,
+             "layers": cfg.num_layers, "vocab": cfg.vocab_size, "seq": seq}  # fmt: skip
     return {
-        "command": command,
-        "machine": f"{socket.gethostname()}, {os.cpu_count()} CPUs",
-        "topology": topo.name,
-        "world_size": topo.world_size,
-        "emulated": opts.emulate,
-        "tier_rates_mbit": rates,
-        "model": {
-            "name": opts.model,
-            "parameters": shape.param_count(),
-            "hidden": cfg.hidden_size,
-            "layers": cfg.num_layers,
-            "vocab": cfg.vocab_size,
-            "seq": seq,
-        },
+        "model": model,
         "dtype": "fp32",
         "micro_batch": opts.batch,
         "micro_batches": opts.micro_batches,
-        "global_batch": topo.world_size * opts.micro_batches * opts.batch,
+        "global_batch": world * opts.micro_batches * opts.batch,
         "tokens_per_step": tokens,
+        "tokens_per_micro_batch_per_rank": opts.batch * seq,
+        "checkpoint_activations": opts.checkpoint,
+        "memory_cap_bytes": opts.memory_cap_bytes,
+        "deepspeed_buckets": opts.deepspeed_buckets,
+        "curves": opts.curves,
         "steps": opts.steps,
         "warmup": opts.warmup,
         "repeat": opts.repeat,
         "lr": opts.lr,
-        "wall_s": wall,
-        "predicted_compute": compute,
-        "cost_inputs": opts.calibration or f"topologies/{topo.name}.yaml and its default bandwidth table",
-        "reference": reference,
-        "losses_agree": void is None,
-        "void": void,
-        "planner_pick": planner["plan"] if planner else None,
-        "fastest_zerotopo_row": max(zt, key=lambda r: r["tokens_per_s"])["name"] if zt else None,
-        "ratios": ratios(rows),
-        "regime": {
-            "target": target.description,
-            "target_R": target.zero3,
-            "target_R_deepspeed_zero3": target.deepspeed_zero3,
-            "measured_R": measured_ratio(rows),
-        },
-        "rows": rows,
     }
+
+
+def _verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The planner's pick, the fastest zerotopo row, and every row's tokens/s ratio to the best one."""
+    zt = [r for r in rows if r["kind"] == "zerotopo" and r.get("tokens_per_s") and not r.get("same_as")]
+    planner = next((r for r in rows if r["name"] == "planner"), None)
+    best = max(zt, key=lambda r: r["tokens_per_s"])["name"] if zt else None
+    return {
+        "planner_pick": planner["plan"] if planner else None,
+        "fastest_zerotopo_row": best,
+        "ratios": ratios(rows),
+        "ratios_to_best_zerotopo": ratios(rows, best) if best else {},
+    }
+
+
+def _regime_report(opts: CompareOptions, target: Any, reg: Regime | None, rows: list) -> dict[str, Any]:
+    out = {
+        "name": opts.regime,
+        "target": target.description,
+        "target_R": target.zero3,
+        "target_R_deepspeed_zero3": target.deepspeed_zero3,
+        "measured_R": measured_ratio(rows),
+    }
+    if reg is not None:
+        out.update(predicted_R=reg.predicted_R, flops_per_rank=reg.flops_per_rank,
+                   layer_ratio=reg.layer_ratio)  # fmt: skip
+    if opts.replay is not None:
+        out["replay"] = {"curves": opts.curves, "time_scale": opts.replay.scale,
+                         "message_scale": 1 / opts.replay.layer_ratio}  # fmt: skip
+    return out
 
 
 # -- output -----------------------------------------------------------------------------------------
@@ -571,7 +715,7 @@ def format_report(report: dict[str, Any]) -> str:
     """The report as a text table with its header and verdict."""
     m = report["model"]
     net = report["tier_rates_mbit"]
-    shaped = ", ".join(f"{k} {v:g}" for k, v in net.items()) + " Mbit/s per rank" if net else "not shaped"
+    shaped = ", ".join(f"{k} {v:g}" for k, v in net.items()) + " Mbit/s" if net else "not shaped"
     lines = [
         f"{report['topology']} ({report['world_size']} ranks, {shaped}); model {m['name']} "
         f"({m['parameters'] / 1e6:.2f}M parameters, seq {m['seq']}); {report['micro_batches']} micro-batches "
@@ -583,6 +727,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"{'final loss':>10}  MB sent per rank per step by tier",
     ]
     for r in report["rows"]:
+        if r.get("does_not_fit"):
+            lines.append(f"{r['name']:<16} does not fit: {_mib(r['predicted_memory_bytes'])} MiB predicted")
+            continue
         if r.get("error"):
             lines.append(f"{r['name']:<16} failed: {r['error']}")
             continue
@@ -596,12 +743,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("")
     regime = report.get("regime")
     if regime:
-        got = regime["measured_R"]
-        lines.append(
-            f"regime R (ZeRO-3 communication / compute): target {regime['target_R']:.2f} "
-            f"(DeepSpeed ZeRO-3 {regime['target_R_deepspeed_zero3']:.2f}; {regime['target']}), measured "
-            + ("- (needs the no-comm and zero3 rows)" if got is None else f"{got:.2f}")
-        )
+        lines += _regime_lines(report, regime)
     lines.append(f"predictions: compute {report['predicted_compute']}")
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
@@ -616,6 +758,36 @@ def format_report(report: dict[str, Any]) -> str:
         else f"COMPARISON VOID: {report['void']}"
     )
     return "\n".join(lines)
+
+
+def _regime_lines(report: dict[str, Any], regime: dict[str, Any]) -> list[str]:
+    got = regime["measured_R"]
+    lines = [
+        f"regime {regime.get('name', '?')}: R (ZeRO-3 communication / compute) target {regime['target_R']:.2f} "
+        f"(DeepSpeed ZeRO-3 {regime['target_R_deepspeed_zero3']:.2f}; {regime['target']}), "
+        + (f"emulation predicted {regime['predicted_R']:.2f}, " if "predicted_R" in regime else "")
+        + "measured "
+        + ("- (needs the no-comm and zero3 rows)" if got is None else f"{got:.2f}")
+    ]
+    cap = report.get("memory_cap_bytes")
+    lines.append(
+        f"tokens per micro-batch per rank {report.get('tokens_per_micro_batch_per_rank')}, checkpointing "
+        f"{'on' if report.get('checkpoint_activations') else 'off'}, memory cap "
+        + ("none" if cap is None else f"{cap / 2**20:.0f} MiB per rank")
+        + (
+            f", compute {regime['flops_per_rank'] / 1e9:.2f} GFLOPS per rank"
+            if "flops_per_rank" in regime
+            else ""
+        )
+        + (f", DeepSpeed buckets {report['deepspeed_buckets']}" if report.get("deepspeed_buckets") else "")
+    )
+    if "replay" in regime:
+        rp = regime["replay"]
+        lines.append(
+            f"curve replay {rp['curves']}: messages x{rp['message_scale']:.0f}, times x{rp['time_scale']:.3g} "
+            "(not in the predictions)"
+        )
+    return lines
 
 
 def plot(report: dict[str, Any], path: str) -> None:
@@ -664,20 +836,38 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = CompareOptions()
+    p.add_argument(
+        "--regime",
+        choices=REGIMES,
+        default="frontier-20b",
+        help="frontier-20b (default): tokens, checkpointing, link rate and memory cap derived so ZeRO-3's "
+        "communication/compute ratio matches NeoX-20B on 48 Frontier nodes, a node's ranks sharing one "
+        "uplink; comm-bound: model small, 2 x 4 micro-batches, 50 Mbit/s per rank link (ZeRO-3 ~20x comm-bound)",
+    )
+    p.add_argument(
+        "--curves",
+        choices=tuple(CURVES),
+        help="each collective also waits the time the shipped Frontier curve gives at 48 nodes, scaled "
+        "to this machine (zerotopo.bench.replay)",
+    )
     p.add_argument("--topology", default=d.topology, help=f"topology (default {d.topology})")
     p.add_argument(
         "--model",
-        default=d.model,
-        help=f"built-in benchmark model ({', '.join(MODELS)}; default {d.model}) or a NeoX YAML / configs name",
+        help=f"built-in benchmark model ({', '.join(MODELS)}; default: wide for frontier-20b, {d.model} for "
+        "comm-bound) or a NeoX YAML / configs name",
     )
     p.add_argument("--rows", default=",".join(d.rows), help="comma-separated rows (default: all)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"timed steps per row (default {d.steps})")
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed steps first (default {d.warmup})")
     p.add_argument(
-        "--micro-batches", type=int, default=d.micro_batches, help=f"per step (default {d.micro_batches})"
+        "--micro-batches",
+        type=int,
+        help=f"comm-bound: per step (default {d.micro_batches}; derived otherwise)",
     )
     p.add_argument(
-        "--batch", type=int, default=d.batch, help=f"sequences per micro-batch per rank ({d.batch})"
+        "--batch",
+        type=int,
+        help=f"comm-bound: sequences per micro-batch per rank ({d.batch}; derived otherwise)",
     )
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
     p.add_argument("--vocab", type=int, help="vocabulary of a NeoX YAML model (default 1024)")
@@ -696,8 +886,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--network-mbit",
         type=float,
-        default=d.network_mbit,
-        help=f"network tier rate per rank, Mbit/s; inner tiers at Frontier's ratios above it "
+        help=f"comm-bound: network tier rate per rank, Mbit/s; inner tiers at Frontier's ratios above it "
         f"(default {d.network_mbit:g}: package 800, node 200)",
     )
     p.add_argument("--shape", default="", help="per-tier rate overrides, e.g. package=1000,node=250")
@@ -734,20 +923,30 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         raise ConfigError(f"expected 0 or more, got {args.warmup}", key="--warmup")
     if not 1 <= getattr(args, "repeat", 1) <= 100:
         raise ConfigError(f"expected 1 to 100, got {args.repeat}", key="--repeat")
+    d = CompareOptions()
+    regime = getattr(args, "regime", "comm-bound")
+    derived = regime != "comm-bound"
+    for key in ("batch", "micro_batches", "network_mbit"):
+        if derived and getattr(args, key, None) is not None:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{regime} derives {flag}; give --regime comm-bound to set it", key=flag)
+    model = args.model or ("wide" if derived else d.model)
     return replace(
-        CompareOptions(),
+        d,
+        regime=regime,
+        curves=getattr(args, "curves", None),
         topology=args.topology,
-        model=args.model,
+        model=model,
         rows=rows,
         steps=args.steps,
         warmup=args.warmup,
-        micro_batches=args.micro_batches,
-        batch=args.batch,
+        micro_batches=args.micro_batches or d.micro_batches,
+        batch=args.batch or d.batch,
         seq=args.seq,
         vocab=args.vocab,
         lr=args.lr,
         emulate=not args.no_emulate,
-        network_mbit=args.network_mbit,
+        network_mbit=args.network_mbit or d.network_mbit,
         rates=parse_rates(args.shape),
         timeout_s=args.timeout,
         profile_dir=os.path.abspath(args.profile) if args.profile else None,

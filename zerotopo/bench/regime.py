@@ -27,6 +27,8 @@ class TargetRegime:
     """The engine's ``zero3`` schedule: all its collectives' time over the compute time."""
     deepspeed_zero3: float
     """DeepSpeed ZeRO-3's per-module schedule (its gathers fall in the curves' mid-size slow band)."""
+    compute_per_micro_batch_s: float = 0.0
+    """The target's compute time of one micro-batch on one device (the curve replay's time scale)."""
 
 
 def target_regime(
@@ -49,14 +51,15 @@ def target_regime(
         grad_dtype=neox.grad_dtype,
     )
 
-    def ratio(name: str) -> float:
-        t = estimate(resolve(name)[0], shape, topo, opts).time
-        return t.comm_s / t.compute_s
+    def time(name: str) -> Any:
+        return estimate(resolve(name)[0], shape, topo, opts).time
 
+    zero3, deepspeed = time("zero3"), time("deepspeed-zero3")
     return TargetRegime(
         f"{shape.name} on {nodes} {topology} nodes, micro-batch {micro}, shipped curves",
-        ratio("zero3"),
-        ratio("deepspeed-zero3"),
+        zero3.comm_s / zero3.compute_s,
+        deepspeed.comm_s / deepspeed.compute_s,
+        zero3.compute_s / opts.grad_accum,
     )
 
 
@@ -67,3 +70,183 @@ def measured_ratio(rows: list[dict[str, Any]]) -> float | None:
     if not floor or not zero3:
         return None
     return (zero3 - floor) / floor
+
+
+# -- the emulation that matches it ------------------------------------------------------------------
+
+REGIMES = ("frontier-20b", "comm-bound")
+"""``bench compare --regime``: ``frontier-20b`` derives tokens, checkpointing and link rate from the
+target's R (:func:`derive`); ``comm-bound`` is the earlier fixed setting (model ``small``, 2 sequences x 4
+micro-batches per rank, 50 Mbit/s per rank, every rank its own link), ZeRO-3 about 20x comm-bound."""
+MIN_TOKENS = 2048
+"""Tokens per micro-batch per rank at least: enough that matmuls dominate the step on a CPU rank."""
+GCD_MEMORY_BYTES = 64 * 2**30
+"""Device memory of one Frontier GCD, which the emulated cap is proportional to (:func:`memory_cap`)."""
+DEEPSPEED_BUCKETS = {"prefetch": 5e7, "reduce": 5e8, "persistence": 1e5}
+"""DeepSpeed's stage-3 defaults (elements), sized for NeoX-20B-class layers (:func:`deepspeed_buckets`)."""
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Settings of a regime-matched run and the figures they came from (printed in the report)."""
+
+    name: str
+    target_R: float
+    predicted_R: float
+    """The cost model's ZeRO-3 R of the emulation at the chosen link rate."""
+    flops_per_rank: float
+    """This machine's compute rate per rank, FLOP/s (:func:`measure_flops_per_rank`)."""
+    batch: int
+    seq: int
+    micro_batches: int
+    checkpoint_activations: bool
+    network_mbit: float
+    """Inter-node rate per rank, Mbit/s; a node's ranks share ``network_mbit x ranks per node``."""
+    memory_cap_bytes: float
+    layer_ratio: float
+    """Bench layer over NeoX-20B layer, in elements: DeepSpeed's buckets and the curve replay scale by it."""
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.batch * self.seq
+
+
+def measure_flops_per_rank(cfg: Any, seq: int, batch: int, ranks: int) -> float:
+    """FLOP/s one rank computes: one forward and backward of the bench model on a ``batch`` x ``seq``
+    micro-batch in this process on one thread (the ranks run one thread each), after one untimed pass,
+    times the share of the cores a rank gets when ``ranks`` ranks compute at once."""
+    import os
+    import time
+
+    import torch
+
+    from zerotopo.bench.rows import build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = build_model(cfg)
+        x = torch.zeros(batch, seq, dtype=torch.long)
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            model(x).float().sum().backward()
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
+    return flops / best * min(1.0, (os.cpu_count() or 1) / ranks)
+
+
+def emulated_topology(topo: Any, network_mbit: float, flops_per_rank: float) -> Any:
+    """``topo`` as the shaped emulation runs it: every tier at :func:`zerotopo.launch.netem.tier_rates`
+    of ``network_mbit``, the network a node's shared uplink, the device at ``flops_per_rank``."""
+    from dataclasses import replace
+
+    from zerotopo.launch.netem import tier_rates
+
+    rates = tier_rates(topo, network_mbit)
+    tiers = tuple(replace(t, bandwidth_gbps=rates[t.name] / 8000) for t in topo.tiers)
+    network = replace(topo.network, injection_gbps=rates[topo.network.name] / 8000 * topo.devices_per_node)
+    device = replace(topo.device, peak_tflops=flops_per_rank / 1e12)
+    return replace(topo, tiers=tiers, network=network, device=device)
+
+
+def emulated_R(
+    shape: Any, topo: Any, batch: int, micro_batches: int, checkpoint: bool, **extra: Any
+) -> float:
+    """The cost model's ZeRO-3 communication over compute time on ``topo`` (:func:`emulated_topology`),
+    fp32 parameters, measured compute rate (efficiency 1), alpha-beta links (no shipped curve)."""
+    from zerotopo.cost.planner import CostOptions, estimate
+    from zerotopo.cost.presets import resolve
+
+    opts = CostOptions(micro_batch=batch, grad_accum=micro_batches, checkpoint_activations=checkpoint,
+                       param_bytes=4, efficiency=1.0, default_bandwidth=False, **extra)  # fmt: skip
+    t = estimate(resolve("zero3")[0], shape, topo, opts).time
+    return t.comm_s / t.compute_s
+
+
+def link_rate_for(target: float, rate_of: Any, lo: float = 1.0, hi: float = 1e5) -> tuple[float, float]:
+    """(Mbit/s, R) where ``rate_of(mbit)`` (R, falling as the link gets faster) meets ``target``:
+    bisection on log rate; the end of ``[lo, hi]`` nearest the target when it lies outside."""
+    import math
+
+    r_lo, r_hi = rate_of(lo), rate_of(hi)
+    if target >= r_lo:
+        return lo, r_lo
+    if target <= r_hi:
+        return hi, r_hi
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if rate_of(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi, rate_of(hi)
+
+
+def derive(
+    target_R: float, flops_per_rank: float, cfg: Any, seq: int, topo: Any, memory_cap: Any, **extra: Any
+) -> Regime:
+    """The emulation whose ZeRO-3 R is ``target_R`` by the cost model: :data:`MIN_TOKENS` tokens per
+    micro-batch per rank (``seq`` long sequences), one micro-batch per step, activation checkpointing only
+    when zero3's memory would pass the cap without it (``memory_cap(checkpoint) -> (cap, zero3 bytes)``),
+    and the link rate from :func:`link_rate_for`. ``extra``: more :class:`CostOptions` (the overlap)."""
+    import math
+
+    batch = max(1, math.ceil(MIN_TOKENS / seq))
+    shape = cfg.shape(seq, name="bench")
+    cap, need = memory_cap(False)
+    checkpoint = need > cap
+    if checkpoint:
+        cap, _ = memory_cap(True)
+
+    def rate_of(mbit: float) -> float:
+        return emulated_R(shape, emulated_topology(topo, mbit, flops_per_rank), batch, 1, checkpoint, **extra)
+
+    mbit, predicted = link_rate_for(target_R, rate_of)
+    return Regime("frontier-20b", target_R, predicted, flops_per_rank, batch, seq, 1, checkpoint,
+                  round(mbit, 1), cap, layer_ratio(shape))  # fmt: skip
+
+
+def layer_ratio(shape: Any, model: str = TARGET_MODEL) -> float:
+    """Elements of one layer of ``shape`` over one layer of the target model."""
+    from zerotopo.config.model_files import load_model
+
+    target, _ = load_model([model], None)
+    return shape.layer_params() / target.layer_params()
+
+
+def deepspeed_buckets(ratio: float) -> dict[str, int]:
+    """DeepSpeed's stage-3 prefetch bucket, reduce bucket and persistence threshold (elements) scaled
+    from their defaults by ``ratio`` (:func:`layer_ratio`), so a layer is the same fraction of a bucket as
+    a NeoX-20B layer is of the default one (at the defaults a bench model prefetches everything at once)."""
+    return {k: max(1, round(v * ratio)) for k, v in DEEPSPEED_BUCKETS.items()}
+
+
+def memory_cap(bench_bytes: float, target_bytes: float) -> float:
+    """The emulated per-rank memory cap: :data:`GCD_MEMORY_BYTES` times the bench's zero3 memory (model
+    states plus activations, cost model) over NeoX-20B's on 48 Frontier nodes, so each rank is as full
+    as a GCD under the target's ZeRO-3."""
+    return GCD_MEMORY_BYTES * bench_bytes / target_bytes
+
+
+def target_zero3_memory(
+    model: str = TARGET_MODEL, topology: str = TARGET_TOPOLOGY, nodes: int = TARGET_NODES
+) -> float:
+    """Bytes per GCD of the target's zero3 plan (model states and activations) by the cost model."""
+    from zerotopo.config.model_files import load_model
+    from zerotopo.cost.planner import CostOptions, estimate
+    from zerotopo.cost.presets import resolve
+    from zerotopo.placement.topology import load_topology
+
+    shape, neox = load_model([model], None)
+    opts = CostOptions(micro_batch=neox.train_micro_batch_size_per_gpu or 1,
+                       checkpoint_activations=bool(neox.checkpoint_activations))  # fmt: skip
+    return estimate(resolve("zero3")[0], shape, load_topology(topology, nodes=nodes), opts).memory.total
+
+
+def fits(predicted_bytes: float | None, cap: float | None) -> bool:
+    """Whether a row whose predicted memory is ``predicted_bytes`` runs under ``cap`` (None: unknown
+    prediction or no cap, it runs)."""
+    return predicted_bytes is None or cap is None or predicted_bytes <= cap

@@ -77,8 +77,17 @@ def zerotopo_row(cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float) ->
 
 
 def deepspeed_row(
-    cfg: NeoXConfig, topo: Any, hpz: bool, micro_batch: int, micro_batches: int, lr: float
+    cfg: NeoXConfig,
+    topo: Any,
+    hpz: bool,
+    micro_batch: int,
+    micro_batches: int,
+    lr: float,
+    buckets: dict[str, int] | None = None,
 ) -> Row:
+    """DeepSpeed ZeRO-3 (``hpz``: with a per-node secondary partition); ``buckets``: prefetch, reduce and
+    persistence sizes in elements (:func:`zerotopo.bench.regime.deepspeed_buckets`), else persistence
+    0 and DeepSpeed's default buckets."""
     import deepspeed
 
     zero: dict[str, Any] = {
@@ -89,6 +98,10 @@ def deepspeed_row(
         "stage3_param_persistence_threshold": 0,
         "stage3_max_reuse_distance": 0,
     }
+    if buckets is not None:
+        zero["stage3_param_persistence_threshold"] = buckets["persistence"]
+        zero["stage3_prefetch_bucket_size"] = buckets["prefetch"]
+        zero["reduce_bucket_size"] = buckets["reduce"]
     if hpz:
         zero["zero_hpz_partition_size"] = topo.devices_per_node
     config = {
@@ -204,7 +217,8 @@ def build_row(name: str, plan: Any, cfg: NeoXConfig, topo: Any, rank: int, opts:
     if plan is not None:
         return zerotopo_row(cfg, topo, plan, rank, opts.lr)
     if name in ("deepspeed-zero3", "deepspeed-hpz"):
-        return deepspeed_row(cfg, topo, name == "deepspeed-hpz", opts.batch, opts.micro_batches, opts.lr)
+        hpz = name == "deepspeed-hpz"
+        return deepspeed_row(cfg, topo, hpz, opts.batch, opts.micro_batches, opts.lr, opts.deepspeed_buckets)
     if name in ("fsdp2-hsdp", "fsdp2-hpz"):
         return fsdp2_row(cfg, topo, name == "fsdp2-hpz", opts.lr)
     raise ValueError(f"unknown benchmark row {name!r}")

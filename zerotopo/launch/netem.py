@@ -93,6 +93,10 @@ class EmulatedNetwork:
     """Shaped rate of every tier, Mbit/s per rank (per-rank layout only)."""
     tier_classes: dict[str, str] = field(default_factory=dict)
     """htb class id of every tier on each rank's ``eth0`` (per-rank layout only)."""
+    switch: str = ""
+    """The namespace of the bridges (per-rank layout only)."""
+    node_uplink_mbit: float | None = None
+    """Rate of the one uplink every node's ranks share, Mbit/s (None: a network link per rank)."""
 
     def rank_namespaces(self, world_size: int, ranks_per_node: int | None) -> tuple[str, ...]:
         """The namespace of every rank of a job of ``world_size`` ranks, ``ranks_per_node`` per node."""
@@ -348,8 +352,15 @@ def emulated_cluster(
     network_mbit: float = 50.0,
     rates: Mapping[str, float] | None = None,
     delays_ms: Mapping[str, float] | None = None,
+    node_uplink: bool = False,
 ) -> Iterator[EmulatedNetwork]:
     """One namespace per rank of ``topology`` (rank = topological index), every tier shaped.
+
+    ``node_uplink``: the ranks of a node share one uplink, as a Frontier node's GCDs share its NICs:
+    each node's ranks sit on a bridge of their own, joined to the core bridge by one veth pair whose
+    egress is the node's only shaped inter-node class (``network_mbit`` times the ranks per node). A
+    rank's own network class then runs at that node rate (it counts bytes, the uplink shapes them);
+    inner tiers keep their per-rank classes. False: every rank has its own network link.
 
     ``network_mbit``: the network tier's rate per rank; the inner tiers run at Frontier's ratios above
     it (:func:`tier_rates`), ``rates`` (tier -> Mbit/s) overriding any of them. ``delays_ms`` (tier ->
@@ -361,14 +372,20 @@ def emulated_cluster(
     classes = {tier: f"1:{10 * (i + 1)}" for i, tier in enumerate(topology.tier_names)}
     net_tier = topology.network.name
     delays = dict(delays_ms or {})
-    with _namespaces(world, "r") as (_, namespaces, addresses):
+    per_node = topology.devices_per_node
+    rank_rates = dict(shaped)
+    if node_uplink:
+        rank_rates[net_tier] = shaped[net_tier] * per_node
+    with _namespaces(world, "r") as (switch, namespaces, addresses):
+        if node_uplink:
+            node_uplinks(switch, world, per_node, rank_rates[net_tier])
         applied: dict[str, float] = {}
         for rank, ns in enumerate(namespaces):
             tc = ("tc", "-n", ns)
             default = classes[net_tier].split(":")[1]
             _run(*tc, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", default)
             for tier, cls in classes.items():
-                rate = shaped[tier]
+                rate = rank_rates[tier]
                 burst = _burst(rate)
                 _run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", cls, "htb",
                      "rate", f"{rate:g}mbit", "ceil", f"{rate:g}mbit", "burst", str(burst),
@@ -391,7 +408,37 @@ def emulated_cluster(
             per_rank=True,
             tier_rates_mbit=shaped,
             tier_classes=classes,
+            switch=switch,
+            node_uplink_mbit=rank_rates[net_tier] if node_uplink else None,
         )
+
+
+UPLINK_CLASS = "1:10"
+"""htb class of a node's uplink on its ``u<node>`` port (:func:`node_uplinks`)."""
+
+
+def node_uplinks(switch: str, world: int, per_node: int, rate_mbit: float) -> None:
+    """Move the ports of every node's ranks on ``switch`` (``p<rank>``, see :func:`_namespaces`) to a
+    bridge ``bn<node>`` of the node's own, joined to the core bridge ``br0`` by one veth pair
+    ``u<node>`` - ``d<node>``; ``u<node>``'s egress (everything the node sends to other nodes) is one htb
+    class at ``rate_mbit``."""
+    tc = ("tc", "-n", switch)
+    burst = str(_burst(rate_mbit))
+    for node in range(world // per_node):
+        bridge, up, down = f"bn{node}", f"u{node}", f"d{node}"
+        _run("ip", "-n", switch, "link", "add", bridge, "type", "bridge")
+        _run("ip", "-n", switch, "link", "set", bridge, "up")
+        _run("ip", "-n", switch, "link", "add", up, "type", "veth", "peer", "name", down)
+        _run("ip", "-n", switch, "link", "set", up, "master", bridge)
+        _run("ip", "-n", switch, "link", "set", down, "master", "br0")
+        for dev in (up, down):
+            _run("ip", "-n", switch, "link", "set", dev, "up")
+        for rank in range(node * per_node, (node + 1) * per_node):
+            _run("ip", "-n", switch, "link", "set", f"p{rank}", "master", bridge)
+        _run(*tc, "qdisc", "add", "dev", up, "root", "handle", "1:", "htb", "default", "10")
+        _run(*tc, "class", "add", "dev", up, "parent", "1:", "classid", UPLINK_CLASS, "htb",
+             "rate", f"{rate_mbit:g}mbit", "ceil", f"{rate_mbit:g}mbit", "burst", burst, "cburst", burst,
+             "quantum", "60000")  # fmt: skip
 
 
 # -- inside a rank ----------------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""The frontier-20b regime: derived settings hit the target R by the cost model, the memory cap decides
+which rows run, DeepSpeed's buckets scale with the layer, the curve replay's waits."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerotopo.bench import regime as R
+from zerotopo.bench.compare import MODELS, CompareOptions, model_config, resolve_rows
+from zerotopo.bench.replay import Replay, replay_wait, target_group
+from zerotopo.placement.topology import load_topology
+
+
+def _wide():
+    return model_config(CompareOptions(model="wide"))
+
+
+@pytest.mark.parametrize("target_R, flops", [(0.1, 2e9), (0.1, 8e9), (1.1, 2e9), (0.3, 5e8)])
+def test_derived_link_rate_gives_the_target_R_by_the_cost_model(target_R, flops):
+    cfg, seq = _wide()
+    topo = load_topology("emulated-frontier")
+    reg = R.derive(target_R, flops, cfg, seq, topo, lambda ckpt: (1e12, 1e9))
+    assert reg.tokens_per_micro_batch >= R.MIN_TOKENS and not reg.checkpoint_activations
+    # an independent evaluation of the chosen settings: R within 1.5x of the target
+    emulated = R.emulated_topology(topo, reg.network_mbit, flops)
+    got = R.emulated_R(cfg.shape(seq), emulated, reg.batch, reg.micro_batches, False)
+    assert target_R / 1.5 < got < target_R * 1.5
+    # a faster machine needs a faster link for the same R
+    faster = R.derive(target_R, 2 * flops, cfg, seq, topo, lambda ckpt: (1e12, 1e9))
+    assert faster.network_mbit > reg.network_mbit
+
+
+def test_checkpointing_is_chosen_only_when_zero3_would_not_fit_the_cap():
+    cfg, seq = _wide()
+    topo = load_topology("emulated-frontier")
+    seen = []
+
+    def tight(checkpoint: bool) -> tuple[float, float]:
+        seen.append(checkpoint)
+        return 1e6, (5e5 if checkpoint else 2e6)  # without checkpointing zero3 needs more than the cap
+
+    assert R.derive(0.1, 2e9, cfg, seq, topo, tight).checkpoint_activations and seen == [False, True]
+    assert not R.derive(0.1, 2e9, cfg, seq, topo, lambda c: (1e6, 5e5)).checkpoint_activations
+
+
+def test_link_rate_search_stays_in_range_when_the_target_is_out_of_reach():
+    assert R.link_rate_for(10.0, lambda mbit: 1.0 / mbit) == (1.0, 1.0)
+    mbit, got = R.link_rate_for(1e-9, lambda mbit: 1.0 / mbit + 0.5)  # latency bound: 0.5 at best
+    assert mbit == 1e5 and got == pytest.approx(0.5, abs=1e-4)
+    mbit, got = R.link_rate_for(0.01, lambda mbit: 1.0 / mbit)
+    assert mbit == pytest.approx(100, rel=1e-3)
+
+
+def test_memory_cap_is_proportional_to_a_gcd_and_decides_which_rows_run():
+    assert R.memory_cap(1.0, 2.0) == R.GCD_MEMORY_BYTES / 2
+    assert R.fits(10.0, 10.0) and not R.fits(10.5, 10.0) and R.fits(None, 1.0) and R.fits(1e12, None)
+    cfg, seq = model_config(CompareOptions(model="tiny"))
+    shape = cfg.shape(seq)
+    topo = load_topology("emulated-frontier")
+    rows = ("no-comm", "zero3", "zero1", "planner")
+    base = CompareOptions(model="tiny", rows=rows)
+    _, free = resolve_rows(base, topo, shape)
+    zero1, zero3 = free["zero1"]["predicted_memory_bytes"], free["zero3"]["predicted_memory_bytes"]
+    assert zero3 < zero1
+    cap = (zero1 + zero3) / 2  # zero3 fits, zero1 (whole parameters on every rank) does not
+    specs, meta = resolve_rows(CompareOptions(model="tiny", rows=rows, memory_cap_bytes=cap), topo, shape)
+    names = [n for n, _ in specs]
+    assert "zero3" in names and "zero1" not in names and meta["zero1"]["does_not_fit"]
+    assert "no-comm" in names  # the compute floor is not a plan: it always runs
+    assert meta["planner"]["predicted_memory_bytes"] <= cap  # the planner chooses under the cap
+
+
+def test_deepspeed_buckets_scale_by_the_layer_ratio_to_neox_20b():
+    cfg, seq = _wide()
+    ratio = R.layer_ratio(cfg.shape(seq))
+    h = MODELS["wide"]["hidden"]
+    assert ratio == pytest.approx(12 * h * h / (12 * 6144 * 6144), rel=0.05)
+    b = R.deepspeed_buckets(ratio)
+    assert b["prefetch"] == round(5e7 * ratio) and b["reduce"] == round(5e8 * ratio)
+    assert b["persistence"] == round(1e5 * ratio)
+    # a bench layer is to the scaled prefetch bucket what a NeoX-20B layer is to the default one
+    layer = cfg.shape(seq).layer_params()
+    assert layer / b["prefetch"] == pytest.approx(12 * 6144 * 6144 / 5e7, rel=0.05)
+
+
+def test_replay_maps_bench_groups_to_frontier_groups():
+    assert target_group(list(range(8)), 4, 48, 8) == ("network", 48, 8)
+    assert target_group([0, 4], 4, 48, 8) == ("network", 48, 2)
+    assert target_group([0, 1, 2, 3], 4, 48, 8) == ("node", 1, 8)
+    assert target_group([2, 3], 4, 48, 8) == ("package", 1, 4)
+
+
+def test_replay_wait_is_the_curves_time_for_the_scaled_message():
+    from zerotopo.cost.bandwidth import default_table
+
+    table = default_table("frontier")
+    r = Replay("frontier-48", layer_ratio=0.01, scale=0.5, bench_per_node=4)
+    size = 4e6  # bench bytes -> 400 MB at the target
+    busbw = table.busbw("all_gather", size / 0.01, "network", 48, 8)
+    n = 48 * 8
+    want = (n - 1) / n * (size / 0.01) / (busbw * 1e9) * 0.5
+    assert replay_wait(table, "all_gather", size, "network", 48, 8, r) == pytest.approx(want)
+    # all-reduce moves twice a reduce-scatter's bytes; no curve (package tier): no wait
+    rs = replay_wait(table, "reduce_scatter", size, "network", 48, 8, r)
+    assert replay_wait(table, "all_reduce", size, "network", 48, 8, r) == pytest.approx(2 * rs)
+    assert replay_wait(table, "all_gather", size, "package", 1, 2, r) == 0.0
+    # the slow band: per byte, a mid-size message waits longer than a large one
+    mid = replay_wait(table, "all_gather", 64e6 * 0.01, "network", 48, 8, r) / 64e6
+    big = replay_wait(table, "all_gather", 1e9 * 0.01, "network", 48, 8, r) / 1e9
+    assert mid > big
+
+
+def _args(*argv: str):
+    import argparse
+
+    from zerotopo.bench.compare import DEFAULT_REPEAT, add_arguments, options_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(list(argv))
+    return args, options_from_args(args), DEFAULT_REPEAT
+
+
+def test_the_cli_defaults_to_frontier_20b_and_keeps_comm_bound_by_name():
+    from zerotopo.errors import ConfigError
+
+    args, opts, default_repeat = _args()
+    assert opts.regime == "frontier-20b" and opts.model == "wide" and opts.curves is None
+    assert args.repeat == default_repeat == 3
+    _, old, _ = _args("--regime", "comm-bound")
+    assert (old.model, old.batch, old.micro_batches, old.network_mbit) == ("small", 2, 4, 50.0)
+    assert not old.node_uplink and old.memory_cap_bytes is None and old.deepspeed_buckets is None
+    _, curves, _ = _args("--curves", "frontier-48")
+    assert curves.curves == "frontier-48"
+    # what the regime derives cannot also be given
+    with pytest.raises(ConfigError, match="--regime comm-bound"):
+        _args("--batch", "4")

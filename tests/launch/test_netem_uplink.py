@@ -1,0 +1,61 @@
+"""The per-node uplink layout of the emulated cluster: a node's ranks share one shaped inter-node class."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from zerotopo.launch.netem import available
+
+ok, why = available()
+pytestmark = pytest.mark.skipif(not ok, reason=f"emulated network unavailable: {why}")
+
+SEND = "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); [s.sendto(b'x' * 1000, ({!r}, 9)) for _ in range(200)]"
+
+
+def _send(namespace: str, address: str) -> None:
+    subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", SEND.format(address)], check=True)
+
+
+def _masters(switch: str) -> dict[str, str]:
+    out = subprocess.run(["ip", "-n", switch, "-o", "link", "show"], capture_output=True, text=True).stdout
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"\d+: ([^:@]+)[@:].* master (\S+)", line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+def test_each_node_shares_one_shaped_uplink():
+    from zerotopo.launch.netem import UPLINK_CLASS, class_bytes, emulated_cluster
+    from zerotopo.placement.topology import load_topology
+
+    topo = load_topology("emulated-frontier")  # 2 nodes x 4 ranks
+    with emulated_cluster(topo, network_mbit=10, node_uplink=True) as net:
+        masters = _masters(net.switch)
+        shown = subprocess.run(["tc", "-n", net.switch, "class", "show", "dev", "u0"], capture_output=True,
+                               text=True).stdout  # fmt: skip
+        before = class_bytes("u0", net.switch).get(UPLINK_CLASS, 0)
+        _send(net.namespaces[1], net.addresses[5])  # rank 1 (node 0) -> rank 5 (node 1)
+        _send(net.namespaces[2], net.addresses[6])  # rank 2 (node 0) -> rank 6 (node 1)
+        inter = class_bytes("u0", net.switch).get(UPLINK_CLASS, 0) - before
+        _send(net.namespaces[0], net.addresses[3])  # inside node 0: stays off the uplink
+        intra = class_bytes("u0", net.switch).get(UPLINK_CLASS, 0) - before - inter
+        rank_classes = subprocess.run(["tc", "-n", net.namespaces[0], "class", "show", "dev", "eth0"],
+                                      capture_output=True, text=True).stdout  # fmt: skip
+    # ranks 0-3 hang off node 0's bridge, 4-7 off node 1's; each node bridge meets the core once
+    assert {masters[f"p{r}"] for r in range(4)} == {"bn0"} and {masters[f"p{r}"] for r in range(4, 8)} == {
+        "bn1"
+    }
+    assert masters["u0"] == "bn0" and masters["d0"] == "br0" and masters["d1"] == "br0"
+    # one class at the node's rate: 4 ranks x 10 Mbit/s
+    assert net.node_uplink_mbit == 40.0 and "rate 40Mbit" in shown
+    # both ranks' traffic to the other node went through node 0's one class; of the 200 kB sent inside the
+    # node only broadcasts (ARP, flooded to every port) reach the uplink
+    assert inter >= 2 * 200 * 1000 and intra < 2000
+    # a rank's own classes keep the inner tiers' ratios; its network class is the node's rate
+    assert "rate 160Mbit" in rank_classes and "rate 40Mbit" in rank_classes
