@@ -171,7 +171,7 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
             tr.bar.update(1)
         last_step = step + 1 == tr.iters
         saving = bool(args.save) and step + 1 in save_steps and not last_step
-        stop = run.preemption.agreed()  # every rank sees the same answer at the same step
+        stop = run.preemption.agreed()  # the same answer on every rank at the same step
         console = (step + 1) % args.log_interval == 0 or last_step
         if console or saving or stop:  # a save or a stop writes out the rows it follows
             log_rows(tr, step, console)
@@ -182,6 +182,7 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
         if saving and save(tr, step + 1):
             _retain(args, tr.ctx)
         tr.ledger.reset()
+    run.preemption.settle()  # the last step's flag: every rank started its all-reduce
     if tr.bar is not None:
         tr.bar.close()
     if args.save and tr.start_step < tr.iters and not run.preemption.stopped_by:
