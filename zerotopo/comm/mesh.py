@@ -22,6 +22,18 @@ start-up costs O(kinds) group creations per rank and O(world) arithmetic, not a 
 every member set of the job on every rank. torch names such groups by a hash of their members and of how
 many groups the process already has; the start-up exchange checks that count agrees on every rank and
 falls back to creating every group on every rank (torch's classic protocol) when it does not.
+
+[Note: why not DeviceMesh] ``torch.distributed.device_mesh.DeviceMesh`` (torch 2.13) would express the
+contiguous kinds as mesh dims (``params``, ``grads``, ``optim_scatter`` are blocks of consecutive
+topological index; their replica kinds the dims across them), and it works on gloo with spawned ranks.
+It is not used because it gives up both notes above: (1) it creates each dim's groups with
+``new_group(ranks)``, whose default numbers members by sorted global rank, so under a non-topological
+launch order the rank inside a group is not the position (checked on 4 gloo ranks with mesh
+``[[2, 0], [3, 1]]``: rank 2, position 0 of its ``shard`` group, is group rank 1), and every collective
+would permute through index tensors; (2) on gloo, and on NCCL without an eagerly bound device, every rank
+calls ``new_group`` for every subgroup of every dim (``split_group`` is taken only for an eagerly
+initialised NCCL group), O(world) calls per rank instead of one per kind. What remains here is the
+mapping from kinds to member sets (:func:`plan_groups`, pure) and the creation of each set once.
 """
 
 from __future__ import annotations
