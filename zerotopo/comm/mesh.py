@@ -314,6 +314,36 @@ def _check_hosts(infos: list[RankPlacement], topology: Topology) -> None:
         )
 
 
+def _create_groups(
+    topology: Topology,
+    degrees: Degrees,
+    rank_of_index: tuple[int, ...],
+    mine: dict[str, tuple[list[int], tuple[int, ...]]],
+    *,
+    local: bool,
+) -> dict[tuple[int, ...], tuple[Any, tuple[int, ...]]]:
+    """``member ranks -> (process group, pg_order)`` for every set of ``mine`` with more than one rank.
+
+    [Note: group creation at scale] (module docstring): one group per distinct member set this rank
+    belongs to, created by its members only (``local``), in the fixed kind order; identical member sets (a
+    plan's params and grads groups are often the same ranks) share one group."""
+    pgs: dict[tuple[int, ...], tuple[Any, tuple[int, ...]]] = {}
+    if rank_of_index == tuple(range(len(rank_of_index))):
+        pgs[rank_of_index] = (dist.group.WORLD, rank_of_index)
+    if local:
+        for _, ranks in mine.values():
+            if len(ranks) > 1 and ranks not in pgs:
+                pgs[ranks] = new_group_in_order(ranks, local=True)
+        return pgs
+    # torch's classic protocol: every rank creates every group, in the same order.
+    for kind in mine:
+        for members in _index_groups(topology, degrees, kind):
+            ranks = tuple(rank_of_index[t] for t in members)
+            if len(ranks) > 1 and ranks not in pgs:
+                pgs[ranks] = new_group_in_order(ranks, local=False)
+    return pgs
+
+
 def build_mesh(
     topology: Topology,
     plan: Plan,
@@ -359,26 +389,10 @@ def build_mesh(
     if check:
         _check_hosts(infos, topology)
 
-    # [Note: group creation at scale] (module docstring): one group per distinct member set this rank
-    # belongs to, created by its members only, in the fixed kind order; identical member sets (a
-    # plan's params and grads groups are often the same ranks) share one group.
     mine = plan_groups(topology, degrees, rank_of_index, int(topo_index))
     counts = {getattr(p, "pg_count", None) for p in infos}
     local = len(counts) == 1 and None not in counts
-    pgs: dict[tuple[int, ...], tuple[Any, tuple[int, ...]]] = {}
-    if rank_of_index == tuple(range(world)):
-        pgs[rank_of_index] = (dist.group.WORLD, rank_of_index)
-    if local:
-        for _, ranks in mine.values():
-            if len(ranks) > 1 and ranks not in pgs:
-                pgs[ranks] = new_group_in_order(ranks, local=True)
-    else:
-        # torch's classic protocol: every rank creates every group, in the same order.
-        for kind in mine:
-            for members in _index_groups(topology, degrees, kind):
-                ranks = tuple(rank_of_index[t] for t in members)
-                if len(ranks) > 1 and ranks not in pgs:
-                    pgs[ranks] = new_group_in_order(ranks, local=False)
+    pgs = _create_groups(topology, degrees, rank_of_index, mine, local=local)
     handles: dict[str, GroupHandle] = {}
     for kind, (members, ranks) in mine.items():
         pg, order = pgs[ranks] if len(ranks) > 1 else (None, ranks)
