@@ -37,8 +37,9 @@ def atomic_write(
         raise
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    with atomic_write(path, "w", encoding="utf-8") as f:
+def write_text_atomic(path: str | os.PathLike, text: str, *, perms: int = 0o644) -> None:
+    """``text`` (UTF-8) in ``path`` by :func:`atomic_write`: readers see the old or the new file."""
+    with atomic_write(path, "w", perms=perms, encoding="utf-8") as f:
         f.write(text)
 
 

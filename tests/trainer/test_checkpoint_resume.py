@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from zerotopo.checkpoint.store import FAULT_ENV, find_checkpoint
+from tests.trainer.save_faults import FAULT_ENV, inject_save_fault
+from zerotopo.checkpoint.store import find_checkpoint
 from zerotopo.cli.main import main
 from zerotopo.trainer.metrics import read_metrics
 
@@ -94,7 +95,7 @@ def test_checkpoint_layout(reference):
 def test_killed_save_resumes_from_previous_checkpoint_bit_exact(tmp, reference, capfd, monkeypatch):
     _, ref = reference
     save = tmp / "fault-write"
-    monkeypatch.setenv(FAULT_ENV, "4:write")  # rank 0 dies once its shards of step 4 are on disk
+    inject_save_fault(monkeypatch, "4:write")  # rank 0 dies once its shards of step 4 are on disk
     code, text, _ = train(
         tmp, "fault-write", "--plan", EXACT_ZEROTOPO, "--set", f"save={save}", "--set", "save_interval=2",
         capfd=capfd,
@@ -117,7 +118,7 @@ def test_killed_save_resumes_from_previous_checkpoint_bit_exact(tmp, reference, 
 
 def test_kill_after_rename_leaves_latest_on_previous(tmp, capfd, monkeypatch):
     save = tmp / "fault-rename"
-    monkeypatch.setenv(FAULT_ENV, "4:rename")  # rank 0 dies after step_4 is in place, before latest moves
+    inject_save_fault(monkeypatch, "4:rename")  # rank 0 dies after step_4 is in place, before latest moves
     code, text, _ = train(
         tmp, "fault-rename", "--plan", EXACT_ZEROTOPO, "--set", "train_iters=4", "--set", f"save={save}",
         "--set", "save_interval=2", capfd=capfd,

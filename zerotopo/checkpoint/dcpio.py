@@ -323,18 +323,14 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 
 class SafeWriter(FileSystemWriter):
-    """DCP's file-system writer, with the metadata as JSON instead of a pickle. ``after_write``, when
-    set, is called once this rank's data files are written (the fault-injection point of the tests)."""
+    """DCP's file-system writer, with the metadata as JSON instead of a pickle."""
 
-    def __init__(self, path: str | os.PathLike, after_write=None) -> None:
+    def __init__(self, path: str | os.PathLike) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True)
-        self.after_write = after_write
 
     def write_data(self, plan, planner):
         results = super().write_data(plan, planner).wait()
         checked = _with_checksums(Path(self.path), results)
-        if self.after_write is not None:
-            self.after_write()
         fut: Future = Future()
         fut.set_result(checked)
         return fut

@@ -13,11 +13,13 @@ parameters from the DCP shards (no process ever holds more than one output file)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -94,7 +96,7 @@ def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXC
     act = raw.get("hidden_act", "gelu")
     if act != "gelu" and act not in _APPROX_GELU:
         raise ZerotopoError(f"{source}: hidden_act {act!r} is not supported (gelu or gelu_new)")
-    try:
+    with _config_json_errors(source):
         base_f = float(base)
         return NeoXConfig(
             vocab_size=int(raw["vocab_size"]),
@@ -112,6 +114,13 @@ def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXC
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             init_std=float(raw.get("initializer_range", 0.02)),
         )
+
+
+@contextlib.contextmanager
+def _config_json_errors(source: str) -> Iterator[None]:
+    """A missing key or a value of the wrong type in ``source`` (a config.json) as one error naming it."""
+    try:
+        yield
     except KeyError as exc:
         raise ZerotopoError(f"{source}: missing {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
@@ -138,7 +147,7 @@ def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
         )
     if int(raw.get("pretraining_tp", 1) or 1) != 1:
         raise ZerotopoError(f"{source}: pretraining_tp {raw['pretraining_tp']}; only 1 is supported")
-    try:
+    with _config_json_errors(source):
         base = float(rope.get("rope_theta", raw.get("rope_theta", 10000)))
         return NeoXConfig(
             vocab_size=int(raw["vocab_size"]),
@@ -161,10 +170,6 @@ def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             init_std=float(raw.get("initializer_range", 0.02)),
         )
-    except KeyError as exc:
-        raise ZerotopoError(f"{source}: missing {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise ZerotopoError(f"{source}: {exc}") from None
 
 
 def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> NeoXConfig:
@@ -350,10 +355,8 @@ def export_hf(
 
     Parameters are read from the DCP shards one output file at a time; ``out`` must not exist or be
     empty (nothing is overwritten), and appears complete or not at all (written next to it, renamed)."""
-    from safetensors.torch import save_file
-
-    from zerotopo.checkpoint.store import check_compatible, find_checkpoint, open_checkpoint, read_tensors
-    from zerotopo.models.hf import export_architecture, hf_config_dict, split_to_hf
+    from zerotopo.checkpoint.store import check_compatible, find_checkpoint, open_checkpoint
+    from zerotopo.models.hf import export_architecture
 
     if dtype not in _OUT_DTYPES:
         raise ZerotopoError(f"dtype {dtype!r}: expected one of {', '.join(_OUT_DTYPES)}")
@@ -372,52 +375,12 @@ def export_hf(
             f"{out} exists and is not empty; export into a new directory (nothing is overwritten)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    shapes: dict[str, list[int]] = ckpt.manifest["parameters"]
     torch_dtype = _OUT_DTYPES[dtype]
-    itemsize = torch.empty((), dtype=torch_dtype).element_size()
-    groups: list[list[str]] = [[]]
-    size = 0
-    for name, shape in shapes.items():
-        nbytes = itemsize * int(torch.Size(shape).numel())
-        if groups[-1] and size + nbytes > max_shard_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += nbytes
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        weight_map: dict[str, str] = {}
-        total = 0
-        n = len(groups)
-        for k, names in enumerate(groups):
-            fname = "model.safetensors" if n == 1 else f"model-{k + 1:05d}-of-{n:05d}.safetensors"
-            flat = read_tensors(step_dir, {f"param/{m}": (torch.Size(shapes[m]).numel(),) for m in names})
-            tensors = {}
-            for m in names:
-                full = flat.pop(f"param/{m}").reshape(shapes[m]).to(torch_dtype)
-                for hf, t in split_to_hf(cfg, m, full).items():
-                    tensors[hf] = t.contiguous()
-                    weight_map[hf] = fname
-                    total += t.numel() * t.element_size()
-            save_file(tensors, os.fspath(tmp / fname), metadata={"format": "pt"})
-            del tensors
-        if n > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        config = hf_config_dict(cfg)
-        saved_cfg = step_dir / "config.json"
-        if saved_cfg.is_file():
-            try:
-                saved = json.loads(saved_cfg.read_text())
-                for key in ("bos_token_id", "eos_token_id"):
-                    if type(saved.get(key)) is int:
-                        config[key] = saved[key]
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                pass
+        _write_weights(step_dir, tmp, cfg, ckpt.manifest["parameters"], torch_dtype, max_shard_bytes)
         tok = ckpt.manifest.get("tokenizer") or {}
-        if type(tok.get("eod")) is int:
-            config["bos_token_id"] = config["eos_token_id"] = tok["eod"]
-        config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
+        config = _export_config(step_dir, cfg, tok, torch_dtype)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _write_tokenizer(step_dir, tmp, tok, config)
         if out.exists():
@@ -427,6 +390,78 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return sorted(out.iterdir())
+
+
+def _shard_groups(shapes: dict[str, list[int]], itemsize: int, max_shard_bytes: int) -> list[list[str]]:
+    """Parameter names in their order, cut into files of at most ``max_shard_bytes`` (a larger tensor
+    gets a file of its own)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = itemsize * int(torch.Size(shape).numel())
+        if groups[-1] and size + nbytes > max_shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+def _write_weights(
+    step_dir: Path,
+    tmp: Path,
+    cfg: NeoXConfig,
+    shapes: dict[str, list[int]],
+    torch_dtype: torch.dtype,
+    max_shard_bytes: int,
+) -> None:
+    """The weights as Hugging Face safetensors files in ``tmp`` (with the index when there are several),
+    read from the checkpoint one output file at a time."""
+    from safetensors.torch import save_file
+
+    from zerotopo.checkpoint.store import read_tensors
+    from zerotopo.models.hf import split_to_hf
+
+    groups = _shard_groups(shapes, torch.empty((), dtype=torch_dtype).element_size(), max_shard_bytes)
+    weight_map: dict[str, str] = {}
+    total = 0
+    n = len(groups)
+    for k, names in enumerate(groups):
+        fname = "model.safetensors" if n == 1 else f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        flat = read_tensors(step_dir, {f"param/{m}": (torch.Size(shapes[m]).numel(),) for m in names})
+        tensors = {}
+        for m in names:
+            full = flat.pop(f"param/{m}").reshape(shapes[m]).to(torch_dtype)
+            for hf, t in split_to_hf(cfg, m, full).items():
+                tensors[hf] = t.contiguous()
+                weight_map[hf] = fname
+                total += t.numel() * t.element_size()
+        save_file(tensors, os.fspath(tmp / fname), metadata={"format": "pt"})
+        del tensors
+    if n > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _export_config(step_dir: Path, cfg: NeoXConfig, tok: dict[str, Any], torch_dtype: torch.dtype) -> dict:
+    """The exported ``config.json``: the architecture, the saved (or tokenizer's) special token ids, and
+    the weights' dtype."""
+    from zerotopo.models.hf import hf_config_dict
+
+    config = hf_config_dict(cfg)
+    saved_cfg = step_dir / "config.json"
+    if saved_cfg.is_file():
+        try:
+            saved = json.loads(saved_cfg.read_text())
+            for key in ("bos_token_id", "eos_token_id"):
+                if type(saved.get(key)) is int:
+                    config[key] = saved[key]
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            pass
+    if type(tok.get("eod")) is int:
+        config["bos_token_id"] = config["eos_token_id"] = tok["eod"]
+    config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
+    return config
 
 
 def _spm_piece(path: Path, token_id: Any) -> str | None:

@@ -24,14 +24,12 @@ and DCP reads the overlaps from whichever files hold them. Only the RNG states n
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
 import os
 import re
 import shutil
-import signal
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass
@@ -42,16 +40,13 @@ import torch
 import torch.distributed as dist
 
 from zerotopo.errors import EXIT_FAILURE, ZerotopoError, short
-from zerotopo.fsutil import read_json_object
+from zerotopo.fsutil import _umask, read_json_object, write_text_atomic
 from zerotopo.models.neox import NeoXConfig
 
 MANIFEST = "checkpoint.json"
 FORMAT = "zerotopo-checkpoint"
 VERSION = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
-FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
-"""Test hook: ``<step>:write`` kills rank 0 once its shards are written (before any rename);
-``<step>:rename`` kills rank 0 after the step directory is renamed, before ``latest`` moves."""
 # Model config fields that do not change the parameters or the function the model computes.
 _NOT_ARCHITECTURE = {"init_method", "output_layer_init_method", "init_std", "checkpoint_activations"}
 
@@ -174,12 +169,6 @@ def check_finite_state(optimizer, *, step: int, root: Path) -> None:
         )
 
 
-def _fault(step: int, where: str) -> None:
-    spec = os.environ.get(FAULT_ENV, "")
-    if spec == f"{step}:{where}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -191,29 +180,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _replace_text(path: Path, text: str) -> None:
-    """Write ``text`` to a fresh file next to ``path`` (``mkstemp``: O_EXCL, unpredictable name), fsync
-    it and rename it over ``path``: readers see the old or the new content, never a mix."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _broadcast_str(text: str) -> str:
@@ -274,7 +240,7 @@ def _finalize(
     if tokenizer and tokenizer.get("eod") is not None:
         hf["bos_token_id"] = hf["eos_token_id"] = int(tokenizer["eod"])
     (tmp_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    _replace_text(tmp_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    write_text_atomic(tmp_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n", perms=0o666)
     _fsync_dir(tmp_dir)
     old = None
     if final.exists():
@@ -284,8 +250,7 @@ def _finalize(
     _fsync_dir(root)
     if old:
         shutil.rmtree(old, ignore_errors=True)
-    _fault(step, "rename")
-    _replace_text(root / "latest", final.name + "\n")
+    write_text_atomic(root / "latest", final.name + "\n", perms=0o666)
     _fsync_dir(root)
 
 
@@ -333,15 +298,12 @@ def save_checkpoint(
     if model.scaler is not None:
         state.update(_scaler_tensors(model.scaler))
     state.update(_rng_tensors(rank))
-    after_write = (lambda: _fault(step, "write")) if rank == 0 else None
     # What this rank writes: a failure with less than this left free is a full disk, whatever error the
     # writer raised (torch's zip writer reports a short write as "unexpected pos", not as ENOSPC).
     need = sum(t.numel() * t.element_size() for t in _tensors_of(state))
     try:
         _run_dcp(
-            lambda: dcp.save(
-                state, storage_writer=SafeWriter(tmp, after_write=after_write), planner=FlatSavePlanner()
-            ),
+            lambda: dcp.save(state, storage_writer=SafeWriter(tmp), planner=FlatSavePlanner()),
             f"saving checkpoint {final}",
             space=(Path(tmp), need),
             kept=_kept(root),

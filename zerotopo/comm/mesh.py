@@ -22,6 +22,18 @@ start-up costs O(kinds) group creations per rank and O(world) arithmetic, not a 
 every member set of the job on every rank. torch names such groups by a hash of their members and of how
 many groups the process already has; the start-up exchange checks that count agrees on every rank and
 falls back to creating every group on every rank (torch's classic protocol) when it does not.
+
+[Note: why not DeviceMesh] ``torch.distributed.device_mesh.DeviceMesh`` (torch 2.13) would express the
+contiguous kinds as mesh dims (``params``, ``grads``, ``optim_scatter`` are blocks of consecutive
+topological index; their replica kinds the dims across them), and it works on gloo with spawned ranks.
+It is not used because it gives up both notes above: (1) it creates each dim's groups with
+``new_group(ranks)``, whose default numbers members by sorted global rank, so under a non-topological
+launch order the rank inside a group is not the position (checked on 4 gloo ranks with mesh
+``[[2, 0], [3, 1]]``: rank 2, position 0 of its ``shard`` group, is group rank 1), and every collective
+would permute through index tensors; (2) on gloo, and on NCCL without an eagerly bound device, every rank
+calls ``new_group`` for every subgroup of every dim (``split_group`` is taken only for an eagerly
+initialised NCCL group), O(world) calls per rank instead of one per kind. What remains here is the
+mapping from kinds to member sets (:func:`plan_groups`, pure) and the creation of each set once.
 """
 
 from __future__ import annotations
@@ -302,6 +314,36 @@ def _check_hosts(infos: list[RankPlacement], topology: Topology) -> None:
         )
 
 
+def _create_groups(
+    topology: Topology,
+    degrees: Degrees,
+    rank_of_index: tuple[int, ...],
+    mine: dict[str, tuple[list[int], tuple[int, ...]]],
+    *,
+    local: bool,
+) -> dict[tuple[int, ...], tuple[Any, tuple[int, ...]]]:
+    """``member ranks -> (process group, pg_order)`` for every set of ``mine`` with more than one rank.
+
+    [Note: group creation at scale] (module docstring): one group per distinct member set this rank
+    belongs to, created by its members only (``local``), in the fixed kind order; identical member sets (a
+    plan's params and grads groups are often the same ranks) share one group."""
+    pgs: dict[tuple[int, ...], tuple[Any, tuple[int, ...]]] = {}
+    if rank_of_index == tuple(range(len(rank_of_index))):
+        pgs[rank_of_index] = (dist.group.WORLD, rank_of_index)
+    if local:
+        for _, ranks in mine.values():
+            if len(ranks) > 1 and ranks not in pgs:
+                pgs[ranks] = new_group_in_order(ranks, local=True)
+        return pgs
+    # torch's classic protocol: every rank creates every group, in the same order.
+    for kind in mine:
+        for members in _index_groups(topology, degrees, kind):
+            ranks = tuple(rank_of_index[t] for t in members)
+            if len(ranks) > 1 and ranks not in pgs:
+                pgs[ranks] = new_group_in_order(ranks, local=False)
+    return pgs
+
+
 def build_mesh(
     topology: Topology,
     plan: Plan,
@@ -347,26 +389,10 @@ def build_mesh(
     if check:
         _check_hosts(infos, topology)
 
-    # [Note: group creation at scale] (module docstring): one group per distinct member set this rank
-    # belongs to, created by its members only, in the fixed kind order; identical member sets (a
-    # plan's params and grads groups are often the same ranks) share one group.
     mine = plan_groups(topology, degrees, rank_of_index, int(topo_index))
     counts = {getattr(p, "pg_count", None) for p in infos}
     local = len(counts) == 1 and None not in counts
-    pgs: dict[tuple[int, ...], tuple[Any, tuple[int, ...]]] = {}
-    if rank_of_index == tuple(range(world)):
-        pgs[rank_of_index] = (dist.group.WORLD, rank_of_index)
-    if local:
-        for _, ranks in mine.values():
-            if len(ranks) > 1 and ranks not in pgs:
-                pgs[ranks] = new_group_in_order(ranks, local=True)
-    else:
-        # torch's classic protocol: every rank creates every group, in the same order.
-        for kind in mine:
-            for members in _index_groups(topology, degrees, kind):
-                ranks = tuple(rank_of_index[t] for t in members)
-                if len(ranks) > 1 and ranks not in pgs:
-                    pgs[ranks] = new_group_in_order(ranks, local=False)
+    pgs = _create_groups(topology, degrees, rank_of_index, mine, local=local)
     handles: dict[str, GroupHandle] = {}
     for kind, (members, ranks) in mine.items():
         pg, order = pgs[ranks] if len(ranks) > 1 else (None, ranks)

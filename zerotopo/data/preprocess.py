@@ -178,6 +178,60 @@ def output_prefix_for(prefix: str, key: str) -> str:
     return f"{prefix}_{key}_document"
 
 
+def _check_inputs(inputs: Sequence[str], jsonl_keys: Sequence[str], tokenizer_args: tuple):
+    """The tokenizer, once the inputs and keys are checked: errors here, before any output or worker."""
+    if not inputs:
+        raise ZerotopoError("no input: give --input FILE.jsonl[,FILE2.jsonl.gz,...]")
+    if len(set(jsonl_keys)) != len(jsonl_keys) or not jsonl_keys:
+        raise ZerotopoError(f"--jsonl-keys {list(jsonl_keys)}: give each key once")
+    tokenizer = build_tokenizer(*tokenizer_args)  # errors here, not in a worker
+    for path in inputs:
+        open_text(path).close()  # a missing file or codec fails before any output exists
+    return tokenizer
+
+
+def _text_fixer():
+    """ftfy's ``fix_text`` (``--ftfy``), or an error naming the package to install."""
+    try:
+        from ftfy import fix_text
+    except ImportError:
+        raise ZerotopoError("--ftfy needs the ftfy package (pip install ftfy)") from None
+    return fix_text
+
+
+def _encode_all(records, tokenizer_args: tuple, workers: int):
+    """``(token ids per record in input order, the worker pool or None)``."""
+    if workers > 1:
+        import multiprocessing as mp
+
+        pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer_args,))
+        return pool.imap(_encode, records, chunksize=64), pool  # imap keeps input order
+    _init_worker(tokenizer_args)
+    return map(_encode, records), None
+
+
+def _add_documents(
+    encoded, builders, documents: list[int], tokens: list[int], eod: int | None, bar, log_interval: int
+) -> None:
+    """Each record's non-empty texts as documents of their key's dataset (with ``eod`` appended when
+    given), counted in ``documents`` and ``tokens``; progress on ``bar`` or every ``log_interval``."""
+    t0 = time.perf_counter()
+    for n, per_key in enumerate(encoded, start=1):
+        for i, ids in enumerate(per_key):
+            if not ids:
+                continue  # an empty text is no document, as in NeoX
+            if eod is not None:
+                ids.append(eod)
+            builders[i].add_document(ids)
+            documents[i] += 1
+            tokens[i] += len(ids)
+        if bar is not None:
+            bar.update(1)
+        elif log_interval and n % log_interval == 0:
+            dt = time.perf_counter() - t0
+            print(f"processed {n} documents ({n / dt:.0f} docs/s)", flush=True)
+
+
 def preprocess_neox(
     inputs: Sequence[str],
     output_prefix: str,
@@ -194,20 +248,9 @@ def preprocess_neox(
     progress: bool = False,
 ) -> list[PreprocessStats]:
     """Tokenize ``inputs`` (in order) into one dataset per key, named as NeoX names them."""
-    if not inputs:
-        raise ZerotopoError("no input: give --input FILE.jsonl[,FILE2.jsonl.gz,...]")
-    if len(set(jsonl_keys)) != len(jsonl_keys) or not jsonl_keys:
-        raise ZerotopoError(f"--jsonl-keys {list(jsonl_keys)}: give each key once")
     tokenizer_args = (tokenizer_type, vocab_file, merge_file, eod_token)
-    tokenizer = build_tokenizer(*tokenizer_args)  # errors here, not in a worker
-    for path in inputs:
-        open_text(path).close()  # a missing file or codec fails before any output exists
-    fix = None
-    if ftfy:
-        try:
-            from ftfy import fix_text as fix
-        except ImportError:
-            raise ZerotopoError("--ftfy needs the ftfy package (pip install ftfy)") from None
+    tokenizer = _check_inputs(inputs, jsonl_keys, tokenizer_args)
+    fix = _text_fixer() if ftfy else None
     dtype = best_dtype(tokenizer.vocab_size)
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
     prefixes = [output_prefix_for(output_prefix, k) for k in jsonl_keys]
@@ -217,36 +260,15 @@ def preprocess_neox(
     records = itertools.chain.from_iterable(read_records(p, jsonl_keys) for p in inputs)
     if fix is not None:
         records = (tuple(fix(t) for t in r) for r in records)
-    pool = None
-    if workers > 1:
-        import multiprocessing as mp
-
-        pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer_args,))
-        encoded = pool.imap(_encode, records, chunksize=64)  # imap keeps input order
-    else:
-        _init_worker(tokenizer_args)
-        encoded = map(_encode, records)
+    encoded, pool = _encode_all(records, tokenizer_args, workers)
     bar = None
     if progress and sys.stderr.isatty():
         from tqdm import tqdm
 
         bar = tqdm(desc="tokenizing", unit=" docs")
-    t0 = time.perf_counter()
     try:
-        for n, per_key in enumerate(encoded, start=1):
-            for i, ids in enumerate(per_key):
-                if not ids:
-                    continue  # an empty text is no document, as in NeoX
-                if append_eod:
-                    ids.append(tokenizer.eod)
-                builders[i].add_document(ids)
-                documents[i] += 1
-                tokens[i] += len(ids)
-            if bar is not None:
-                bar.update(1)
-            elif progress and n % log_interval == 0:
-                dt = time.perf_counter() - t0
-                print(f"processed {n} documents ({n / dt:.0f} docs/s)", flush=True)
+        eod = tokenizer.eod if append_eod else None
+        _add_documents(encoded, builders, documents, tokens, eod, bar, log_interval if progress else 0)
         for key, count in zip(jsonl_keys, documents):
             if count == 0:
                 raise ZerotopoError(f"{', '.join(inputs)} has no non-empty {key!r} texts; nothing to write")

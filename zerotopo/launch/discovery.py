@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from zerotopo.errors import LaunchError
@@ -37,8 +37,8 @@ MAX_WORLD = 1 << 24
 
 
 @dataclass(frozen=True)
-class RankInfo:
-    """Where this process sits in the job, as the launcher (and the emulation override) describe it."""
+class RankPlace:
+    """Where this process sits in the job and where the ranks meet, as any launcher gives it."""
 
     rank: int
     world_size: int
@@ -48,6 +48,12 @@ class RankInfo:
     num_nodes: int
     master_addr: str
     master_port: int
+
+
+@dataclass(frozen=True)
+class RankInfo(RankPlace):
+    """Where this process sits in the job, as the launcher (and the emulation override) describe it."""
+
     launcher: str
     """'slurm' | 'mpi' | 'torchrun' | 'local'."""
     hostname: str
@@ -126,25 +132,51 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
         raise LaunchError(
             f"{nnodes_var[0]}={num_nodes} is not in 1..{world} (the task count); check the variable or launch with srun."
         )
-
-    # The step's own counts first: a step may use fewer nodes or tasks than the job it runs in.
-    tpn_var = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-    if tpn_var is not None:
-        tasks = parse_tasks_per_node(tpn_var[1], variable=tpn_var[0])
-    elif environ.get("SLURM_NTASKS_PER_NODE"):
-        per = _int(environ, "SLURM_NTASKS_PER_NODE", "srun")
-        if not 1 <= per <= world:
-            raise LaunchError(f"SLURM_NTASKS_PER_NODE={per} is not in 1..{world} (the task count).")
-        tasks = [per] * (num_nodes or max(world // per, 1))
-        tpn_var = ("SLURM_NTASKS_PER_NODE", environ["SLURM_NTASKS_PER_NODE"])
-    else:
-        tasks, tpn_var = [world // (num_nodes or 1)] * (num_nodes or 1), None
+    tasks, tpn_var = _slurm_tasks(environ, world, num_nodes)
     if num_nodes is None:
         num_nodes = len(tasks)
     found = (
         f"SLURM_PROCID={rank}, SLURM_NTASKS={world}, SLURM_LOCALID={local_rank}, SLURM_NODEID={node_id}, "
         f"nodes={num_nodes}" + (f", {tpn_var[0]}={tpn_var[1]!r}" if tpn_var else "")
     )
+    _check_slurm_tasks(tasks, world, num_nodes, node_id, local_rank, found)
+    return {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": local_rank,
+        "local_world_size": tasks[node_id],
+        "node_id": node_id,
+        "num_nodes": num_nodes,
+        "master_addr": environ.get("MASTER_ADDR") or _slurm_master(environ, num_nodes, found),
+        "master_port": slurm_port(environ),
+        "tasks_per_node": tuple(tasks),
+        "found": found,
+    }
+
+
+def _slurm_tasks(
+    environ: Mapping[str, str], world: int, num_nodes: int | None
+) -> tuple[list[int], tuple[str, str] | None]:
+    """Tasks per node of the step, and the variable that gave them (None: spread evenly)."""
+    # The step's own counts first: a step may use fewer nodes or tasks than the job it runs in.
+    tpn_var = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    if tpn_var is not None:
+        return parse_tasks_per_node(tpn_var[1], variable=tpn_var[0]), tpn_var
+    if environ.get("SLURM_NTASKS_PER_NODE"):
+        per = _int(environ, "SLURM_NTASKS_PER_NODE", "srun")
+        if not 1 <= per <= world:
+            raise LaunchError(f"SLURM_NTASKS_PER_NODE={per} is not in 1..{world} (the task count).")
+        return [per] * (num_nodes or max(world // per, 1)), (
+            "SLURM_NTASKS_PER_NODE",
+            environ["SLURM_NTASKS_PER_NODE"],
+        )
+    return [world // (num_nodes or 1)] * (num_nodes or 1), None
+
+
+def _check_slurm_tasks(
+    tasks: list[int], world: int, num_nodes: int, node_id: int, local_rank: int, found: str
+) -> None:
+    """The tasks per node agree with the task and node counts, and this rank is among them."""
     if len(tasks) != num_nodes:
         raise LaunchError(f"Slurm gives tasks for {len(tasks)} nodes but the step has {num_nodes} ({found}).")
     if sum(tasks) != world:
@@ -161,37 +193,25 @@ def _from_slurm(environ: Mapping[str, str]) -> dict[str, Any]:
             f"SLURM_LOCALID={local_rank} is not below the {tasks[node_id]} tasks of node {node_id} ({found})."
         )
 
-    if environ.get("MASTER_ADDR"):
-        master_addr = environ["MASTER_ADDR"]
-    else:
-        # The step's node list first: the job's first node need not run this step.
-        nodelist = _first(environ, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
-        if nodelist is None:
-            raise LaunchError(
-                f"srun launch without a node list: none of SLURM_STEP_NODELIST, SLURM_NODELIST, "
-                f"SLURM_JOB_NODELIST is set ({found}). Set MASTER_ADDR to the first node's address."
-            )
-        master_addr = first_host(nodelist[1], variable=nodelist[0])
-        hosts = count_hosts(nodelist[1], variable=nodelist[0])
-        # The step's list names exactly its nodes; the job's may name more (a step can use fewer).
-        if hosts < num_nodes or (nodelist[0] == "SLURM_STEP_NODELIST" and hosts != num_nodes):
-            shown = nodelist[1] if len(nodelist[1]) <= 60 else nodelist[1][:57] + "..."
-            raise LaunchError(
-                f"{nodelist[0]}={shown!r} names {hosts} hosts, but the step runs on {num_nodes} nodes ({found}); "
-                "the environment mixes jobs or was edited: launch with srun inside the allocation."
-            )
-    return {
-        "rank": rank,
-        "world_size": world,
-        "local_rank": local_rank,
-        "local_world_size": tasks[node_id],
-        "node_id": node_id,
-        "num_nodes": num_nodes,
-        "master_addr": master_addr,
-        "master_port": slurm_port(environ),
-        "tasks_per_node": tuple(tasks),
-        "found": found,
-    }
+
+def _slurm_master(environ: Mapping[str, str], num_nodes: int, found: str) -> str:
+    """The step's first node, from the step's node list first: the job's first node need not run it."""
+    nodelist = _first(environ, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+    if nodelist is None:
+        raise LaunchError(
+            f"srun launch without a node list: none of SLURM_STEP_NODELIST, SLURM_NODELIST, "
+            f"SLURM_JOB_NODELIST is set ({found}). Set MASTER_ADDR to the first node's address."
+        )
+    master_addr = first_host(nodelist[1], variable=nodelist[0])
+    hosts = count_hosts(nodelist[1], variable=nodelist[0])
+    # The step's list names exactly its nodes; the job's may name more (a step can use fewer).
+    if hosts < num_nodes or (nodelist[0] == "SLURM_STEP_NODELIST" and hosts != num_nodes):
+        shown = nodelist[1] if len(nodelist[1]) <= 60 else nodelist[1][:57] + "..."
+        raise LaunchError(
+            f"{nodelist[0]}={shown!r} names {hosts} hosts, but the step runs on {num_nodes} nodes ({found}); "
+            "the environment mixes jobs or was edited: launch with srun inside the allocation."
+        )
+    return master_addr
 
 
 def slurm_port(environ: Mapping[str, str]) -> int:
@@ -255,15 +275,7 @@ def _from_mpi(environ: Mapping[str, str]) -> dict[str, Any]:
 
     world = mpi.query_mpi_world(environ)
     return {
-        "rank": world.rank,
-        "world_size": world.world_size,
-        "local_rank": world.local_rank,
-        "local_world_size": world.local_world_size,
-        "node_id": world.node_id,
-        "num_nodes": world.num_nodes,
-        "master_addr": world.master_addr,
-        "master_port": world.master_port,
-        "tasks_per_node": world.tasks_per_node,
+        **asdict(world),
         "found": f"MPI rank {world.rank} of {world.world_size}, local rank {world.local_rank}, node {world.node_id}",
     }
 

@@ -13,22 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotopo.errors import LaunchError
+from zerotopo.launch.discovery import RankPlace
 
 INSTALL_HINT = "pip install mpi4py mpich (or build mpi4py against your site MPI, e.g. cray-mpich)"
 
 
 @dataclass(frozen=True)
-class MpiWorld:
+class MpiWorld(RankPlace):
     """What MPI says about this process and its job."""
 
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_id: int
-    num_nodes: int
-    master_addr: str
-    master_port: int
     tasks_per_node: tuple[int, ...]
 
 

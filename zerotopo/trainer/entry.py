@@ -34,15 +34,15 @@ def preflight(job: TrainJob):
     """Every check that needs no process group, run once before spawning ranks, so a bad config is one
     clear error instead of eight: config, topology, plan, data files, vocabulary and memory fit."""
     from zerotopo.data.tokenizers import build_tokenizer
-    from zerotopo.trainer.loop import (
-        DTYPES,
+    from zerotopo.trainer.loop import DTYPES
+    from zerotopo.trainer.lr_schedule import schedule_for
+    from zerotopo.trainer.preflight import (
         check_checkpoint_source,
         check_memory,
         data_files,
         data_prefix,
         model_config,
     )
-    from zerotopo.trainer.lr_schedule import schedule_for
 
     env_number("ZEROTOPO_THREADS_PER_RANK", 1, 1, 1024, integer=True)
     env_number("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600, 1, 30 * 24 * 3600)
@@ -100,7 +100,8 @@ def check_writable_dir(path: str, source: str) -> None:
 
 def run_training(job: TrainJob) -> dict[str, Any] | None:
     """Train; returns rank 0's summary (None on other ranks of an external launch)."""
-    from zerotopo.trainer.loop import data_files, train_rank
+    from zerotopo.trainer.loop import train_rank
+    from zerotopo.trainer.preflight import data_files
 
     if launched_externally(job):
         import torch.distributed as dist

@@ -154,6 +154,6 @@ def check_resume_position(args: NeoXArgs, ckpt, world: int) -> None:
 
 
 def _hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
-    from zerotopo.trainer.loop import hf_source
+    from zerotopo.trainer.preflight import hf_source
 
     return hf_source(args, job)

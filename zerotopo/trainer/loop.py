@@ -12,7 +12,7 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,10 @@ from zerotopo.checkpoint.store import NonFiniteError, load_checkpoint, save_chec
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import build_mesh
 from zerotopo.config.neox import NeoXArgs
-from zerotopo.data.dataset import DistributedBatches, build_train_valid_test
+from zerotopo.data.dataset import DistributedBatches
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.engine import parallelize
-from zerotopo.errors import ConfigError, PlanError, ZerotopoError
+from zerotopo.errors import ConfigError, ZerotopoError
 from zerotopo.fsutil import write_text_atomic
 from zerotopo.launch.advice import topology_mismatch_advice
 from zerotopo.launch.devices import check_device_list
@@ -41,15 +41,12 @@ from zerotopo.logs import (
     setup_console,
     terminal_columns,
 )
-from zerotopo.models.config import check_trainable
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
-from zerotopo.placement.plan import PRESETS
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.longrun import (
     LongRun,
     check_finite_rows,
     check_fresh_start,
-    check_resume_position,
     check_run_identity,
     config_hash,
     per_step_means,
@@ -58,6 +55,13 @@ from zerotopo.trainer.lr_schedule import held_schedule, schedule_for
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
 from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
 from zerotopo.trainer.preempt import EXIT_PREEMPTED, Preempted, Preemption, preemption_signals, signal_name
+from zerotopo.trainer.preflight import (
+    build_datasets,
+    check_memory,
+    hf_source,
+    model_config,
+    recognise_topology,
+)
 from zerotopo.trainer.steps import (
     allocated_peak,
     elapsed_eta,
@@ -79,219 +83,6 @@ class RankContext:
     world: int
     device: torch.device
     is_main: bool
-
-
-DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths")
-
-
-def data_files(args: NeoXArgs) -> list[tuple[str, str]]:
-    """``(key, prefix)`` of every dataset the config names (``data_path`` or NeoX's
-    ``train/valid/test_data_paths``)."""
-    return [(key, prefix) for key in DATA_KEYS for prefix in getattr(args, key) or ()]
-
-
-def check_data_file(args: NeoXArgs, key: str, prefix: str) -> None:
-    """A ConfigError naming ``prefix``'s missing ``.bin``/``.idx`` file and the key that names it, with
-    the command that writes it."""
-    missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
-    if not missing:
-        return
-    stem, _, jkey = prefix.rpartition("_")[0].rpartition("_")
-    named = prefix.endswith("_document") and stem
-    raise ConfigError(
-        f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
-        f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {stem if named else 'PREFIX'}"
-        f"{f' --jsonl-keys {jkey}' if named and jkey != 'text' else ''}"
-        f" --tokenizer-type {args.tokenizer_type}"
-        + "".join(
-            f" --{flag} {value}"
-            for flag, value in (("vocab-file", args.vocab_file), ("merge-file", args.merge_file))
-            if value
-        )
-        + " --append-eod`"
-        + ("" if named else f" (it writes PREFIX_text_document; set {key} to that)"),
-        source=args.sources.get(key),
-        key=key,
-    )
-
-
-def data_prefix(args: NeoXArgs) -> str | list[str]:
-    """The dataset prefixes: the config's ``data_path`` (several are blended by size), else the bundled
-    corpus. Every file the config names (NeoX's ``*_data_paths`` too) is checked to exist first."""
-    files = data_files(args)
-    for key, prefix in files:
-        check_data_file(args, key, prefix)
-    if args.data_path:
-        return list(args.data_path)
-    if files:
-        return [prefix for _, prefix in files]
-    from zerotopo.data.corpus import default_corpus_prefix
-
-    return default_corpus_prefix(args.tokenizer_type)
-
-
-def build_datasets(args: NeoXArgs, num_samples: tuple[int, int, int]):
-    """Train, valid and test datasets as NeoX builds them: weighted ``*_data_paths`` blends, else
-    ``data_path`` (or the bundled corpus) split by ``split``."""
-    prefix = data_prefix(args)
-    if args.train_data_paths:
-        from zerotopo.data.dataset import build_weighted_splits
-
-        return build_weighted_splits(
-            [args.train_data_paths, args.valid_data_paths, args.test_data_paths],
-            [args.train_data_weights, args.valid_data_weights, args.test_data_weights],
-            args.seq_length,
-            num_samples,
-            args.seed,
-        )
-    return build_train_valid_test(prefix, args.split, args.seq_length, num_samples, args.seed)
-
-
-def check_memory(
-    args: NeoXArgs, shape, model_units: list[int], topology, plan, param_bytes: int, micro: int
-) -> None:
-    """Refuse a plan whose states, buffers and activations exceed the device, naming a plan that fits.
-
-    ``model_units`` are the units' parameter counts (the built model's when there is one), ``shape`` the
-    model's :class:`~zerotopo.placement.shape.ModelShape` for activations and the planner's suggestion."""
-    from zerotopo.cost.memory import memory_per_device
-    from zerotopo.cost.planner import plan_candidates
-
-    ckpt = args.checkpoint_activations
-    mem = memory_per_device(
-        model_units,
-        topology,
-        plan,
-        param_bytes=param_bytes,
-        padded=True,
-        micro_batch=micro,
-        shape=shape,
-        checkpoint_activations=ckpt,
-    )
-    limit = topology.device.memory_gib * 2**30
-    if mem.total <= limit:
-        return
-    fitting = [
-        c
-        for c in plan_candidates(
-            shape,
-            topology,
-            micro_batch=micro,
-            grad_accum=args.gradient_accumulation_steps or 1,
-            plans="auto",
-            param_bytes=param_bytes,
-            checkpoint_activations=ckpt,
-            grad_dtype=args.grad_dtype,
-        )
-        if c.fits
-    ]
-    presets = [c for c in fitting if c.plan.name in PRESETS]
-    if presets:
-        hint = f"; --plan {presets[0].plan.name} fits (run `zerotopo plan` to compare all plans)"
-    elif fitting:
-        hint = (
-            f"; a plan with degrees {fitting[0].plan.label(topology)} fits: write it as a plan YAML "
-            "(docs/plans.md) or run `zerotopo plan` to compare"
-        )
-    else:
-        hint = "; no plan fits: use more nodes, a smaller micro-batch or checkpoint_activations: true"
-    raise PlanError(
-        f"plan {plan.name!r} needs {mem.total / 2**30:.3f} GiB per device (parameters "
-        f"{mem.params / 2**30:.3f}, secondary {mem.secondary / 2**30:.3f}, gradients {mem.grads / 2**30:.3f}, "
-        f"optimizer {mem.optim / 2**30:.3f}, buffers {mem.buffers / 2**30:.3f}, activations "
-        f"{mem.activations / 2**30:.3f}), more than the {topology.device.memory_gib:g} GiB of a "
-        f"{topology.device.name}{hint}"
-    )
-
-
-def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
-    """The model config for ``tokenizer``; the data's largest token id must fit its embedding."""
-    cfg = args.model_config(tokenizer.vocab_size)
-    if data_files(args):
-        from zerotopo.data.indexed import MMapIndexedDataset
-
-        for key, prefix in data_files(args):
-            check_data_file(args, key, prefix)  # missing files are named before any vocabulary check
-            top = MMapIndexedDataset(prefix).max_token_id()
-            if top >= cfg.vocab_size:
-                raise ConfigError(
-                    f"{prefix} holds token id {top}, but the model's vocabulary has {cfg.vocab_size} entries "
-                    f"(tokenizer {args.tokenizer_type}); preprocess the data with the tokenizer the config names",
-                    source=args.sources.get(key),
-                    key=key,
-                )
-    return cfg
-
-
-def recognise_topology(job: TrainJob, args: NeoXArgs, info) -> TrainJob:
-    """``job`` with the machine's built-in topology when none was given and the launcher and devices
-    name it unmistakably (a Frontier node), with a notice; otherwise ``job`` as it is."""
-    from dataclasses import replace
-
-    from zerotopo.launch.advice import recognised_topology
-
-    name = None if job.topology or args.topology else recognised_topology(info, os.environ)
-    if name is None:
-        return job
-    if info.rank == 0:
-        log.info(
-            f"no topology given: ranks on ROCm devices of a Slingshot system, 8 per node; using --topology {name}"
-        )
-    return replace(job, topology=name)
-
-
-def hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
-    """The Hugging Face directory the run starts from: ``--from-hf``, or ``load:`` naming one."""
-    from zerotopo.checkpoint.store import is_hf_directory
-
-    if args.load and is_hf_directory(Path(args.load)):
-        return args.load
-    return getattr(job, "from_hf", None)
-
-
-def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
-    """The run's model: the config's, or a Hugging Face directory's architecture (see ``hf_source``)."""
-    cfg = check_vocab(args, tokenizer)
-    hf = hf_source(args, job)
-    if hf:
-        from zerotopo.checkpoint.hf import merge_hf_config
-
-        cfg = merge_hf_config(hf, args, cfg)
-        if tokenizer.vocab_size > cfg.vocab_size:
-            raise ConfigError(
-                f"the tokenizer has {tokenizer.vocab_size} tokens but the model in {hf} only "
-                f"{cfg.vocab_size} embedding rows; use the tokenizer the model was trained with",
-                key="tokenizer_type",
-            )
-    check_trainable(
-        cfg, "tie_word_embeddings" if hf else "no_weight_tying", hf or args.sources.get("no_weight_tying")
-    )
-    return cfg
-
-
-def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, world: int | None = None) -> None:
-    """Pre-flight of what the run loads (no process group): a zerotopo checkpoint in ``load:`` is read
-    and checked against the model (manifest, metadata, every shard file present and long enough), a
-    Hugging Face directory has every tensor with its shape."""
-    from zerotopo.checkpoint.neox import check_neox_checkpoint, neox_step_dir
-    from zerotopo.checkpoint.store import find_checkpoint, preflight_load
-
-    neox_dir = neox_step_dir(args.load) if args.load else None
-    if neox_dir is not None:
-        check_neox_checkpoint(neox_dir, cfg)
-        return
-    if args.load and find_checkpoint(args.load) is not None:
-        ckpt = preflight_load(args.load, cfg)
-        check_run_identity(args, job, cfg, ckpt)
-        if world is not None:
-            check_resume_position(args, ckpt, world)
-        return
-    check_fresh_start(args, job)
-    hf = hf_source(args, job)
-    if hf:
-        from zerotopo.checkpoint.hf import check_hf_directory
-
-        check_hf_directory(hf, cfg)
 
 
 def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
@@ -317,10 +108,91 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     return summary
 
 
+@dataclass
+class Trainer:
+    """One rank's run once it is built: what the step functions below read, and the figures they keep
+    between log intervals. Built by :func:`setup`; the loop in :func:`_train_rank` reads top to bottom."""
+
+    args: NeoXArgs
+    job: TrainJob
+    run: LongRun
+    ctx: RankContext
+    topology: Any
+    plan: Any
+    cfg: NeoXConfig
+    tokenizer: Any
+    probe: PeakMemory
+    model: Any
+    optimizer: Any
+    ledger: Ledger
+    loss_scale: Any
+    shape: Any
+    unit_numels: list[int]
+    param_dtype: torch.dtype
+    batch: tuple[int, int, int]
+    """``(micro, accumulation steps, global batch)`` in samples."""
+    iters: int
+    lr_at: Any
+    run_dir: Path
+    start_step: int = 0
+    consumed: int = 0
+    train_batches: Any = None
+    valid_ds: Any = None
+    eod: int | None = None
+    writer: MetricsWriter | None = None
+    bar: Any = None
+    pending: list[tuple[int, torch.Tensor, dict[str, Any]]] = field(default_factory=list)
+    first_loss: float | None = None
+    last_loss: float | None = None
+    valid_losses: list[float] = field(default_factory=list)
+    skipped_total: int = 0
+    t_run: float = 0.0
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.shape.step_flops(self.batch[2], checkpoint_activations=self.args.checkpoint_activations)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch[2] * self.args.seq_length
+
+
 def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str, Any] | None:
     setup_console(verbose=rank == 0)
     with console_muted() if job.config_warnings_shown else contextlib.nullcontext():
         args = job.load_args(quiet=rank != 0)
+    tr = setup(args, job, run)
+    tr.bar = progress_bar(tr)
+    save_steps = set(args.save_iters(tr.iters))
+    tr.t_run = time.perf_counter()
+    for step in range(tr.start_step, tr.iters):
+        tr.pending.append(train_step(tr, step))
+        if tr.bar is not None:
+            tr.bar.update(1)
+        last_step = step + 1 == tr.iters
+        saving = bool(args.save) and step + 1 in save_steps and not last_step
+        stop = run.preemption.agreed()  # the same answer on every rank at the same step
+        console = (step + 1) % args.log_interval == 0 or last_step
+        if console or saving or stop:  # a save or a stop writes out the rows it follows
+            log_rows(tr, step, console)
+        maybe_evaluate(tr, step, last_step)
+        if stop:
+            stop_for_preemption(tr, stop, step)
+            break
+        if saving and save(tr, step + 1):
+            _retain(args, tr.ctx)
+        tr.ledger.reset()
+    run.preemption.settle()  # the last step's flag: every rank started its all-reduce
+    if tr.bar is not None:
+        tr.bar.close()
+    if args.save and tr.start_step < tr.iters and not run.preemption.stopped_by:
+        save(tr, tr.iters, last=True)
+        _retain(args, tr.ctx)
+    return finish(tr)
+
+
+def setup(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
+    """This rank joined to the job, its model sharded and resumed, its data and run directory open."""
     info = discover(prefer=None if job.launcher in ("auto", "local") else job.launcher)
     job = recognise_topology(job, args, info)
     topology = job.load_topology(args, nodes=info.num_nodes if info.launcher != "local" else None)
@@ -336,18 +208,29 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
     device = init_distributed(info)
     torch.set_num_threads(max(1, int(os.environ.get("ZEROTOPO_THREADS_PER_RANK", "1"))))
     plan = job.load_plan(args)
-    degrees = plan.degrees(topology)
+    plan.degrees(topology)  # an unusable plan fails here, before the lock is taken
     ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
     run.take_lock(args, ctx.is_main)
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
     if device.type == "cpu":
         unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
     probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
-
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
+    tr = build_model(args, job, run, ctx, topology, plan, mesh, tokenizer, probe)
+    tr.start_step, tr.consumed = resume(args, job, tr.model, tr.optimizer, tr.cfg, ctx)
+    open_data(tr)
+    if ctx.is_main:
+        tr.writer = open_run_dir(tr)
+    return tr
+
+
+def build_model(
+    args: NeoXArgs, job: TrainJob, run: LongRun, ctx: RankContext, topology, plan, mesh, tokenizer, probe
+) -> Trainer:
+    """The model built on the meta device, checked against the device's memory, then sharded by the
+    engine with its optimizer; the learning-rate schedule and the run directory's name."""
     cfg = model_config(args, job, tokenizer)
-    precision = args.resolved_precision
-    param_dtype = DTYPES[precision]
+    param_dtype = DTYPES[args.resolved_precision]
     micro, accum, global_batch = args.batch_sizes(ctx.world)
     torch.manual_seed(args.seed)
     with torch.device("meta"):
@@ -363,7 +246,7 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
     ledger = Ledger()
     fp16 = args.fp16
     loss_scale: Any = None
-    if precision == "fp16":
+    if args.resolved_precision == "fp16":
         loss_scale = fp16.loss_scale if fp16.loss_scale else "dynamic"
     model, optimizer = parallelize(
         model,
@@ -380,246 +263,272 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
     )
     iters = args.train_iters or 100
     schedule = schedule_for(args, iters)
-    lr_at = held_schedule(schedule, iters, optimizer)
+    return Trainer(
+        args=args, job=job, run=run, ctx=ctx, topology=topology, plan=plan, cfg=cfg, tokenizer=tokenizer,
+        probe=probe, model=model, optimizer=optimizer, ledger=ledger, loss_scale=loss_scale, shape=shape,
+        unit_numels=unit_numels, param_dtype=param_dtype, batch=(micro, accum, global_batch), iters=iters,
+        lr_at=held_schedule(schedule, iters, optimizer), run_dir=job.resolve_run_dir(plan.name),
+    )  # fmt: skip
 
-    run_dir = job.resolve_run_dir(plan.name)
-    start_step, consumed = resume(args, job, model, optimizer, cfg, ctx)
-    eval_runs = iters // args.eval_interval + 1
+
+def open_data(tr: Trainer) -> None:
+    """The training batches from the resumed position and the validation split (None: not evaluated)."""
+    args, ctx = tr.args, tr.ctx
+    micro, _, global_batch = tr.batch
+    eval_runs = tr.iters // args.eval_interval + 1
     num_samples = (
-        train_samples_needed(iters, start_step, consumed, global_batch, ctx),
+        train_samples_needed(tr.iters, tr.start_step, tr.consumed, global_batch, ctx),
         max(eval_runs * args.eval_iters * micro * ctx.world, 1),
         1,
     )
     train_ds, valid_ds, _ = build_datasets(args, num_samples)
-    valid_ds = usable_valid_split(valid_ds, micro, ctx, args)
-    eod = tokenizer.eod if args.eod_mask_loss else None
-    train_batches = iter(DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=consumed))
-    writer = None
-    if ctx.is_main:
-        log_copies = (Path(args.log_dir) / f"{run_dir.name}.log",) if args.log_dir else ()
-        attach_run_log(run_dir, copies=log_copies)
-        saved_config = run_config(args, plan, job, topology)
-        write_text_atomic(run_dir / "config.yml", _yaml_dump(saved_config))
-        writer = MetricsWriter(
-            run_dir,
-            topology.tier_names,
-            tensorboard_dir=args.tensorboard_dir,
-            resume_step=start_step if args.load else None,
-            wandb_run=open_wandb(
-                project=args.wandb_project,
-                group=args.wandb_group,
-                team=args.wandb_team,
-                host=args.wandb_host,
-                name=run_dir.name,
-                run_dir=run_dir,
-                config=saved_config,
-            )
-            if args.use_wandb
-            else None,
-        )
-        log.info(
-            f"zerotopo train: {cfg.num_layers} layers x {cfg.hidden_size} wide, "
-            f"{sum(unit_numels) / 1e6:.2f}M parameters, {precision}; plan {plan.name} ({plan.label(topology)}) "
-            f"on {topology.name} x{topology.nodes} nodes = {ctx.world} ranks; batch {micro} x {accum} micro x "
-            f"{ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; run dir {run_dir}"
-        )
-    flops_per_step = shape.step_flops(global_batch, checkpoint_activations=args.checkpoint_activations)
-    tokens_per_step = global_batch * args.seq_length
-    peak = topology.device.peak_tflops
+    tr.valid_ds = usable_valid_split(valid_ds, micro, ctx, args)
+    tr.eod = tr.tokenizer.eod if args.eod_mask_loss else None
+    tr.train_batches = iter(
+        DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=tr.consumed)
+    )
 
-    def save(at_step: int, *, last: bool = False) -> bool:
-        """Save ``at_step``; a failed save warns and training goes on, unless ``strict_saves`` or ``last``."""
-        if writer is not None:
-            writer.sync()  # every logged row on disk before the checkpoint that follows it
-        try:
-            _save(at_step)
-        except NonFiniteError:
-            raise
-        except ZerotopoError as exc:
-            if args.strict_saves or last:
-                raise
-            if ctx.is_main:
-                log.warning(f"{exc}; training goes on (strict_saves: true stops the run instead)")
-            return False
-        return True
 
-    def _save(at_step: int) -> None:
+def open_run_dir(tr: Trainer) -> MetricsWriter:
+    """Rank 0: the run directory's log, resolved config and metrics writer, and the run's opening line."""
+    args, run_dir = tr.args, tr.run_dir
+    log_copies = (Path(args.log_dir) / f"{run_dir.name}.log",) if args.log_dir else ()
+    attach_run_log(run_dir, copies=log_copies)
+    saved_config = run_config(args, tr.plan, tr.job, tr.topology)
+    write_text_atomic(run_dir / "config.yml", _yaml_dump(saved_config))
+    writer = MetricsWriter(
+        run_dir,
+        tr.topology.tier_names,
+        tensorboard_dir=args.tensorboard_dir,
+        resume_step=tr.start_step if args.load else None,
+        wandb_run=open_wandb(
+            project=args.wandb_project,
+            group=args.wandb_group,
+            team=args.wandb_team,
+            host=args.wandb_host,
+            name=run_dir.name,
+            run_dir=run_dir,
+            config=saved_config,
+        )
+        if args.use_wandb
+        else None,
+    )
+    cfg, topology, plan, (micro, accum, global_batch) = tr.cfg, tr.topology, tr.plan, tr.batch
+    log.info(
+        f"zerotopo train: {cfg.num_layers} layers x {cfg.hidden_size} wide, "
+        f"{sum(tr.unit_numels) / 1e6:.2f}M parameters, {args.resolved_precision}; plan {plan.name} "
+        f"({plan.label(topology)}) on {topology.name} x{topology.nodes} nodes = {tr.ctx.world} ranks; batch "
+        f"{micro} x {accum} micro x {tr.ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; "
+        f"run dir {run_dir}"
+    )
+    return writer
+
+
+def progress_bar(tr: Trainer):
+    """A bar only on rank 0's terminal: in a scheduler's log file the log_interval lines are the progress."""
+    if not (tr.ctx.is_main and tr.job.progress and on_terminal()):
+        return None
+    from tqdm import tqdm
+
+    # Follow the terminal's width when it has one; an unsized pseudo-terminal gets 80 columns.
+    sized = terminal_columns() is not None
+    return tqdm(
+        total=tr.iters,
+        initial=tr.start_step,
+        desc="train",
+        unit="step",
+        dynamic_ncols=sized,
+        ncols=None if sized else 80,
+    )
+
+
+def forward_backward_step(tr: Trainer) -> torch.Tensor:
+    """The step's micro-batches forward and backward; the summed loss stays on the device."""
+    accum = tr.batch[1]
+    loss_sum = torch.zeros((), device=tr.ctx.device, dtype=torch.float32)
+    for mb in range(accum):
+        batch = next(tr.train_batches).to(tr.ctx.device, non_blocking=True)  # no stream sync on the step path
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        logits = tr.model(inputs)
+        loss = lm_loss(logits, inputs, labels, tr.eod)
+        tr.model.set_is_last_backward(mb == accum - 1)  # step-end reductions start in this backward
+        tr.model.scale_loss(loss / accum).backward()
+        loss_sum += loss.detach()
+    return loss_sum
+
+
+def train_step(tr: Trainer, step: int) -> tuple[int, torch.Tensor, dict[str, Any]]:
+    """One optimizer step: ``(step number, mean loss on the device, the metrics row without its loss)``."""
+    lr = tr.lr_at(step)
+    for group in tr.optimizer.param_groups:
+        group["lr"] = lr
+    t0 = time.perf_counter()
+    loss_sum = forward_backward_step(tr)
+    stats = tr.optimizer.step()
+    tr.optimizer.zero_grad()
+    dt = time.perf_counter() - t0
+    comm = tr.ledger.mark_step()
+    row = {
+        "kind": "train",
+        "step": step + 1,
+        "lr": lr,
+        "grad_norm": stats.get("grad_norm"),
+        "skipped": stats.get("skipped", False),  # a device tensor with fp16: read at the log interval
+        "loss_scale": stats.get("loss_scale"),
+        "step_time_s": dt,
+        "tokens_per_s": tr.tokens_per_step / dt,
+        "tflops_per_device": tr.flops_per_step / dt / tr.ctx.world / 1e12,
+        "peak_memory_bytes": allocated_peak(tr.probe),
+    }
+    peak = tr.topology.device.peak_tflops
+    if peak:
+        row["mfu"] = row["tflops_per_device"] / peak
+    for tier, nbytes in comm.get("bytes_by_tier", {}).items():
+        row[f"bytes_{tier}"] = nbytes
+    return step + 1, loss_sum / tr.batch[1], row
+
+
+def log_rows(tr: Trainer, step: int, console: bool) -> None:
+    """The pending steps' rows, their losses summed across ranks (one all-reduce), written out and checked
+    finite; with ``console`` the last one is the log line."""
+    losses = per_step_means(torch.stack([p[1] for p in tr.pending]))
+    for (_, _, r), value in zip(tr.pending, losses):
+        r["loss"] = value
+        r.update({k: float(v) for k, v in r.items() if isinstance(v, torch.Tensor)})
+        r["skipped"] = int(bool(r["skipped"]))
+        tr.skipped_total += r["skipped"]
+        r["perplexity"] = math.exp(min(value, 50.0))
+        if tr.writer:
+            tr.writer.write(r)
+    check_finite_rows([r for _, _, r in tr.pending], tr.args.save)
+    tr.first_loss = losses[0] if tr.first_loss is None else tr.first_loss
+    tr.last_loss = losses[-1]
+    if tr.ctx.is_main and console:
+        r = tr.pending[-1][2]
+        _say(tr.bar, console_line(tr, r, step))
+        if tr.bar is not None:
+            tr.bar.set_postfix(loss=f"{r['loss']:.3f}")
+    tr.pending.clear()
+    tr.ledger.poll()  # resolve the completed collective timings (never waits)
+
+
+def console_line(tr: Trainer, r: dict[str, Any], step: int) -> str:
+    """The log line of row ``r``: loss, rate, MFU, loss scale, skipped steps, time and bytes per tier."""
+    iters = tr.iters
+    tiers = " ".join(
+        f"{k.removeprefix('bytes_')}={v / 2**20:.1f}MiB" for k, v in r.items() if k.startswith("bytes_")
+    )
+    return (
+        f"step {r['step']:>5}/{iters} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
+        f"{r['tokens_per_s']:.0f} tok/s | {r['tflops_per_device'] * 1e3:.2f} GFLOPS/dev"
+        + (f" | MFU {r['mfu'] * 100:.1f}%" if "mfu" in r else "")
+        + (f" | loss scale {r['loss_scale']:g}" if tr.loss_scale is not None else "")
+        + f" | skipped {tr.skipped_total}"
+        + f" | {elapsed_eta(time.perf_counter() - tr.t_run, step + 1 - tr.start_step, iters - step - 1)}"
+        + f" | {tiers}"
+    )
+
+
+def maybe_evaluate(tr: Trainer, step: int, last_step: bool) -> None:
+    """The validation loss every ``eval_interval`` steps and after the last one."""
+    args = tr.args
+    if tr.valid_ds is None or not args.eval_iters:
+        return
+    if (step + 1) % args.eval_interval != 0 and not last_step:
+        return
+    vloss = evaluate(tr.model, tr.valid_ds, tr.batch[0], tr.ctx, args.eval_iters, tr.eod)
+    tr.valid_losses.append(vloss)
+    if tr.writer:
+        tr.writer.write(
+            {"kind": "valid", "step": step + 1, "loss": vloss, "perplexity": math.exp(min(vloss, 50.0))}
+        )
+    if tr.ctx.is_main:
+        _say(
+            tr.bar,
+            f"step {step + 1:>5}/{tr.iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}",
+        )
+
+
+def stop_for_preemption(tr: Trainer, stop: int, step: int) -> None:
+    """The ranks agreed on signal ``stop``: save ``step + 1`` (when the run saves) before the loop ends."""
+    preemption = tr.run.preemption
+    preemption.stopped_by = stop
+    if tr.args.save:
+        save(tr, step + 1, last=True)
+        preemption.saved_at = step + 1
+    if tr.ctx.is_main:
+        log.warning(f"{signal_name(stop)} received: stopping after step {step + 1}")
+
+
+def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
+    """Save ``at_step``; a failed save warns and training goes on, unless ``strict_saves`` or ``last``."""
+    args = tr.args
+    if tr.writer is not None:
+        tr.writer.sync()  # every logged row on disk before the checkpoint that follows it
+    try:
         save_checkpoint(
             Path(args.save),
-            model,
-            optimizer,
+            tr.model,
+            tr.optimizer,
             step=at_step,
-            consumed_samples=consumed + (at_step - start_step) * global_batch,
-            cfg=cfg,
-            plan_name=plan.name,
-            plan_label=plan.label(topology),
+            consumed_samples=tr.consumed + (at_step - tr.start_step) * tr.batch[2],
+            cfg=tr.cfg,
+            plan_name=tr.plan.name,
+            plan_label=tr.plan.label(tr.topology),
             seed=args.seed,
-            tokenizer=tokenizer_info(args, tokenizer),
-            config_hash=config_hash(args, cfg),
+            tokenizer=tokenizer_info(args, tr.tokenizer),
+            config_hash=config_hash(args, tr.cfg),
         )
+    except NonFiniteError:
+        raise
+    except ZerotopoError as exc:
+        if args.strict_saves or last:
+            raise
+        if tr.ctx.is_main:
+            log.warning(f"{exc}; training goes on (strict_saves: true stops the run instead)")
+        return False
+    return True
 
-    bar = None
-    if ctx.is_main and job.progress and on_terminal():
-        # A bar only on a terminal: in a scheduler's log file the log_interval lines are the progress.
-        from tqdm import tqdm
 
-        # Follow the terminal's width when it has one; an unsized pseudo-terminal gets 80 columns.
-        sized = terminal_columns() is not None
-        bar = tqdm(
-            total=iters,
-            initial=start_step,
-            desc="train",
-            unit="step",
-            dynamic_ncols=sized,
-            ncols=None if sized else 80,
-        )
-    save_steps = set(args.save_iters(iters))
-    pending: list[tuple[int, torch.Tensor, dict[str, Any]]] = []
-    first_loss = last_loss = None
-    valid_losses: list[float] = []
-    t_run = time.perf_counter()
-    skipped_total = 0
-    for step in range(start_step, iters):
-        lr = lr_at(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        t0 = time.perf_counter()
-        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-        for mb in range(accum):
-            batch = next(train_batches).to(device, non_blocking=True)  # no stream sync on the step path
-            inputs, labels = batch[:, :-1], batch[:, 1:]
-            logits = model(inputs)
-            loss = lm_loss(logits, inputs, labels, eod)
-            model.set_is_last_backward(mb == accum - 1)  # step-end reductions start in this backward
-            model.scale_loss(loss / accum).backward()
-            loss_sum += loss.detach()
-        stats = optimizer.step()
-        optimizer.zero_grad()
-        dt = time.perf_counter() - t0
-        comm = ledger.mark_step()
-        row = {
-            "kind": "train",
-            "step": step + 1,
-            "lr": lr,
-            "grad_norm": stats.get("grad_norm"),
-            "skipped": stats.get("skipped", False),  # a device tensor with fp16: read at the log interval
-            "loss_scale": stats.get("loss_scale"),
-            "step_time_s": dt,
-            "tokens_per_s": tokens_per_step / dt,
-            "tflops_per_device": flops_per_step / dt / ctx.world / 1e12,
-            "peak_memory_bytes": allocated_peak(probe),
-        }
-        if peak:
-            row["mfu"] = row["tflops_per_device"] / peak
-        for tier, nbytes in comm.get("bytes_by_tier", {}).items():
-            row[f"bytes_{tier}"] = nbytes
-        pending.append((step + 1, loss_sum / accum, row))
-        if bar is not None:
-            bar.update(1)
-        last_step = step + 1 == iters
-        saving = bool(args.save) and step + 1 in save_steps and not last_step
-        stop = run.preemption.agreed()  # every rank sees the same answer at the same step
-        console = (step + 1) % args.log_interval == 0 or last_step
-        if console or saving or stop:  # a save or a stop writes out the rows it follows
-            losses = per_step_means(torch.stack([p[1] for p in pending]))
-            for (_, _, r), value in zip(pending, losses):
-                r["loss"] = value
-                r.update({k: float(v) for k, v in r.items() if isinstance(v, torch.Tensor)})
-                r["skipped"] = int(bool(r["skipped"]))
-                skipped_total += r["skipped"]
-                r["perplexity"] = math.exp(min(value, 50.0))
-                if writer:
-                    writer.write(r)
-            check_finite_rows([r for _, _, r in pending], args.save)
-            first_loss = losses[0] if first_loss is None else first_loss
-            last_loss = losses[-1]
-            if ctx.is_main and console:
-                r = pending[-1][2]
-                tiers = " ".join(
-                    f"{k.removeprefix('bytes_')}={v / 2**20:.1f}MiB"
-                    for k, v in r.items()
-                    if k.startswith("bytes_")
-                )
-                msg = (
-                    f"step {r['step']:>5}/{iters} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
-                    f"{r['tokens_per_s']:.0f} tok/s | {r['tflops_per_device'] * 1e3:.2f} GFLOPS/dev"
-                    + (f" | MFU {r['mfu'] * 100:.1f}%" if "mfu" in r else "")
-                    + (f" | loss scale {r['loss_scale']:g}" if loss_scale is not None else "")
-                    + f" | skipped {skipped_total}"
-                    + f" | {elapsed_eta(time.perf_counter() - t_run, step + 1 - start_step, iters - step - 1)}"
-                    + f" | {tiers}"
-                )
-                _say(bar, msg)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{r['loss']:.3f}")
-            pending.clear()
-            ledger.poll()  # resolve the completed collective timings (never waits)
-        if valid_ds is not None and args.eval_iters and ((step + 1) % args.eval_interval == 0 or last_step):
-            vloss = evaluate(model, valid_ds, micro, ctx, args.eval_iters, eod)
-            valid_losses.append(vloss)
-            if writer:
-                writer.write(
-                    {
-                        "kind": "valid",
-                        "step": step + 1,
-                        "loss": vloss,
-                        "perplexity": math.exp(min(vloss, 50.0)),
-                    }
-                )
-            if ctx.is_main:
-                _say(
-                    bar,
-                    f"step {step + 1:>5}/{iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}",
-                )
-        if stop:
-            run.preemption.stopped_by = stop
-            if args.save:
-                save(step + 1, last=True)
-                run.preemption.saved_at = step + 1
-            if ctx.is_main:
-                log.warning(f"{signal_name(stop)} received: stopping after step {step + 1}")
-            break
-        if saving and save(step + 1):
-            _retain(args, ctx)
-        ledger.reset()
-    if bar is not None:
-        bar.close()
-    if args.save and start_step < iters and not run.preemption.stopped_by:
-        save(iters, last=True)
-        _retain(args, ctx)
-    wall = time.perf_counter() - t_run
-    memory = model.memory_report()
-    peak = peak_report(probe, ctx, args, shape, unit_numels, topology, plan, param_dtype.itemsize, micro)
+def finish(tr: Trainer) -> dict[str, Any] | None:
+    """Close the engine and, on rank 0, write the run's summary and plots; returns the summary there."""
+    wall = time.perf_counter() - tr.t_run
+    memory = tr.model.memory_report()
+    args, topology, plan = tr.args, tr.topology, tr.plan
+    peak = peak_report(
+        tr.probe, tr.ctx, args, tr.shape, tr.unit_numels, topology, plan, tr.param_dtype.itemsize, tr.batch[0]
+    )
     # Land in-flight parameter gathers and stop the engine's worker threads before the process group
     # goes: a thread still alive when the interpreter finalizes can abort the process from C++.
-    model.close()
-    if writer is None:
+    tr.model.close()
+    if tr.writer is None:
         return None
-    writer.close()
+    tr.writer.close()
+    steps = tr.iters - tr.start_step
     summary = {
-        "run_dir": str(run_dir),
+        "run_dir": str(tr.run_dir),
         "plan": plan.name,
         "degrees": plan.label(topology),
         "topology": topology.name,
         "nodes": topology.nodes,
-        "world_size": ctx.world,
-        "parameters": sum(unit_numels),
-        "steps": iters - start_step,
-        "first_loss": first_loss,
-        "final_loss": last_loss,
-        "final_valid_loss": valid_losses[-1] if valid_losses else None,
+        "world_size": tr.ctx.world,
+        "parameters": sum(tr.unit_numels),
+        "steps": steps,
+        "first_loss": tr.first_loss,
+        "final_loss": tr.last_loss,
+        "final_valid_loss": tr.valid_losses[-1] if tr.valid_losses else None,
         "wall_s": wall,
-        "tokens_per_s": (iters - start_step) * tokens_per_step / wall,
+        "tokens_per_s": steps * tr.tokens_per_step / wall,
         "memory_bytes_rank0": memory,
         "memory_peak": peak,
-        "degrees_resolved": vars(degrees),
+        "degrees_resolved": vars(plan.degrees(topology)),
     }
-    write_summary(run_dir, summary)
-    summary["plots"] = [str(p) for p in plot_run(run_dir)]
+    write_summary(tr.run_dir, summary)
+    summary["plots"] = [str(p) for p in plot_run(tr.run_dir)]
     # The command prints its own closing lines; the log file gets the same facts.
     log.debug(
-        f"done: {summary['steps']} steps in {wall:.1f}s; loss {first_loss} -> {last_loss}; "
-        f"files {', '.join(sorted(p.name for p in run_dir.iterdir()))}"
+        f"done: {summary['steps']} steps in {wall:.1f}s; loss {tr.first_loss} -> {tr.last_loss}; "
+        f"files {', '.join(sorted(p.name for p in tr.run_dir.iterdir()))}"
     )
     close_run_log()
     return summary

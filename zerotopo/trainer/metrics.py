@@ -88,19 +88,19 @@ class MetricsWriter:
     def write(self, row: Mapping[str, Any]) -> None:
         self._csv.writerow({k: _fmt(v) for k, v in row.items()})
         self._file.flush()
+        if self._wandb is None and self._tb is None:
+            return
+        kind = row.get("kind", "train")
+        numbers = {
+            f"{kind}/{k}": v
+            for k, v in row.items()
+            if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         if self._wandb is not None:
-            kind = row.get("kind", "train")
-            numbers = {
-                f"{kind}/{k}": v
-                for k, v in row.items()
-                if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
             self._wandb.log(numbers, step=int(row["step"]))
         if self._tb is not None:
-            kind = row.get("kind", "train")
-            for k, v in row.items():
-                if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(f"{kind}/{k}", v, int(row["step"]))
+            for tag, v in numbers.items():
+                self._tb.add_scalar(tag, v, int(row["step"]))
 
     def sync(self) -> None:
         """Every row written so far on disk (flushed and fsynced): called before each checkpoint, so a

@@ -5,12 +5,19 @@ then. On the CPU it is the process's peak resident set (``VmHWM`` in ``/proc/sel
 ``getrusage``'s ``ru_maxrss``) less the resident set when the probe started (``baseline``: the interpreter,
 torch, the process groups: what the rank holds before any model state exists). Where the kernel allows it
 the probe resets ``VmHWM`` at start (``/proc/self/clear_refs``), so import-time peaks are not counted.
+
+The same probe measures each row of ``zerotopo bench compare`` (:mod:`zerotopo.bench.measure`): rows run
+one after the other in the same processes, so before the baseline is read the previous row's objects are
+collected and glibc hands freed pages back (:func:`release_memory`), and the baseline is only the
+interpreter and the libraries every row shares.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import gc
 import resource
 from pathlib import Path
 
@@ -63,10 +70,19 @@ def unmap_large_frees(threshold: int = 1 << 16) -> bool:
         return False
 
 
+def release_memory() -> None:
+    """Collect garbage and give freed heap pages back to the OS (glibc), so the resident set is live data."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
 class PeakMemory:
     """Start measuring now; :meth:`peak` is the most this rank held above :attr:`baseline` since."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
+        device = torch.device("cpu") if device is None else device
         self.device = device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -74,6 +90,7 @@ class PeakMemory:
             self.baseline = torch.cuda.memory_allocated(device)
             self.method = "torch.cuda.max_memory_allocated"
             return
+        release_memory()
         self.hwm_reset = _reset_hwm()
         rss = _status_bytes("VmRSS")
         if rss is not None:
@@ -92,3 +109,10 @@ class PeakMemory:
         if hwm is None:
             hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return max(0, hwm - self.baseline)
+
+    def peak_bytes(self) -> int | None:
+        """:meth:`peak`, or None on a CPU without ``/proc`` (``ru_maxrss`` is never reset, so it cannot
+        tell one measurement from the one before it in the same process)."""
+        if self.device.type != "cuda" and _status_bytes("VmHWM") is None:
+            return None
+        return self.peak()

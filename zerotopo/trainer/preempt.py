@@ -40,6 +40,8 @@ class Preemption:
         """The signal the ranks agreed to stop on (0: the run was not stopped)."""
         self._old: dict[int, Any] = {}
         self._group: Any = None
+        self._work: Any = None
+        self._flag = torch.zeros(1, dtype=torch.int64)
         if threading.current_thread() is threading.main_thread():
             for s in signals:
                 self._old[s] = signal.signal(s, self._record)
@@ -48,16 +50,31 @@ class Preemption:
         self.signum = self.signum or signum  # the first signal names the cause
 
     def agreed(self) -> int:
-        """Collective, once per step: the signal any rank received (0: none), the same on every rank."""
+        """Collective, once per step: the signal any rank had received by the end of the step before
+        (0: none), the same on every rank.
+
+        [Note: preemption flag off the step path] The all-reduce of a step's flag is started at the end of
+        that step and read at the end of the next one, so it runs on gloo's thread while the step computes
+        and the step never waits for the ranks to meet: a stop comes one step later than the signal, which
+        costs one step of a preemption's grace time (Slurm gives tens of seconds)."""
         if not dist.is_initialized():
             return self.signum
         if self._group is None:
             # A group of its own, on the host (gloo): agreeing on a flag must not make the host wait on a
             # GPU stream, nor interleave with collectives the engine's threads issue on other groups.
             self._group = dist.new_group(backend="gloo")
-        flag = torch.tensor([self.signum], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        return int(flag.item())
+        agreed = self.settle()
+        self._flag = torch.tensor([self.signum], dtype=torch.int64)
+        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        return agreed
+
+    def settle(self) -> int:
+        """Wait for the all-reduce :meth:`agreed` started, if any; its agreed signal (0: none)."""
+        if self._work is None:
+            return 0
+        self._work.wait()
+        self._work = None
+        return int(self._flag.item())
 
     def restore(self) -> None:
         """Put back the handlers that were there before."""

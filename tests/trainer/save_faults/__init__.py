@@ -1,0 +1,19 @@
+"""Make the ranks a test starts die at a chosen point of a save (see ``sitecustomize.py`` here)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
+HOOKS = Path(__file__).resolve().parent
+
+
+def inject_save_fault(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    """Ranks started after this call die at ``spec`` (``<step>:write`` or ``<step>:rename``)."""
+    monkeypatch.setenv(FAULT_ENV, spec)
+    path = os.environ.get("PYTHONPATH", "")
+    root = str(HOOKS.parents[2])  # the ranks must still import this checkout's zerotopo
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(HOOKS), root, path) if p))

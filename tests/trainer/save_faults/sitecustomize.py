@@ -1,0 +1,51 @@
+"""Fault injection into the saves of the ranks a test starts, kept out of the package.
+
+A test puts this directory first on ``PYTHONPATH`` and sets :data:`FAULT_ENV` (see
+``tests/trainer/save_faults/__init__.py``); every rank the local launcher spawns is a fresh interpreter,
+which imports this module at start-up and patches the checkpoint writer:
+
+- ``<step>:write`` kills rank 0 once its shards of ``step`` are written, before any rename;
+- ``<step>:rename`` kills rank 0 after ``step_<step>`` is renamed into place, before ``latest`` moves.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _install(step: str, where: str) -> None:
+    import torch.distributed as dist
+
+    from zerotopo.checkpoint import dcpio, store
+
+    if where == "write":
+        write_data = dcpio.SafeWriter.write_data
+
+        def write_then_die(self, plan, planner):
+            fut = write_data(self, plan, planner)
+            if dist.get_rank() == 0 and os.path.basename(str(self.path)).startswith(f".step_{step}.tmp-"):
+                _kill()
+            return fut
+
+        dcpio.SafeWriter.write_data = write_then_die
+    elif where == "rename":
+        write_text_atomic = store.write_text_atomic
+
+        def die_before_latest(path, text, **kwargs):
+            if os.path.basename(path) == "latest" and text.strip() == f"step_{step}":
+                _kill()
+            return write_text_atomic(path, text, **kwargs)
+
+        store.write_text_atomic = die_before_latest
+
+
+_spec = os.environ.get(FAULT_ENV, "")
+if _spec:
+    _install(*_spec.split(":", 1))
