@@ -478,3 +478,42 @@ def broadcast(
         "broadcast", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
         async_op=async_op, stream=stream, issue=issue,
     )  # fmt: skip
+
+
+# -- reduction chains ----------------------------------------------------------------------------------
+
+Reduction = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _scatter_step(group: Any, order: Sequence[int], ledger: Ledger | None, tag: str) -> Reduction:
+    def step(buf: torch.Tensor) -> torch.Tensor:
+        chunk = torch.empty(buf.numel() // group.size, dtype=buf.dtype, device=buf.device)
+        reduce_scatter(chunk, buf, group, order=order, ledger=ledger, tag=tag)
+        return chunk
+
+    return step
+
+
+def _all_reduce_step(group: Any, order: Sequence[int], ledger: Ledger | None, tag: str) -> Reduction:
+    def step(buf: torch.Tensor) -> torch.Tensor:
+        all_reduce(buf, group, ledger=ledger, tag=tag)
+        return buf
+
+    return step
+
+
+_REDUCTION_STEPS: dict[str, Callable[[Any, Sequence[int], Ledger | None, str], Reduction]] = {
+    "reduce_scatter": _scatter_step,
+    "all_reduce": _all_reduce_step,
+}
+
+
+def reduction_step(
+    op: str, group: Any, *, order: Sequence[int], ledger: Ledger | None, tag: str
+) -> Reduction:
+    """One link of a chain of sum reductions named by its ledger ``op``: ``reduce_scatter`` returns this
+    position's chunk (``order`` places the chunks) in a new buffer, ``all_reduce`` sums the buffer in place
+    and returns it. Built once; called with the buffer the previous link returned."""
+    if op not in _REDUCTION_STEPS:
+        raise ValueError(f"no reduction step for op {op!r}; known: {', '.join(_REDUCTION_STEPS)}")
+    return _REDUCTION_STEPS[op](group, order, ledger, tag)

@@ -34,7 +34,7 @@ from zerotopo.engine.units import (
     reset_by_modules,
 )
 from zerotopo.errors import ZerotopoError
-from zerotopo.placement import layout, volume
+from zerotopo.placement import layout
 
 _DTYPES = {torch.float32, torch.bfloat16, torch.float16}
 
@@ -78,13 +78,7 @@ class ShardedModule(nn.Module):
 
     def memory_report(self) -> dict[str, int]:
         """Bytes this rank holds per model state: ``params``, ``secondary``, ``grads``, ``optim``."""
-        d, plan = self.mesh.degrees, self.mesh.plan
-        sec = 0
-        if d.secondary is not None:
-            for u in self._units:
-                n = u.padded // d.secondary
-                sec += 2 * n if plan.secondary_dtype == "bf16" else volume.int8_payload(n, plan.quant_block)
-        return memory_bytes(self._units, sec)
+        return memory_bytes(self._units, sum(u.secondary_bytes() for u in self._units))
 
     def unit_numels(self) -> list[int]:
         """Unpadded element counts of the units in forward order (the cost model's input)."""

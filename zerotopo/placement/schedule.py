@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from zerotopo.placement import volume
-from zerotopo.placement.codecs import CODECS, codec_for_width
+from zerotopo.placement.codecs import CODECS, plan_codecs
 from zerotopo.placement.layout import groups, padded_numel
 from zerotopo.placement.plan import Degrees, Plan
 from zerotopo.placement.shape import ModelShape
@@ -461,16 +461,14 @@ def step_schedule(
             phase, op, kind, size, tier, nbytes, 1, dtype, message, overlappable, nodes, rpn, quant
         )
 
-    pcodec = codec_for_width(param_bytes)
-    rcodec = codec_for_width(reduce_bytes)
-    gcodec = codec_for_width(grad_shard_bytes)
-    fwd_codec = CODECS["int8"] if plan.quantize_weights else pcodec
+    codecs = plan_codecs(
+        plan, param_bytes=param_bytes, reduce_bytes=reduce_bytes, grad_shard_bytes=grad_shard_bytes,
+        secondary_param_width=options.secondary_param_dtype,
+    )  # fmt: skip
+    pcodec, rcodec, gcodec = codecs.param, codecs.reduce, codecs.grad_shard
+    fwd_codec = codecs.gather
     if d.secondary is not None:
-        bwd_kind, bwd_size = "secondary", d.secondary
-        if plan.secondary_dtype == "int8":
-            bwd_codec = CODECS["int8"]
-        else:
-            bwd_codec = pcodec if options.secondary_param_dtype else CODECS["bf16"]
+        bwd_kind, bwd_size, bwd_codec = "secondary", d.secondary, codecs.secondary
     else:
         bwd_kind, bwd_size, bwd_codec = "params", d.params, fwd_codec
 
