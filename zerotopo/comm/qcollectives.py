@@ -201,7 +201,10 @@ class WireCodec:
     """The comm side of a :class:`~zerotopo.placement.codecs.Codec` (FSDP2's pluggable all-gather and
     reduce-scatter): how a payload in this format is quantized (encoded), communicated and dequantized.
     :func:`wire_codec` picks the implementation once, when a unit is built; callers never ask which
-    format they hold. This base class sends the payload as it is."""
+    format they hold. This base class sends the payload as it is.
+
+    ``**comm`` of every collective: ``ledger``, ``stream`` and ``tag``, as the collectives take them (a
+    reduce-scatter also ``order`` and ``hops``)."""
 
     def __init__(self, spec: Codec, block: int) -> None:
         self.spec = spec
@@ -214,34 +217,16 @@ class WireCodec:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec.name!r}, block={self.block})"
 
-    def all_gather(
-        self,
-        out: torch.Tensor,
-        shard: torch.Tensor,
-        group: Any,
-        *,
-        ledger: Ledger | None,
-        stream: Any,
-        tag: str,
-    ) -> Pending:
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, group: Any, **comm: Any) -> Pending:
         """Asynchronous all-gather of every position's ``shard`` into ``out`` (``out``'s dtype)."""
-        return all_gather(out, shard, group, ledger=ledger, async_op=True, stream=stream, tag=tag)  # type: ignore[return-value]
+        return all_gather(out, shard, group, async_op=True, **comm)  # type: ignore[return-value]
 
-    def reduce_scatter(
-        self,
-        out: torch.Tensor,
-        inp: torch.Tensor,
-        group: Any,
-        *,
-        order: Sequence[int],
-        hops: tuple[Any, Any],
-        ledger: Ledger | None,
-        stream: Any,
-        tag: str,
-    ) -> None:
-        """Sum ``inp`` over ``group`` and keep this position's chunk (of ``order``) in ``out``; ``hops``
-        (the node's and the cross-node group, or ``(None, None)``) is read by the two-hop codecs only."""
-        reduce_scatter(out, inp, group, order=order, ledger=ledger, stream=stream, tag=tag)
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Any, **comm: Any) -> None:
+        """Sum ``inp`` over ``group`` and keep this position's chunk (of ``comm["order"]``) in ``out``;
+        ``comm["hops"]`` (the node's and the cross-node group, or ``(None, None)``) is read by the two-hop
+        codecs only."""
+        comm.pop("hops", None)
+        reduce_scatter(out, inp, group, **comm)
 
     def encoded_empty(self, numel: int, device: torch.device, *, poison: bool) -> Any:
         """A fresh buffer for ``numel`` encoded elements; ``poison`` fills it with NaN (a read before it
@@ -261,32 +246,21 @@ class WireCodec:
         dst.copy_(src)
 
     def gather_encoded(
-        self, out: torch.Tensor, held: Any, group: Any, *, ledger: Ledger | None, stream: Any, tag: str
+        self, out: torch.Tensor, held: Any, group: Any, **comm: Any
     ) -> tuple[Pending, torch.Tensor | None]:
         """Asynchronous all-gather of every position's encoded ``held`` into ``out``: the pending
         collective and the buffer it lands in (copied into ``out`` once waited when not ``out``)."""
         tmp = (
             out if out.dtype == held.dtype else torch.empty(out.numel(), dtype=held.dtype, device=out.device)
         )
-        return all_gather(tmp, held, group, ledger=ledger, async_op=True, stream=stream, tag=tag), tmp  # type: ignore[return-value]
+        return all_gather(tmp, held, group, async_op=True, **comm), tmp  # type: ignore[return-value]
 
 
 class Int8Codec(WireCodec):
     """int8 codes with a scale per block (ZeRO++ qwZ, the int8 secondary partition)."""
 
-    def all_gather(
-        self,
-        out: torch.Tensor,
-        shard: torch.Tensor,
-        group: Any,
-        *,
-        ledger: Ledger | None,
-        stream: Any,
-        tag: str,
-    ) -> Pending:
-        return all_gather_int8(  # type: ignore[return-value]
-            out, shard, group, block=self.block, ledger=ledger, async_op=True, stream=stream, tag=tag
-        )
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, group: Any, **comm: Any) -> Pending:
+        return all_gather_int8(out, shard, group, block=self.block, async_op=True, **comm)  # type: ignore[return-value]
 
     def reduce_scatter(self, *args: Any, **kwargs: Any) -> None:
         raise ValueError("codec 'int8' has no reduce-scatter (gradients reduce in a plain format or int4)")
@@ -303,10 +277,9 @@ class Int8Codec(WireCodec):
         dst.scales.copy_(q.scales)
 
     def gather_encoded(
-        self, out: torch.Tensor, held: Any, group: Any, *, ledger: Ledger | None, stream: Any, tag: str
+        self, out: torch.Tensor, held: Any, group: Any, **comm: Any
     ) -> tuple[Pending, torch.Tensor | None]:
-        pending = gather_quantized(out, held, group, ledger=ledger, async_op=True, stream=stream, tag=tag)
-        return pending, None  # type: ignore[return-value]
+        return gather_quantized(out, held, group, async_op=True, **comm), None  # type: ignore[return-value]
 
 
 class Int4Codec(WireCodec):
@@ -315,22 +288,13 @@ class Int4Codec(WireCodec):
     def all_gather(self, *args: Any, **kwargs: Any) -> Pending:
         raise ValueError("codec 'int4' has no all-gather (weights gather in a plain format or int8)")
 
-    def reduce_scatter(
-        self,
-        out: torch.Tensor,
-        inp: torch.Tensor,
-        group: Any,
-        *,
-        order: Sequence[int],
-        hops: tuple[Any, Any],
-        ledger: Ledger | None,
-        stream: Any,
-        tag: str,
-    ) -> None:
-        intra, inter = hops
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Any, **comm: Any) -> None:
+        # the all-to-all form runs on the calling stream: the stream argument is not used
+        intra, inter = comm.get("hops") or (None, None)
         reduce_scatter_int4(
-            out, inp, group, block=self.block, order=order, intra=intra, inter=inter, ledger=ledger, tag=tag
-        )
+            out, inp, group, block=self.block, order=comm.get("order"), intra=intra, inter=inter,
+            ledger=comm.get("ledger"), tag=comm.get("tag", ""),
+        )  # fmt: skip
 
     def encoded_empty(self, numel: int, device: torch.device, *, poison: bool) -> Any:
         raise ValueError("codec 'int4' cannot hold a partition; secondary partitions are bf16 or int8")
