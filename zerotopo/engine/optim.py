@@ -19,9 +19,10 @@ its gradient group. ``optimizer.step()`` then, per unit in unit order:
 [Note: torch's AdamW on the shards] Each unit's master chunk is cut into the runs its parameters cover
 (views of the flat chunk, and of the flat moments as the optimizer's state), grouped by weight decay;
 frozen parameters and padding are left out, so they never move. ``torch.optim.AdamW`` runs with
-``fused=True`` where the device supports it (the fp16 step then passes the overflow flag as its
-``found_inf``: the kernel skips the update on the device) and ``foreach=True`` elsewhere (the CPU: the
-host reads the flag and skips the step). The flat ``master``/``exp_avg``/``exp_avg_sq`` lists stay the
+``fused=True`` where the device supports it (CUDA and the CPU: the fp16 step then passes the overflow
+flag as its ``found_inf``, and the kernel skips the update on the device without the host reading the
+flag, DESIGN.md rule 3) and ``foreach=True`` elsewhere (where the host reads the flag and skips the
+step). The flat ``master``/``exp_avg``/``exp_avg_sq`` lists stay the
 checkpoint's state.
 
 [Note: lazy parameter gather] A sharded unit's (``p > 1``) parameter shard is read only by the unit's
@@ -38,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from zerotopo.comm import collectives as C
 from zerotopo.comm.mesh import Mesh
@@ -70,8 +72,9 @@ def _permute_chunks(buf: torch.Tensor, order: list[int], n: int) -> None:
 
 
 def _fused_supported(device: torch.device) -> bool:
-    """Whether torch's fused AdamW (with ``found_inf``) runs on ``device``: CUDA; the CPU takes foreach."""
-    return device.type == "cuda"
+    """Whether torch's fused AdamW (with ``found_inf``) runs on ``device`` (CUDA and the CPU do); other
+    devices take the foreach one."""
+    return device.type in _get_fused_kernels_supported_devices()
 
 
 class LossScaler:
