@@ -165,46 +165,88 @@ def test_fp16_block_reaches_the_scaler():
     assert (s.scale, s.growth_interval, s.hysteresis, s.min_scale) == (4096.0, 500, 3, 4.0)
 
 
-def _bare_adamw(n: int, seed: int, frozen: bool = False):
-    """A ShardedAdamW holding one unit's optimizer state, without a mesh (the update rules only)."""
+def _bare_adamw(fused: bool, frozen: bool):
+    """A ShardedAdamW over one unit's optimizer chunk (world 1), without a mesh: the update rules only.
+    Returns it and the unit's module (a Linear, decayed, and a LayerNorm, not decayed)."""
     from zerotopo.engine.optim import ShardedAdamW
 
-    g = torch.Generator().manual_seed(seed)
-    opt = object.__new__(ShardedAdamW)
-    opt.master = [torch.randn(n, generator=g)]
-    opt.exp_avg = [torch.randn(n, generator=g) * 0.1]
-    opt.exp_avg_sq = [torch.rand(n, generator=g) * 0.01]
-    opt.decay_runs = [[(k + 1, min(k + 3, n)) for k in range(0, n, 3) if k + 1 < n]]  # i % 3 != 0 decays
-    train = torch.ones(n, dtype=torch.bool)
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.LayerNorm(3))
     if frozen:
-        train[: n // 4] = False
-    opt.trainable = [train]
-    opt.all_trainable = [bool(train.all())]
+        mod[1].weight.requires_grad_(False)
+    u = FlatUnit(
+        "u", mod, list(mod.named_parameters()), index=0, degrees=Degrees(params=1, grads=1, optim=1, world=1),
+        topo_index=0, param_dtype=torch.float32, device=torch.device("cpu"),
+    )  # fmt: skip
+    opt = object.__new__(ShardedAdamW)
+    opt.param_groups = [{"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "params": []}]
+    opt.master = [u.initial_master]
+    opt.exp_avg = [torch.zeros_like(u.initial_master)]
+    opt.exp_avg_sq = [torch.zeros_like(u.initial_master)]
+    opt.frozen_runs = [u.runs(lambda s: not s.trainable)]
+    opt.fused = fused
     opt._host_steps = 0
-    opt._device_steps = torch.zeros((), dtype=torch.float64)
-    return opt
+    opt.pieces = [[]]
+    opt.optims = [opt._torch_optimizer(0, u)]
+    return opt, u, mod
+
+
+def _grads(u: FlatUnit, step: int) -> torch.Tensor:
+    """A gradient of the unit's chunk, zero where no trainable parameter is (the engine's flat_grad)."""
+    g = torch.randn(u.padded, generator=torch.Generator().manual_seed(step))
+    return g * u.masks()[1]
 
 
 @pytest.mark.parametrize("frozen", [False, True])
-def test_device_masked_adamw_matches_host_and_skips_exactly(frozen):
-    """The fp16 step's update (step count on the device, every change times ``keep``) equals the host
-    update bit for bit when applied, and leaves every state tensor bit for bit unchanged when skipped."""
-    group = {"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
-    host, dev = _bare_adamw(257, 0, frozen), _bare_adamw(257, 0, frozen)
+@pytest.mark.parametrize("fused", [False, True])
+def test_shard_update_is_torch_adamw_with_decay_groups_and_frozen_parameters(fused, frozen):
+    """The update on the flat master chunk equals torch's AdamW on the module's own parameters (decay
+    for matrices, none for biases and norms); a frozen parameter never moves and keeps no moments."""
+    opt, u, mod = _bare_adamw(fused, frozen)
+    ref_params = [p.detach().clone() for p in mod.parameters()]
+    trainable = [p.requires_grad for p in mod.parameters()]
+    decay = [r for r, t, p in zip(ref_params, trainable, mod.parameters()) if t and p.ndim >= 2]
+    no_decay = [r for r, t, p in zip(ref_params, trainable, mod.parameters()) if t and p.ndim < 2]
+    ref = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=3e-3, betas=(0.9, 0.95), eps=1e-8, foreach=False,
+    )  # fmt: skip
     for step in range(1, 4):
-        grad = torch.randn(257, generator=torch.Generator().manual_seed(step))
-        host._host_steps += 1
-        host._adamw(0, grad.clone(), group)
-        dev._device_steps += 1
-        dev._adamw_masked(0, grad.clone(), group, torch.ones(()))
-        for a, b in zip(
-            (host.master, host.exp_avg, host.exp_avg_sq), (dev.master, dev.exp_avg, dev.exp_avg_sq)
-        ):
-            assert torch.equal(a[0], b[0]), step
-    before = [t[0].clone() for t in (dev.master, dev.exp_avg, dev.exp_avg_sq)]
-    dev._adamw_masked(0, torch.zeros(257), group, torch.zeros(()))  # an overflow: grads zeroed, keep 0
-    after = [t[0] for t in (dev.master, dev.exp_avg, dev.exp_avg_sq)]
-    assert all(torch.equal(a, b) for a, b in zip(before, after))
+        grad = _grads(u, step)
+        opt._host_steps += 1
+        opt._apply(0, grad.clone())
+        for s, r in zip(u.slots, ref_params):
+            r.grad = grad[s.offset : s.offset + s.numel].view(s.shape).clone()
+        ref.step()
+    for s, r, t, p in zip(u.slots, ref_params, trainable, mod.parameters()):
+        got = opt.master[0][s.offset : s.offset + s.numel].view(s.shape)
+        if t:
+            torch.testing.assert_close(got, r, rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(got, p.detach())
+            assert not opt.exp_avg[0][s.offset : s.offset + s.numel].any()
+    assert not opt.master[0][u.numel :].any()  # the padding stays zero
+
+
+def test_fused_update_skips_on_found_inf_bit_for_bit():
+    """The fp16 step on a device passes the overflow flag to torch's fused AdamW as ``found_inf``: a
+    flagged step leaves master, moments and torch's step count bit for bit unchanged; an unflagged one
+    is the foreach update."""
+    fused, _, _ = _bare_adamw(True, True)
+    plain, u, _ = _bare_adamw(False, True)
+    for step in range(1, 3):
+        for o in (fused, plain):
+            o._host_steps += 1
+            o._apply(0, _grads(u, step), torch.zeros(()) if o is fused else None)
+    for a, b in zip(
+        (fused.master, fused.exp_avg, fused.exp_avg_sq), (plain.master, plain.exp_avg, plain.exp_avg_sq)
+    ):
+        torch.testing.assert_close(a[0], b[0], rtol=1e-6, atol=1e-7)
+    state = [t[0].clone() for t in (fused.master, fused.exp_avg, fused.exp_avg_sq)]
+    steps = [st["step"].clone() for st in fused.optims[0].state.values()]
+    fused._apply(0, torch.zeros(u.padded), torch.ones(()))  # an overflow: grads zeroed, flag set
+    assert all(torch.equal(a, t[0]) for a, t in zip(state, (fused.master, fused.exp_avg, fused.exp_avg_sq)))
+    assert [st["step"] for st in fused.optims[0].state.values()] == steps == [torch.tensor(2.0)] * len(steps)
 
 
 def test_loss_scaler_update_takes_a_device_flag():

@@ -208,6 +208,24 @@ def _in_order(group: Any) -> bool:
     return bool(getattr(group, "in_order", group.pg_ranks == tuple(range(group.size))))
 
 
+def _issue_into(
+    group: Any,
+    op: str,
+    out_f: torch.Tensor,
+    in_order: bool,
+    native: Callable[[torch.Tensor], Any],
+    fallback: Callable[[torch.Tensor], Any],
+) -> tuple[Any, list[Finish]]:
+    """Issue a collective whose chunk ``j`` of the received buffer comes from pg rank ``j``: straight into
+    ``out_f`` when the group is in order, else into a staging buffer put in position order on finish."""
+    recv = out_f if in_order else torch.empty_like(out_f)
+    finish: list[Finish] = []
+    if not in_order:
+        idx = group.index(group.pg_ranks, out_f.device)
+        finish.append(lambda: _unpermute(out_f, recv, idx, group.size))
+    return _native_or_fallback(group, op, out_f.dtype, lambda: native(recv), lambda: fallback(recv)), finish
+
+
 # -- the collectives --------------------------------------------------------------------------------
 
 
@@ -218,22 +236,16 @@ def issue_all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[
         out_f.copy_(inp_f)
         return None, []
     d = group.size
-    in_order = _in_order(group)
-    recv = out_f if in_order else torch.empty_like(out_f)
-    finish: list[Finish] = []
-    if not in_order:
-        idx = group.index(group.pg_ranks, out.device)
-        finish.append(lambda: _unpermute(out_f, recv, idx, d))
 
-    def native() -> Any:
+    def native(recv: torch.Tensor) -> Any:
         return _ALL_GATHER(recv, inp_f, group=group.pg, async_op=True)
 
-    def fallback() -> Any:
+    def fallback(recv: torch.Tensor) -> Any:
         return dist.all_gather(
             list(_bits(recv).view(d, -1).unbind(0)), _bits(inp_f), group=group.pg, async_op=True
         )
 
-    return _native_or_fallback(group, "all_gather", out.dtype, native, fallback), finish
+    return _issue_into(group, "all_gather", out_f, _in_order(group), native, fallback)
 
 
 def all_gather(
@@ -398,19 +410,14 @@ def issue_all_to_all(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[
         if in_order
         else inp_f.view(d, -1).index_select(0, group.index(group.position_of_pg_rank, inp.device)).view(-1)
     )
-    recv = out_f if in_order else torch.empty_like(out_f)
-    finish: list[Finish] = []
-    if not in_order:
-        idx = group.index(group.pg_ranks, out.device)
-        finish.append(lambda: _unpermute(out_f, recv, idx, d))
 
-    def native() -> Any:
+    def native(recv: torch.Tensor) -> Any:
         return dist.all_to_all_single(recv, send, group=group.pg, async_op=True)
 
-    def fallback() -> Any:
+    def fallback(recv: torch.Tensor) -> Any:
         return dist.all_to_all_single(_bits(recv), _bits(send), group=group.pg, async_op=True)
 
-    return _native_or_fallback(group, "all_to_all", out.dtype, native, fallback), finish
+    return _issue_into(group, "all_to_all", out_f, in_order, native, fallback)
 
 
 def all_to_all(
@@ -471,3 +478,42 @@ def broadcast(
         "broadcast", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
         async_op=async_op, stream=stream, issue=issue,
     )  # fmt: skip
+
+
+# -- reduction chains ----------------------------------------------------------------------------------
+
+Reduction = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _scatter_step(group: Any, order: Sequence[int], ledger: Ledger | None, tag: str) -> Reduction:
+    def step(buf: torch.Tensor) -> torch.Tensor:
+        chunk = torch.empty(buf.numel() // group.size, dtype=buf.dtype, device=buf.device)
+        reduce_scatter(chunk, buf, group, order=order, ledger=ledger, tag=tag)
+        return chunk
+
+    return step
+
+
+def _all_reduce_step(group: Any, order: Sequence[int], ledger: Ledger | None, tag: str) -> Reduction:
+    def step(buf: torch.Tensor) -> torch.Tensor:
+        all_reduce(buf, group, ledger=ledger, tag=tag)
+        return buf
+
+    return step
+
+
+_REDUCTION_STEPS: dict[str, Callable[[Any, Sequence[int], Ledger | None, str], Reduction]] = {
+    "reduce_scatter": _scatter_step,
+    "all_reduce": _all_reduce_step,
+}
+
+
+def reduction_step(
+    op: str, group: Any, *, order: Sequence[int], ledger: Ledger | None, tag: str
+) -> Reduction:
+    """One link of a chain of sum reductions named by its ledger ``op``: ``reduce_scatter`` returns this
+    position's chunk (``order`` places the chunks) in a new buffer, ``all_reduce`` sums the buffer in place
+    and returns it. Built once; called with the buffer the previous link returned."""
+    if op not in _REDUCTION_STEPS:
+        raise ValueError(f"no reduction step for op {op!r}; known: {', '.join(_REDUCTION_STEPS)}")
+    return _REDUCTION_STEPS[op](group, order, ledger, tag)

@@ -24,8 +24,10 @@ import torch
 from zerotopo.comm.collectives import (
     Finish,
     Pending,
+    all_gather,
     issue_all_gather,
     issue_all_to_all,
+    reduce_scatter,
     run_collective,
     stream_context,
     use_on_current_stream,
@@ -41,6 +43,7 @@ from zerotopo.comm.quant import (
     unpack_payload,
 )
 from zerotopo.placement import volume
+from zerotopo.placement.codecs import Codec
 
 
 def gather_quantized(
@@ -187,3 +190,119 @@ def reduce_scatter_int4(
         # Hop 2: partial sum k belongs to rank k*a + j, position j on node k: the inter group's position k.
         total = _all_to_all_reduce(partial.view(b, n), inter, block=block, ledger=ledger, tag=tag)
     out.copy_(total.view(out.shape))
+
+
+# -- wire codecs ---------------------------------------------------------------------------------------
+
+_PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class WireCodec:
+    """The comm side of a :class:`~zerotopo.placement.codecs.Codec` (FSDP2's pluggable all-gather and
+    reduce-scatter): how a payload in this format is quantized (encoded), communicated and dequantized.
+    :func:`wire_codec` picks the implementation once, when a unit is built; callers never ask which
+    format they hold. This base class sends the payload as it is.
+
+    ``**comm`` of every collective: ``ledger``, ``stream`` and ``tag``, as the collectives take them (a
+    reduce-scatter also ``order`` and ``hops``)."""
+
+    def __init__(self, spec: Codec, block: int) -> None:
+        self.spec = spec
+        self.block = block
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec.name!r}, block={self.block})"
+
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, group: Any, **comm: Any) -> Pending:
+        """Asynchronous all-gather of every position's ``shard`` into ``out`` (``out``'s dtype)."""
+        return all_gather(out, shard, group, async_op=True, **comm)  # type: ignore[return-value]
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Any, **comm: Any) -> None:
+        """Sum ``inp`` over ``group`` and keep this position's chunk (of ``comm["order"]``) in ``out``;
+        ``comm["hops"]`` (the node's and the cross-node group, or ``(None, None)``) is read by the two-hop
+        codecs only."""
+        comm.pop("hops", None)
+        reduce_scatter(out, inp, group, **comm)
+
+    def encoded_empty(self, numel: int, device: torch.device, *, poison: bool) -> Any:
+        """A fresh buffer for ``numel`` encoded elements; ``poison`` fills it with NaN (a read before it
+        is written then shows up as NaN instead of stale values)."""
+        dtype = _PLAIN_DTYPES.get(self.spec.name)
+        if dtype is None:
+            raise ValueError(
+                f"codec {self.spec.name!r} cannot hold a partition; use one of {', '.join(_PLAIN_DTYPES)}"
+            )
+        dst = torch.empty(numel, dtype=dtype, device=device)
+        if poison:
+            dst.fill_(float("nan"))
+        return dst
+
+    def encode_into(self, dst: Any, src: torch.Tensor) -> None:
+        """Write ``src`` into ``dst`` (a buffer of :meth:`encoded_empty`) in this format."""
+        dst.copy_(src)
+
+    def gather_encoded(
+        self, out: torch.Tensor, held: Any, group: Any, **comm: Any
+    ) -> tuple[Pending, torch.Tensor | None]:
+        """Asynchronous all-gather of every position's encoded ``held`` into ``out``: the pending
+        collective and the buffer it lands in (copied into ``out`` once waited when not ``out``)."""
+        tmp = (
+            out if out.dtype == held.dtype else torch.empty(out.numel(), dtype=held.dtype, device=out.device)
+        )
+        return all_gather(tmp, held, group, async_op=True, **comm), tmp  # type: ignore[return-value]
+
+
+class Int8Codec(WireCodec):
+    """int8 codes with a scale per block (ZeRO++ qwZ, the int8 secondary partition)."""
+
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, group: Any, **comm: Any) -> Pending:
+        return all_gather_int8(out, shard, group, block=self.block, async_op=True, **comm)  # type: ignore[return-value]
+
+    def reduce_scatter(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError("codec 'int8' has no reduce-scatter (gradients reduce in a plain format or int4)")
+
+    def encoded_empty(self, numel: int, device: torch.device, *, poison: bool) -> Quantized:
+        dst = quantize_int8(torch.zeros(numel, dtype=torch.float32, device=device), self.block)
+        if poison:
+            dst.scales.fill_(float("nan"))
+        return dst
+
+    def encode_into(self, dst: Any, src: torch.Tensor) -> None:
+        q = quantize_int8(src, self.block)
+        dst.data.copy_(q.data)
+        dst.scales.copy_(q.scales)
+
+    def gather_encoded(
+        self, out: torch.Tensor, held: Any, group: Any, **comm: Any
+    ) -> tuple[Pending, torch.Tensor | None]:
+        return gather_quantized(out, held, group, async_op=True, **comm), None  # type: ignore[return-value]
+
+
+class Int4Codec(WireCodec):
+    """int4 codes with a scale per block, reduced by all-to-all (ZeRO++ qgZ, see [Note: qgZ])."""
+
+    def all_gather(self, *args: Any, **kwargs: Any) -> Pending:
+        raise ValueError("codec 'int4' has no all-gather (weights gather in a plain format or int8)")
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Any, **comm: Any) -> None:
+        # the all-to-all form runs on the calling stream: the stream argument is not used
+        intra, inter = comm.get("hops") or (None, None)
+        reduce_scatter_int4(
+            out, inp, group, block=self.block, order=comm.get("order"), intra=intra, inter=inter,
+            ledger=comm.get("ledger"), tag=comm.get("tag", ""),
+        )  # fmt: skip
+
+    def encoded_empty(self, numel: int, device: torch.device, *, poison: bool) -> Any:
+        raise ValueError("codec 'int4' cannot hold a partition; secondary partitions are bf16 or int8")
+
+
+_IMPLS: dict[str, type[WireCodec]] = {"int8": Int8Codec, "int4": Int4Codec}
+
+
+def wire_codec(spec: Codec, block: int) -> WireCodec:
+    """The comm implementation of the placement codec ``spec`` (quantizing in blocks of ``block``)."""
+    return _IMPLS.get(spec.name, WireCodec)(spec, block)

@@ -34,7 +34,7 @@ from zerotopo.engine.units import (
     reset_by_modules,
 )
 from zerotopo.errors import ZerotopoError
-from zerotopo.placement import layout, volume
+from zerotopo.placement import layout
 
 _DTYPES = {torch.float32, torch.bfloat16, torch.float16}
 
@@ -78,13 +78,7 @@ class ShardedModule(nn.Module):
 
     def memory_report(self) -> dict[str, int]:
         """Bytes this rank holds per model state: ``params``, ``secondary``, ``grads``, ``optim``."""
-        d, plan = self.mesh.degrees, self.mesh.plan
-        sec = 0
-        if d.secondary is not None:
-            for u in self._units:
-                n = u.padded // d.secondary
-                sec += 2 * n if plan.secondary_dtype == "bf16" else volume.int8_payload(n, plan.quant_block)
-        return memory_bytes(self._units, sec)
+        return memory_bytes(self._units, sum(u.secondary_bytes() for u in self._units))
 
     def unit_numels(self) -> list[int]:
         """Unpadded element counts of the units in forward order (the cost model's input)."""
@@ -192,60 +186,21 @@ def parallelize(
         )
     if isinstance(module, ShardedModule) or getattr(module, "_zerotopo_wrapped", False):
         raise ZerotopoError("this module was already parallelized; wrap the original model once")
-    device = mesh.device
-    _move_buffers(module, device)
-    pairs, stray = assign_params(module, collect_units(module, units))
-    pairs = [(n, m, p) for n, m, p in pairs if p]
-    if stray:
-        pairs.append(("<root>", None, stray))
-    if not pairs:
-        raise ZerotopoError("the model has no parameters to shard")
+    _move_buffers(module, mesh.device)
     init_fn = init or getattr(module, "init_unit", None) or reset_by_modules
-    flat_units = []
-    for i, (name, mod, params) in enumerate(pairs):
-        # one unit at a time: its full buffer is dropped before the next one is built
-        padded = layout.padded_numel(sum(p.numel() for _, p in params), mesh.degrees)
-        flat32, params = materialize_meta(module, name, mod, params, padded, init_fn)
-        u = FlatUnit(
-            name,
-            mod,
-            params,
-            index=i,
-            degrees=mesh.degrees,
-            topo_index=mesh.topo_index,
-            param_dtype=param_dtype,
-            device=device,
-            no_decay=no_decay,
-            grad_dtype=grad_dtype,
-            flat32=flat32,
-        )
-        del flat32
-        if u.sharded:
-            u.free_full()
-        flat_units.append(u)
-    streams = Streams(device, copy_delay_s=emulated_delay_s(copy_delay_ms))
-    runtime = Runtime(
-        flat_units,
-        mesh,
-        reduce_dtype=reduce_dtype,
-        ledger=ledger,
-        streams=streams,
-        sanitizer=Sanitizer(sanitize),
-        unordered_secondary=unordered_secondary,
+    flat_units = _build_units(
+        module, mesh, units, init_fn, param_dtype=param_dtype, grad_dtype=grad_dtype, no_decay=no_decay
     )
+    streams = Streams(mesh.device, copy_delay_s=emulated_delay_s(copy_delay_ms))
+    runtime = Runtime(
+        flat_units, mesh, reduce_dtype=reduce_dtype, ledger=ledger, streams=streams,
+        sanitizer=Sanitizer(sanitize), unordered_secondary=unordered_secondary,
+    )  # fmt: skip
     scaler = make_scaler(loss_scale, param_dtype, **(loss_scale_options or {}))
     optimizer = ShardedAdamW(
-        flat_units,
-        mesh,
-        runtime,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        max_grad_norm=max_grad_norm,
-        scaler=scaler,
-        ledger=ledger,
-    )
+        flat_units, mesh, runtime, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        max_grad_norm=max_grad_norm, scaler=scaler, ledger=ledger,
+    )  # fmt: skip
     model = ShardedModule(module, flat_units, runtime, mesh)
     model.scaler = scaler
     model._optimizer = optimizer  # full_state_dict reads the fp32 master shards
@@ -253,6 +208,40 @@ def parallelize(
     if dist.is_initialized():
         dist.barrier()
     return model, optimizer
+
+
+def _build_units(
+    module: nn.Module,
+    mesh: Mesh,
+    units: list[tuple[str, nn.Module]] | None,
+    init_fn: Callable[[nn.Module], None],
+    *,
+    param_dtype: torch.dtype,
+    grad_dtype: torch.dtype,
+    no_decay: Callable[[str, torch.Tensor], bool],
+) -> list[FlatUnit]:
+    """The model's units, flattened (and materialized from the meta device) one at a time, in unit
+    order: a sharded unit's full buffer is dropped before the next one is built (see the note)."""
+    pairs, stray = assign_params(module, collect_units(module, units))
+    pairs = [(n, m, p) for n, m, p in pairs if p]
+    if stray:
+        pairs.append(("<root>", None, stray))
+    if not pairs:
+        raise ZerotopoError("the model has no parameters to shard")
+    flat_units = []
+    for i, (name, mod, params) in enumerate(pairs):
+        padded = layout.padded_numel(sum(p.numel() for _, p in params), mesh.degrees)
+        flat32, params = materialize_meta(module, name, mod, params, padded, init_fn)
+        u = FlatUnit(
+            name, mod, params, index=i, degrees=mesh.degrees, topo_index=mesh.topo_index,
+            param_dtype=param_dtype, device=mesh.device, no_decay=no_decay, grad_dtype=grad_dtype,
+            flat32=flat32,
+        )  # fmt: skip
+        del flat32
+        if u.sharded:
+            u.free_full()
+        flat_units.append(u)
+    return flat_units
 
 
 def resolve_grad_dtypes(

@@ -4,16 +4,26 @@ shards, the post-step parameter all-gather, and fp16 loss scaling.
 [Note: step] After the last micro-batch each rank holds, per unit, an fp32 gradient shard summed over
 its gradient group. ``optimizer.step()`` then, per unit in unit order:
 
-1. reduces it across the gradient group's replicas: ``allreduce`` (all-reduce the whole shard over
+1. reduces it across the gradient group's replicas (the runtime runs the schedule's ``replica`` entry,
+   :meth:`~zerotopo.engine.runtime.Runtime.replica_grads`): ``allreduce`` (all-reduce the whole shard over
    ``grad_replicas``, keep the optimizer sub-chunk: the papers' select-and-drop) or ``reduce_scatter``
    (reduce-scatter over ``optim_scatter`` into the optimizer chunk, all-reduce over ``optim_replicas``),
    and divides by the world size (the data-parallel mean; the user divides the loss by the micro-batch
    count);
 2. once: the global gradient norm (squares summed over this rank's optimizer chunks, all-reduced over
    one ``optim`` group, so each element is counted once), the fp16 overflow flag (max over the world);
-3. clips, runs AdamW (torch's formula, decoupled weight decay with a per-element mask) on the fp32 master
-   chunk, casts it to the parameter dtype and all-gathers the chunks over ``param_gather`` back into the
-   parameter shard, placed by ``layout.param_gather_order``.
+3. clips, runs torch's AdamW on the fp32 master chunk (see [Note: torch's AdamW on the shards]), casts
+   it to the parameter dtype and all-gathers the chunks over ``param_gather`` back into the parameter
+   shard, placed by ``layout.param_gather_order``.
+
+[Note: torch's AdamW on the shards] Each unit's master chunk is cut into the runs its parameters cover
+(views of the flat chunk, and of the flat moments as the optimizer's state), grouped by weight decay;
+frozen parameters and padding are left out, so they never move. ``torch.optim.AdamW`` runs with
+``fused=True`` where the device supports it (CUDA and the CPU: the fp16 step then passes the overflow
+flag as its ``found_inf``, and the kernel skips the update on the device without the host reading the
+flag, DESIGN.md rule 3) and ``foreach=True`` elsewhere (where the host reads the flag and skips the
+step). The flat ``master``/``exp_avg``/``exp_avg_sq`` lists stay the
+checkpoint's state.
 
 [Note: lazy parameter gather] A sharded unit's (``p > 1``) parameter shard is read only by the unit's
 next all-gather, so the step issues its ``param_gather`` all-gather asynchronously and leaves it in
@@ -26,10 +36,10 @@ are bit-identical either way.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from zerotopo.comm import collectives as C
 from zerotopo.comm.mesh import Mesh
@@ -59,6 +69,12 @@ def _permute_chunks(buf: torch.Tensor, order: list[int], n: int) -> None:
                 break
             buf[j * n : (j + 1) * n].copy_(buf[src * n : (src + 1) * n])
             j = src
+
+
+def _fused_supported(device: torch.device) -> bool:
+    """Whether torch's fused AdamW (with ``found_inf``) runs on ``device`` (CUDA and the CPU do); other
+    devices take the foreach one."""
+    return device.type in _get_fused_kernels_supported_devices()
 
 
 class LossScaler:
@@ -208,80 +224,77 @@ class ShardedAdamW:
             del u.initial_master
         self.exp_avg = [torch.zeros_like(m) for m in self.master]
         self.exp_avg_sq = [torch.zeros_like(m) for m in self.master]
-        # Weight decay as runs of the chunk (no per-element mask: that would cost 4 bytes per element);
-        # a trainable mask is kept only for chunks with frozen parameters or padding.
-        self.decay_runs = [u.decay_runs() for u in units]
+        # A trainable mask (for the gradient norm) only for chunks with frozen parameters or padding,
+        # decided once here: a per-step ``train.all()`` would make the host wait on the device.
         trainable = [u.masks()[1].bool() for u in units]
-        # Decided once here: a per-step ``train.all()`` would make the host wait on the device.
-        self.all_trainable = [bool(t.all()) for t in trainable]
-        self.trainable = [None if every else t for t, every in zip(trainable, self.all_trainable)]
+        self.trainable = [None if bool(t.all()) else t for t in trainable]
+        self.frozen_runs = [u.runs(lambda s: not s.trainable) for u in units]
+        # torch's AdamW on views of the flat shards (see [Note: torch's AdamW on the shards])
+        self.fused = _fused_supported(mesh.device)
+        self.pieces: list[list[tuple[torch.Tensor, int]]] = [[] for _ in units]
+        """Per unit: each view the torch optimizer holds and its offset in the master chunk."""
+        self.optims = [self._torch_optimizer(i, u) for i, u in enumerate(units)]
         self.pg_order = layout.param_gather_order(self.degrees)
-        self.os_order = layout.optim_scatter_order(self.degrees)
-        # Step-end reductions start in the last backward (see [Note: last backward] in runtime.py).
-        runtime.after_reduce = self._start_replica_reduce
         self.lazy_param_gather = True
         """Leave sharded units' post-step all-gathers in flight until their next use (see the note)."""
 
+    def _torch_optimizer(self, i: int, u: FlatUnit) -> torch.optim.AdamW | None:
+        """torch's AdamW over the trainable runs of unit ``i``'s master chunk (views, so the update lands
+        in ``master[i]``), with ``exp_avg``/``exp_avg_sq`` views of the flat moments as its state; one
+        group with weight decay and one without. None when the chunk has nothing trainable."""
+        groups = []
+        for decay in (True, False):
+            runs = u.runs(lambda s, d=decay: s.trainable and s.decay is d)
+            views = [self.master[i][a:b] for a, b in runs]
+            self.pieces[i] += [(v, a) for v, (a, _) in zip(views, runs)]
+            if views:
+                groups.append({"params": views, "decay": decay})
+        if not groups:
+            return None
+        g = self.param_groups[0]
+        kind = {"fused": True} if self.fused else {"foreach": True}
+        opt = torch.optim.AdamW(groups, lr=g["lr"], betas=g["betas"], eps=g["eps"], weight_decay=0.0, **kind)
+        for v, a in self.pieces[i]:
+            opt.state[v] = {
+                "step": self._step_tensor(v.device),
+                "exp_avg": self.exp_avg[i][a : a + v.numel()],
+                "exp_avg_sq": self.exp_avg_sq[i][a : a + v.numel()],
+            }
+        return opt
+
+    def _step_tensor(self, device: torch.device) -> torch.Tensor:
+        """torch's per-parameter step count as its AdamW keeps it (on the device when fused)."""
+        if self.fused:
+            return torch.full((), float(self._host_steps), dtype=torch.float32, device=device)
+        return torch.tensor(float(self._host_steps))
+
+    def _apply(self, i: int, grad: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
+        """One AdamW step of unit ``i`` with ``grad`` (its fp32 optimizer chunk of the gradient), the
+        hyperparameters of ``param_groups[0]``; ``found_inf`` (fused only) skips it on the device."""
+        opt = self.optims[i]
+        if opt is not None:
+            g = self.param_groups[0]
+            for group in opt.param_groups:
+                group.update(lr=g["lr"], betas=g["betas"], eps=g["eps"])
+                group["weight_decay"] = g["weight_decay"] if group["decay"] else 0.0
+            for v, a in self.pieces[i]:
+                v.grad = grad[a : a + v.numel()]
+            opt.found_inf = found_inf  # read by the fused kernel only
+            opt.step()
+            for v, _ in self.pieces[i]:
+                v.grad = None
+        # Frozen parameters never move and keep no moments (torch skips parameters without a gradient).
+        for a, b in self.frozen_runs[i]:
+            self.exp_avg[i][a:b].zero_()
+            self.exp_avg_sq[i][a:b].zero_()
+
+    def _set_torch_steps(self, value: int) -> None:
+        for opt in self.optims:
+            if opt is not None:
+                for st in opt.state.values():
+                    st["step"].fill_(float(value))
+
     # -- the step ---------------------------------------------------------------------------------------
-    def _start_replica_reduce(self, u: FlatUnit) -> None:
-        """The runtime's ``after_reduce``: ``u``'s gradient shard is final; reduce it across replicas now,
-        beside the rest of the backward (device: the replica stream; CPU: the engine's worker thread)."""
-        streams = self.runtime.streams
-        u.replica_pending = streams.run_async(
-            f"step-end reduction of {u.name}", lambda: self._replica_reduce(u), after=streams.reduce_scatter
-        )
-
-    def _take_started(self) -> dict[int, torch.Tensor]:
-        """Wait for every reduction the last backward started and take them off their units (by unit
-        position): the step's own collectives never interleave with them."""
-        streams = self.runtime.streams
-        done = {}
-        for i, u in enumerate(self.units):
-            holder, u.replica_pending = u.replica_pending, None
-            if holder is not None:
-                g = holder.wait(streams.current())
-                if streams.on_device:
-                    g.record_stream(streams.current())  # made on the replica stream, used and freed here
-                done[i] = g
-        return done
-
-    def _replica_grads(self) -> list[torch.Tensor]:
-        """Every unit's optimizer chunk of the world's gradient: the reductions the last backward started,
-        then the rest."""
-        self.runtime.wait_reductions()
-        done = self._take_started()
-        # upcast here, not in the backward: an fp32 copy of a 2-byte chunk would outlive the activations
-        return [
-            (done[i] if i in done else self._replica_reduce(u)).to(torch.float32)
-            for i, u in enumerate(self.units)
-        ]
-
-    def _replica_reduce(self, u: FlatUnit) -> torch.Tensor:
-        """This rank's optimizer chunk of the gradient summed over the whole world, in the gradient
-        shard's dtype (fp32, or the parameter dtype under ``grad_dtype: param``); the step upcasts it.
-
-        A chunk that is the gradient shard or a slice of it is returned as is, not copied (the step
-        scales and clips an fp32 one in place, as ``clip_grad_norm_`` does ``.grad``; ``zero_grad``
-        clears it), so the step holds no second copy of the gradients; the cost model counts a copy only
-        where one is made (``zerotopo.cost.memory``: the reduce-scatter's chunks in ``buffers``, the
-        fp32 upcast in ``step_buffers``)."""
-        tag = f"replicas {u.name}"
-        buf = u.grad_shard
-        # the unit's ``replica`` entry of the schedule, in order: all-reduce (the papers' select-and-drop)
-        # or reduce-scatter into the optimizer chunk, then all-reduce over its replicas
-        for c in self.runtime.steps[u.index].replica:
-            group = self.mesh.group(c.group)
-            if c.op == "reduce_scatter":
-                chunk = torch.empty(buf.numel() // group.size, dtype=buf.dtype, device=u.device)
-                C.reduce_scatter(chunk, buf, group, order=self.os_order, ledger=self.ledger, tag=tag)
-                buf = chunk
-            else:
-                C.all_reduce(buf, group, ledger=self.ledger, tag=tag)
-        if buf is u.grad_shard:
-            lo, hi = u.optim_in_grad
-            return buf[lo:hi]
-        return buf
-
     @torch.no_grad()
     def step(self) -> dict[str, Any]:
         """Reduce, clip and apply AdamW; returns ``{"grad_norm", "skipped", "loss_scale"}``.
@@ -291,7 +304,7 @@ class ShardedAdamW:
         ``loss_scale`` are 0-d device tensors too. Read them at the logging interval."""
         if self.scaler is not None:
             return self._scaled_step(self.scaler)
-        grads = self._replica_grads()
+        grads = self.runtime.replica_grads()
         inv = 1.0 / self.degrees.world
         sq = torch.zeros(1, dtype=torch.float32, device=self.mesh.device)
         for g, t in zip(grads, self.trainable):
@@ -303,11 +316,10 @@ class ShardedAdamW:
         norm = sq.sqrt().squeeze(0)
         coef = self._clip_coef(norm)
         self._host_steps += 1
-        group = self.param_groups[0]
         for i, u in enumerate(self.units):
             if coef is not None:
                 grads[i].mul_(coef)
-            self._adamw(i, grads[i], group)
+            self._apply(i, grads[i])
             self._gather_params(u, self.master[i], lazy=self.lazy_param_gather)
         self.runtime.invalidate_secondaries()
         return {"grad_norm": norm, "skipped": False, "loss_scale": 1.0}
@@ -322,7 +334,7 @@ class ShardedAdamW:
         AMP kernel, agree on the flag over the world, update the scale, and apply the step with every
         state change multiplied or selected by the flag, so an overflow leaves the state bit for bit
         unchanged without the host ever reading the flag."""
-        grads = self._replica_grads()
+        grads = self.runtime.replica_grads()
         device = self.mesh.device
         found = torch.zeros(1, dtype=torch.float32, device=device)
         inv_scale = (scaler.scale * float(self.degrees.world)).reciprocal().reshape(1)
@@ -342,12 +354,15 @@ class ShardedAdamW:
         norm = torch.where(overflow, torch.full_like(sq, float("inf")), sq).sqrt().squeeze(0)
         coef = self._clip_coef(torch.where(overflow, torch.zeros_like(norm), norm))
         self._device_steps += keep.to(self._device_steps.dtype)
-        group = self.param_groups[0]
+        # fused: the kernel skips on the flag, on the device; else the host reads it (on the CPU it is
+        # the device)
+        apply = True if self.fused else not bool(overflow)
         for i, u in enumerate(self.units):
             grads[i].masked_fill_(overflow, 0.0)  # NaN/Inf must not reach the moments, even times zero
             if coef is not None:
                 grads[i].mul_(coef)
-            self._adamw_masked(i, grads[i], group, keep)
+            if apply:
+                self._apply(i, grads[i], flag.reshape(()) if self.fused else None)
             self._gather_params(u, self.master[i], lazy=self.lazy_param_gather)
         self.runtime.invalidate_secondaries()
         return {"grad_norm": norm, "skipped": overflow, "loss_scale": scaler.scale.clone()}
@@ -363,59 +378,14 @@ class ShardedAdamW:
     def step_count(self, value: int) -> None:
         self._host_steps = int(value)
         self._device_steps.fill_(int(value))
-
-    def _adamw(self, i: int, grad: torch.Tensor, group: dict[str, Any]) -> None:
-        """torch.optim.AdamW's single-tensor update, with per-element decay and trainable masks."""
-        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        p, m, v = self.master[i], self.exp_avg[i], self.exp_avg_sq[i]
-        old = p.clone() if not self.all_trainable[i] else None
-        if wd:
-            # the same fp32 factor 1 - lr*wd as a per-element mask would give, on the decayed runs only
-            self._decay(i, 1 - torch.tensor(lr * wd, dtype=torch.float32, device=p.device))
-        m.lerp_(grad, 1 - b1)
-        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        t = self._host_steps
-        step_size = lr / (1 - b1**t)
-        denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
-        p.addcdiv_(m, denom, value=-step_size)
-        self._freeze(i, old)
-
-    def _adamw_masked(self, i: int, grad: torch.Tensor, group: dict[str, Any], keep: torch.Tensor) -> None:
-        """:meth:`_adamw` with the step count on the device and every change scaled by ``keep`` (0 on an
-        overflow): ``p * 1``, ``m + 0 * (0 - m)``, ``v * 1 + 0`` and ``p + 0`` leave the state exact."""
-        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        p, m, v = self.master[i], self.exp_avg[i], self.exp_avg_sq[i]
-        old = p.clone() if not self.all_trainable[i] else None
-        if wd:
-            self._decay(i, 1 - (lr * wd) * keep)
-        m.lerp_(grad, (1 - b1) * keep)
-        v.mul_(torch.where(keep > 0, b2, 1.0)).addcmul_(grad, grad, value=1 - b2)  # grad is 0 when skipped
-        t = self._device_steps.clamp(min=1)  # a first step that overflows has t = 0: keep is 0 anyway
-        step_size = (lr / (1 - b1**t)) * keep.to(t.dtype)
-        denom = (v.sqrt() / (1 - b2**t).sqrt().to(v.dtype)).add_(eps)
-        p.addcdiv_(m * (-step_size).to(m.dtype), denom)
-        self._freeze(i, old)
-
-    def _decay(self, i: int, factor: torch.Tensor) -> None:
-        """Multiply the decayed runs of master chunk ``i`` by ``factor`` (a 0-d fp32 tensor)."""
-        p = self.master[i]
-        for a, b in self.decay_runs[i]:
-            p[a:b].mul_(factor)
-
-    def _freeze(self, i: int, old: torch.Tensor | None) -> None:
-        if old is not None:
-            # Frozen parameters never move (torch skips parameters without a gradient).
-            train = self.trainable[i]
-            self.master[i].copy_(torch.where(train, self.master[i], old))
-            self.exp_avg[i].mul_(train)
-            self.exp_avg_sq[i].mul_(train)
+        self._set_torch_steps(int(value))
 
     def _gather_params(self, u: FlatUnit, master: torch.Tensor, *, lazy: bool = False) -> None:
         """Cast the updated chunk and all-gather the chunks of this rank's parameter shard; ``lazy``
         leaves a sharded unit's gather in flight until its next use (see [Note: lazy parameter gather])."""
         u.settle_params()  # an earlier update still in flight lands first
         chunk = master.to(u.param_dtype)
-        colls = self.runtime.steps[u.index].param_gather  # the schedule's: empty when o = p
+        colls = u.comm.steps.param_gather  # the schedule's: empty when o = p
         if not colls:
             lo, hi = u.optim_in_param
             u.param_shard[lo:hi].copy_(chunk)
@@ -440,7 +410,7 @@ class ShardedAdamW:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero every gradient shard (the shards are kept: they accumulate the next step)."""
-        self._take_started()  # a skipped step's started reductions: finished and dropped
+        self.runtime.take_started_reductions()  # a skipped step's started reductions: finished and dropped
         for u in self.units:
             u.grad_shard.zero_()
             for s in u.slots:

@@ -24,8 +24,9 @@ the entry.
 
 [Note: last backward] In the backward that :meth:`ShardedModule.set_is_last_backward` marks (the last
 micro-batch of a step), a unit's gradient shard is final as soon as its reduce-scatter was added in,
-so :attr:`Runtime.after_reduce` (the optimizer's) starts that unit's cross-replica reduction there and
-then, beside the rest of the backward, instead of after it (Lins' overlap of the step-end reduction).
+so the runtime starts that unit's cross-replica reduction (the schedule's ``replica`` entry) there and
+then, beside the rest of the backward, instead of after it (Lins' overlap of the step-end reduction);
+the optimizer's step takes the results (:meth:`Runtime.replica_grads`).
 """
 
 from __future__ import annotations
@@ -43,12 +44,25 @@ from zerotopo.comm import qcollectives as Q
 from zerotopo.comm import quant
 from zerotopo.comm.mesh import Mesh
 from zerotopo.engine.streams import Ready, Sanitizer, Streams
-from zerotopo.engine.units import FlatUnit, UnitState
+from zerotopo.engine.units import FlatUnit, UnitComm, UnitState
 from zerotopo.errors import ZerotopoError
 from zerotopo.placement import layout
+from zerotopo.placement.codecs import Codec, get_codec, plan_codecs
 from zerotopo.placement.schedule import Collective, UnitSteps, engine_unit_steps
 
-_BF16 = torch.bfloat16
+
+class UnitEntries(dict):
+    """The units' schedule entries by unit index (:attr:`Runtime.steps`). Setting an entry binds it to
+    its unit (``bind(index, steps)``: the unit's codecs and groups are chosen again from the new entry),
+    so an edited schedule is what runs."""
+
+    def __init__(self, bind: Any) -> None:
+        super().__init__()
+        self._bind = bind
+
+    def __setitem__(self, index: int, steps: UnitSteps) -> None:
+        super().__setitem__(index, steps)
+        self._bind(index, steps)
 
 
 class Runtime:
@@ -89,26 +103,66 @@ class Runtime:
         self._callback_queued = False
         self.in_backward = False
         self.rs_order = layout.reduce_scatter_order(self.degrees)
-        # What runs for each unit, as data (see the module note).
-        self.steps: dict[int, UnitSteps] = dict(
-            zip(
-                (u.index for u in units),
-                engine_unit_steps(
-                    [u.numel for u in units], mesh.topology, self.plan, degrees=self.degrees,
-                    param_bytes=units[0].param_dtype.itemsize if units else 2,
-                    reduce_bytes=reduce_dtype.itemsize,
-                    grad_shard_bytes=units[0].grad_dtype.itemsize if units else 4,
-                ),
-            )
-        )  # fmt: skip
+        self.os_order = layout.optim_scatter_order(self.degrees)
+        # What runs for each unit, as data (see the module note), bound to the units once.
+        self.steps = self._bind_units(units, reduce_dtype)
         self.last_backward = False
         """Whether the backward now running is the last before ``optimizer.step()`` (see the note)."""
-        self.after_reduce: Any = None
-        """Called with each unit whose gradient shard is final in the last backward; it sets the unit's
-        ``replica_pending``, which the optimizer's step and ``zero_grad`` take."""
         self._handles: list[Any] = []
         for u in units:
             self._install(u)
+
+    def _bind_units(self, units: list[FlatUnit], reduce_dtype: torch.dtype) -> UnitEntries:
+        """Each unit's schedule entry, bound to the unit with the codecs and groups that run it."""
+        entries = UnitEntries(self._bind_unit)
+        if not units:
+            return entries
+        widths = {
+            "param_bytes": units[0].param_dtype.itemsize,
+            "reduce_bytes": reduce_dtype.itemsize,
+            "grad_shard_bytes": units[0].grad_dtype.itemsize,
+        }
+        self._codecs = plan_codecs(self.plan, **widths)
+        all_steps = engine_unit_steps(
+            [u.numel for u in units], self.mesh.topology, self.plan, degrees=self.degrees, **widths
+        )
+        for u, steps in zip(units, all_steps):
+            entries[u.index] = steps
+        return entries
+
+    def _bind_unit(self, index: int, steps: UnitSteps) -> None:
+        """Choose unit ``index``'s codecs (each collective's own; the plan's where the unit has none, as
+        the forward gather of a ``p = 1`` unit) and groups for its entry ``steps``, once."""
+        u = self.units[index]
+        block = self.plan.quant_block
+
+        def codec(colls: tuple[Collective, ...], default: Codec) -> Q.WireCodec:
+            return Q.wire_codec(get_codec(colls[0].dtype) if colls else default, block)
+
+        hops = steps.reduce if len(steps.reduce) == 2 else ()
+        replica = tuple(
+            C.reduction_step(
+                c.op,
+                self.mesh.group(c.group),
+                order=self.os_order,
+                ledger=self.ledger,
+                tag=f"replicas {u.name}",
+            )
+            for c in steps.replica
+        )
+        u.bind(
+            UnitComm(
+                steps=steps,
+                forward=codec(steps.forward, self._codecs.gather),
+                backward=codec(steps.backward, self._codecs.gather),
+                reduce=codec(steps.reduce, self._codecs.reduce),
+                reduce_hops=tuple(self.mesh.group(c.group) for c in hops) or (None, None),
+                replica=replica,
+                secondary=Q.wire_codec(self._codecs.secondary, block)
+                if self.degrees.secondary is not None
+                else None,
+            )
+        )
 
     # -- hooks ----------------------------------------------------------------------------------------------
     def _install(self, u: FlatUnit) -> None:
@@ -186,9 +240,9 @@ class Runtime:
         if self.in_backward:
             return out
         self._last_forward = u
-        if self.degrees.secondary is not None and torch.is_grad_enabled():
+        if u.comm.secondary is not None and torch.is_grad_enabled():
             with record_function(f"zerotopo::secondary_write {u.name}"):
-                self._write_secondary(u)
+                u.write_secondary(self.streams, host_wait=self.sync == "host")
         tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         if tensors:
             register_multi_grad_hook(tensors, lambda grads, u=u: self.pre_backward(u), mode="any")
@@ -239,14 +293,15 @@ class Runtime:
         """Start the all-gather that fills ``u``'s full buffer (no-op when already full or issued)."""
         if u.state is not UnitState.SHARDED:
             return
-        steps = self.steps[u.index]
-        colls = steps.backward if backward else steps.forward
+        steps = u.comm.steps
+        colls, codec = (steps.backward, u.comm.backward) if backward else (steps.forward, u.comm.forward)
         if backward and self.degrees.secondary is not None:
             if u.secondary is not None:
                 # a whole-unit bf16 secondary (s = 1) has no collective: the copy is the full unit
                 self._issue_secondary_gather(u, colls[0] if colls else None)
                 return
-            colls = steps.forward  # no partition written (no forward with grad since the step): the primary
+            # no partition written (no forward with grad since the step): the primary
+            colls, codec = steps.forward, u.comm.forward
         (c,) = colls  # a sharded unit gathers in one call
         u.alloc_full()
         group = self.mesh.group(c.group)
@@ -257,15 +312,9 @@ class Runtime:
         # the previous step's parameter update, left in flight until this first read of the shard
         u.settle_params(stream)
         with _on(stream):
-            if c.op == "all_gather_int8":
-                pending = Q.all_gather_int8(
-                    u.full, u.param_shard, group, block=self.plan.quant_block, ledger=self.ledger,
-                    async_op=True, stream=stream, tag=tag,
-                )  # fmt: skip
-            else:
-                pending = C.all_gather(
-                    u.full, u.param_shard, group, ledger=self.ledger, async_op=True, stream=stream, tag=tag
-                )
+            pending = codec.all_gather(
+                u.full, u.param_shard, group, ledger=self.ledger, stream=stream, tag=tag
+            )
         u.gather = (pending, None)
         u.state = UnitState.GATHERING
 
@@ -291,18 +340,9 @@ class Runtime:
             return
         group = self.mesh.group(c.group)
         with _on(stream):
-            if c.dtype == "int8":
-                pending = Q.gather_quantized(
-                    u.full, holder.tensor, group, ledger=self.ledger, async_op=True, stream=stream, tag=tag
-                )
-                tmp = None
-            else:
-                tmp = (
-                    u.full if u.param_dtype == _BF16 else torch.empty(u.padded, dtype=_BF16, device=u.device)
-                )
-                pending = C.all_gather(
-                    tmp, holder.tensor, group, ledger=self.ledger, async_op=True, stream=stream, tag=tag
-                )
+            pending, tmp = u.comm.secondary.gather_encoded(
+                u.full, holder.tensor, group, ledger=self.ledger, stream=stream, tag=tag
+            )
         u.gather = (pending, tmp)
         u.state = UnitState.GATHERING
 
@@ -319,48 +359,12 @@ class Runtime:
         u.gather = None
         u.state = UnitState.FULL
 
-    def _write_secondary(self, u: FlatUnit) -> None:
-        """This rank's ``secondary_range`` chunk of the full weight, as bf16 or int8, written
-        asynchronously into a fresh (uninitialized) buffer; ``sync`` decides who waits for it."""
-        lo, hi = u.s_range
-        src = u.full[lo:hi]
-        on_cpu = not self.streams.on_device
-        if on_cpu:
-            # The emulated engine must not read the full buffer after the host freed it; a device copy
-            # is protected by record_stream instead (streams.copy_async).
-            src = src.detach().clone()
-        if self.plan.secondary_dtype == "int8":
-            dst = quant.quantize_int8(
-                torch.zeros(hi - lo, dtype=torch.float32, device=u.device), self.plan.quant_block
-            )
-            if on_cpu:
-                dst.scales.fill_(float("nan"))  # poison: a read before the copy lands yields NaN
-
-            def fill(dst=dst, src=src) -> None:
-                q = quant.quantize_int8(src, self.plan.quant_block)
-                dst.data.copy_(q.data)
-                dst.scales.copy_(q.scales)
-
-        else:
-            dst = torch.empty(hi - lo, dtype=_BF16, device=u.device)
-            if on_cpu:
-                dst.fill_(float("nan"))
-
-            def fill(dst=dst, src=src) -> None:
-                dst.copy_(src)
-
-        holder = self.streams.copy_async(f"secondary partition of {u.name}", dst, fill, u.full)
-        if self.sync == "host":
-            holder.host_wait()  # DeepSpeed's fix: block the host right after the copy
-            holder.waited = True
-        u.secondary = holder
-
     # -- gradients -------------------------------------------------------------------------------------------
     def reduce_unit(self, u: FlatUnit) -> None:
         """Reduce-scatter ``u``'s gradients into its fp32 shard (the unit's ``reduce`` entry: plain, int4
         in one all-to-all or in two hops); free the full gradient and weights."""
-        d, plan = self.degrees, self.plan
-        colls = self.steps[u.index].reduce
+        d = self.degrees
+        colls = u.comm.steps.reduce
         if u.replica_pending is not None:
             raise ZerotopoError(
                 f"unit {u.name!r}: a backward ran after the one marked set_is_last_backward() and before "
@@ -377,30 +381,71 @@ class Runtime:
                 u.grad_shard.add_(flat)
             else:
                 out = torch.empty(u.padded // d.grads, dtype=self.reduce_dtype, device=u.device)
-                group = self.mesh.group("grads")
-                tag = f"grads {u.name}"
-                if colls[0].op == "reduce_scatter_int4":
-                    intra, inter = (
-                        (self.mesh.group(colls[0].group), self.mesh.group(colls[1].group))
-                        if len(colls) == 2
-                        else (None, None)
-                    )
-                    Q.reduce_scatter_int4(
-                        out, flat, group, block=plan.quant_block, order=self.rs_order,
-                        intra=intra, inter=inter, ledger=self.ledger, tag=tag,
-                    )  # fmt: skip
-                else:
-                    C.reduce_scatter(
-                        out, flat, group, order=self.rs_order, ledger=self.ledger, stream=rs, tag=tag
-                    )
+                u.comm.reduce.reduce_scatter(
+                    out, flat, self.mesh.group("grads"), order=self.rs_order, hops=u.comm.reduce_hops,
+                    ledger=self.ledger, stream=rs, tag=f"grads {u.name}",
+                )  # fmt: skip
                 u.grad_shard.add_(out)
         u.reduced = True
         if u.sharded:
             if u.state is UnitState.GATHERING:
                 self._wait_gather(u)
             u.free_full()
-        if self.last_backward and self.after_reduce is not None:
-            self.after_reduce(u)
+        if self.last_backward:
+            self._start_replica_reduce(u)
+
+    # -- the cross-replica reduction -------------------------------------------------------------------------
+    def replica_reduce(self, u: FlatUnit) -> torch.Tensor:
+        """Run ``u``'s ``replica`` entry of the schedule on its gradient shard, in order (all-reduce: the
+        papers' select-and-drop; or reduce-scatter into the optimizer chunk, then all-reduce over its
+        replicas): this rank's optimizer chunk of the gradient summed over the whole world, in the
+        gradient shard's dtype (fp32, or the parameter dtype under ``grad_dtype: param``).
+
+        A chunk that is the gradient shard or a slice of it is returned as is, not copied (the step
+        scales and clips an fp32 one in place, as ``clip_grad_norm_`` does ``.grad``; ``zero_grad``
+        clears it), so the step holds no second copy of the gradients; the cost model counts a copy only
+        where one is made (``zerotopo.cost.memory``: the reduce-scatter's chunks in ``buffers``, the
+        fp32 upcast in ``step_buffers``)."""
+        buf = u.grad_shard
+        for link in u.comm.replica:
+            buf = link(buf)
+        if buf is u.grad_shard:
+            lo, hi = u.optim_in_grad
+            return buf[lo:hi]
+        return buf
+
+    def _start_replica_reduce(self, u: FlatUnit) -> None:
+        """``u``'s gradient shard is final in the last backward: reduce it across replicas now, beside
+        the rest of the backward (device: the replica stream; CPU: the engine's worker thread)."""
+        streams = self.streams
+        u.replica_pending = streams.run_async(
+            f"step-end reduction of {u.name}", lambda: self.replica_reduce(u), after=streams.reduce_scatter
+        )
+
+    def take_started_reductions(self) -> dict[int, torch.Tensor]:
+        """Wait for every reduction the last backward started and take them off their units (by unit
+        position): the step's own collectives never interleave with them."""
+        streams = self.streams
+        done = {}
+        for i, u in enumerate(self.units):
+            holder, u.replica_pending = u.replica_pending, None
+            if holder is not None:
+                g = holder.wait(streams.current())
+                if streams.on_device:
+                    g.record_stream(streams.current())  # made on the replica stream, used and freed here
+                done[i] = g
+        return done
+
+    def replica_grads(self) -> list[torch.Tensor]:
+        """Every unit's optimizer chunk of the world's gradient, in fp32: the reductions the last backward
+        started, then the rest."""
+        self.wait_reductions()
+        done = self.take_started_reductions()
+        # upcast here, not in the backward: an fp32 copy of a 2-byte chunk would outlive the activations
+        return [
+            (done[i] if i in done else self.replica_reduce(u)).to(torch.float32)
+            for i, u in enumerate(self.units)
+        ]
 
     def wait_reductions(self) -> None:
         """Order the optimizer step after every gradient reduction (device: the reduce-scatter stream)."""

@@ -4,7 +4,8 @@ A unit (a transformer layer, the embedding, the head) is flattened into one buff
 ``layout.padded_numel(n, degrees)`` elements. Each rank holds, per unit (see ``zerotopo.placement.layout``):
 
 - the primary parameter shard ``param_range`` in the parameter dtype;
-- the secondary partition ``secondary_range`` of the full weight (bf16 or int8), when the plan has one;
+- the secondary partition ``secondary_range`` of the full weight in its codec (bf16 or int8), when the
+  plan has one (:meth:`FlatUnit.write_secondary`);
 - an fp32 gradient shard ``grad_range`` that accumulates over micro-batches;
 - the optimizer shard ``optim_range``: fp32 master weights and Adam's two moments (in :mod:`.optim`).
 
@@ -23,9 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from zerotopo.comm.collectives import Reduction
+from zerotopo.comm.qcollectives import WireCodec
 from zerotopo.errors import ZerotopoError
 from zerotopo.placement import layout
 from zerotopo.placement.plan import Degrees
+from zerotopo.placement.schedule import UnitSteps
 
 
 class UnitState(enum.Enum):
@@ -55,6 +59,27 @@ class ParamSlot:
 def default_no_decay(name: str, param: torch.Tensor) -> bool:
     """NeoX's rule: no weight decay for biases and norm weights (every parameter with ``ndim < 2``)."""
     return param.ndim < 2
+
+
+@dataclass(frozen=True)
+class UnitComm:
+    """A unit's collectives (its entry of the step schedule) and the codecs and groups that run them,
+    chosen once when the unit is built (:meth:`FlatUnit.bind`)."""
+
+    steps: UnitSteps
+    forward: WireCodec
+    """The forward all-gather from the parameter shard (and the backward's when no secondary partition
+    was written)."""
+    backward: WireCodec
+    """The backward all-gather from the parameter shard (plans without a secondary partition)."""
+    reduce: WireCodec
+    """The per-micro-batch gradient reduce-scatter."""
+    reduce_hops: tuple[Any, Any]
+    """The node's and the cross-node group of a two-hop reduction, else ``(None, None)``."""
+    replica: tuple[Reduction, ...]
+    """The cross-replica reduction of the gradient shard, link by link (the schedule's ``replica``)."""
+    secondary: WireCodec | None
+    """The secondary partition's codec (None: the plan has no secondary partition)."""
 
 
 class FlatUnit:
@@ -121,6 +146,7 @@ class FlatUnit:
         self.set_views()
         self.state = UnitState.FULL
         self.secondary: Any = None  # a streams.Ready holding the secondary partition, or None
+        self.comm: UnitComm | None = None  # set by bind() when the engine is built
         self.gather: Any = None  # pending all-gather: (Pending, source) while GATHERING
         # The post-step parameter all-gather still in flight (optim.py [Note: lazy parameter gather]):
         # a function of the stream that lands it in param_shard, or None.
@@ -132,6 +158,40 @@ class FlatUnit:
         self.grads_ready = 0
         self.reduced = False
         self.backward_started = False
+
+    def bind(self, comm: UnitComm) -> None:
+        """Give the unit its collectives and codecs (once, when the engine is built)."""
+        self.comm = comm
+
+    # -- the secondary partition -----------------------------------------------------------------------
+    def secondary_bytes(self) -> int:
+        """Bytes of this rank's secondary partition in its codec (0 without one)."""
+        if self.s_range is None or self.comm is None or self.comm.secondary is None:
+            return 0
+        c = self.comm.secondary
+        return c.spec.payload(self.s_range[1] - self.s_range[0], c.block)
+
+    def write_secondary(self, streams: Any, *, host_wait: bool) -> None:
+        """Write this rank's ``secondary_range`` chunk of the full weight in the secondary codec,
+        asynchronously into a fresh (uninitialized) buffer (``streams.copy_async``); ``host_wait`` blocks
+        the host right after the copy (DeepSpeed's fix), else the consumer waits for it."""
+        codec = self.comm.secondary
+        lo, hi = self.s_range
+        src = self.full[lo:hi]
+        on_cpu = not streams.on_device
+        if on_cpu:
+            # The emulated engine must not read the full buffer after the host freed it; a device copy
+            # is protected by record_stream instead (streams.copy_async).
+            src = src.detach().clone()
+        # on the CPU a poisoned buffer: a read before the copy lands yields NaN
+        dst = codec.encoded_empty(hi - lo, self.device, poison=on_cpu)
+        holder = streams.copy_async(
+            f"secondary partition of {self.name}", dst, lambda: codec.encode_into(dst, src), self.full
+        )
+        if host_wait:
+            holder.host_wait()
+            holder.waited = True
+        self.secondary = holder
 
     # -- views and storage ------------------------------------------------------------------------------
     def settle_params(self, stream: Any = None) -> None:
@@ -192,14 +252,15 @@ class FlatUnit:
                     trainable[a - lo : b - lo] = 1.0
         return decay, trainable
 
-    def decay_runs(self) -> list[tuple[int, int]]:
-        """The runs of this rank's optimizer chunk that get weight decay, as ``(start, end)`` offsets in
-        the chunk (merged; a few per unit, so the optimizer keeps no per-element decay mask)."""
+    def runs(self, keep: Any) -> list[tuple[int, int]]:
+        """The runs of this rank's optimizer chunk covered by the parameter slots ``keep(slot)`` selects,
+        as ``(start, end)`` offsets in the chunk (adjacent runs merged; a few per unit, so the optimizer
+        keeps no per-element mask)."""
         lo, hi = self.o_range
         runs: list[tuple[int, int]] = []
         for s in self.slots:
             a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
-            if a < b and s.decay:
+            if a < b and keep(s):
                 if runs and runs[-1][1] == a - lo:
                     runs[-1] = (runs[-1][0], b - lo)
                 else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from zerotopo.placement import volume
 
@@ -28,6 +29,10 @@ class Codec:
     _gather: Callable[[int, int, int], int] | None
     _reduce: Callable[[int, int, int], int] | None
     _payload: Callable[[int, int], int]
+    wire_bytes: float = 0.0
+    """Bytes per element on the wire, block scales aside (plain: the width; ``int8`` 1, ``int4`` 0.5)."""
+    quantized: bool = False
+    """Whether its collectives run the block quantizer (and so stage a quantized copy of the message)."""
 
     def gather_bytes(self, numel_out: int, d: int, block: int) -> int:
         """Bytes one rank sends in an all-gather into ``numel_out`` elements over ``d`` ranks."""
@@ -46,6 +51,11 @@ class Codec:
         indexed by: the gathered output, the reduce-scatter input)."""
         return self._payload(numel, block)
 
+    def temp_bytes(self, numel: int, block: int) -> int:
+        """Temporary memory of one collective over ``numel`` elements beyond its input and output: the
+        quantized message for a quantized codec (what the receiver dequantizes), nothing for a plain one."""
+        return self._payload(numel, block) if self.quantized else 0
+
 
 def _plain(name: str, width: int) -> Codec:
     return Codec(
@@ -55,6 +65,7 @@ def _plain(name: str, width: int) -> Codec:
         lambda n, d, b: volume.all_gather_bytes(n, d, width),
         lambda n, d, b: volume.reduce_scatter_bytes(n, d, width),
         lambda n, b: n * width,
+        wire_bytes=float(width),
     )
 
 
@@ -69,6 +80,8 @@ CODECS: dict[str, Codec] = {
         volume.int8_all_gather_bytes,
         None,
         volume.int8_payload,
+        wire_bytes=1.0,
+        quantized=True,
     ),
     "int4": Codec(
         "int4",
@@ -77,6 +90,8 @@ CODECS: dict[str, Codec] = {
         None,
         volume.int4_reduce_scatter_bytes,
         volume.int4_payload,
+        wire_bytes=0.5,
+        quantized=True,
     ),
 }
 
@@ -90,6 +105,50 @@ def codec_for_width(elem_bytes: int) -> Codec:
 
 
 def get_codec(name: str) -> Codec:
+    """The codec called ``name`` (a clear error naming the known ones otherwise)."""
     if name not in CODECS:
         raise ValueError(f"unknown codec {name!r}; codecs are {', '.join(CODECS)}")
     return CODECS[name]
+
+
+@dataclass(frozen=True)
+class PlanCodecs:
+    """The codec of each collective a plan runs (see the module note): what the step schedule costs and
+    what the engine's units are built with, chosen in one place."""
+
+    gather: Codec
+    """All-gathers from the parameter shard (the forward's, and the backward's without a secondary)."""
+    secondary: Codec
+    """The secondary partition and the backward all-gather from it (when the plan has one)."""
+    reduce: Codec
+    """The per-micro-batch gradient reduce-scatter."""
+    grad_shard: Codec
+    """The accumulated gradient shard (its cross-replica reduction)."""
+    param: Codec
+    """The parameters (the post-step all-gather of the updated chunks)."""
+
+
+def plan_codecs(
+    plan: Any,
+    *,
+    param_bytes: int,
+    reduce_bytes: int,
+    grad_shard_bytes: int,
+    secondary_param_width: bool = False,
+) -> PlanCodecs:
+    """The codecs of ``plan`` (a :class:`~zerotopo.placement.plan.Plan`) for weights of ``param_bytes``,
+    a gradient reduction in ``reduce_bytes`` and a gradient shard of ``grad_shard_bytes`` per element.
+    ``secondary_param_width``: a plain secondary keeps the weights' width (DeepSpeed's hpZ copy) instead
+    of bf16 (the engine's)."""
+    pcodec = codec_for_width(param_bytes)
+    if plan.secondary_dtype == "int8":
+        secondary = CODECS["int8"]
+    else:
+        secondary = pcodec if secondary_param_width else CODECS["bf16"]
+    return PlanCodecs(
+        gather=CODECS["int8"] if plan.quantize_weights else pcodec,
+        secondary=secondary,
+        reduce=CODECS["int4"] if plan.quantize_grads else codec_for_width(reduce_bytes),
+        grad_shard=codec_for_width(grad_shard_bytes),
+        param=pcodec,
+    )

@@ -35,9 +35,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from zerotopo.placement import volume
-from zerotopo.placement.codecs import CODECS, codec_for_width
+from zerotopo.placement.codecs import CODECS, Codec, plan_codecs
 from zerotopo.placement.layout import groups, padded_numel
 from zerotopo.placement.plan import Degrees, Plan
 from zerotopo.placement.shape import ModelShape
@@ -444,66 +445,96 @@ def step_schedule(
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     if not units:
         raise ValueError("a model needs at least one unit")
-    d = degrees or plan.degrees(topology)
-    block = plan.quant_block
-    w = d.world
-    spans: dict[str, tuple[str, int, int]] = {}
+    widths = {"param_bytes": param_bytes, "reduce_bytes": reduce_bytes, "grad_shard_bytes": grad_shard_bytes}
+    b = _Collectives(topology, plan, degrees or plan.degrees(topology), options, widths, shared)
+    sizes = [b.size_of(u.numel, padded) for u in units]
+    gathered = [b.size_of(u.gathered, padded) if u.gathered else 0 for u in units]
+    reduces, bucket_replicas = _reductions(b, sizes)
+    steps, step_end = _unit_steps(b, units, sizes, gathered, reduces, bucket_replicas)
+    step_end.extend(_bucketed_param_gathers(b, sizes))
+    step_end.extend(_scalars(b, fp16))
+    return StepSchedule(tuple(steps), tuple(c for c in step_end if c.bytes_sent), micro_batches, options)
 
-    def span(kind: str) -> tuple[str, int, int]:
-        if kind not in spans:
-            t, nodes, rpn = group_span(topology, d, kind)
-            spans[kind] = (t or "", nodes, rpn)
-        return spans[kind]
 
-    def coll(phase, op, kind, size, nbytes, dtype, message, *, overlappable=True, where=None, quant=0):
-        tier, nodes, rpn = where or span(kind)
+class _Collectives:
+    """The collectives one schedule is made of, each built once for the arguments it depends on (in the
+    memo a planner shares over its candidates, see :func:`step_schedule`'s ``shared``)."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        plan: Plan,
+        d: Degrees,
+        options: ScheduleOptions,
+        widths: dict[str, int],
+        shared: dict | None,
+    ) -> None:
+        self.topology, self.plan, self.d, self.options = topology, plan, d, options
+        self.block, self.w = plan.quant_block, d.world
+        self.param_bytes, self.grad_shard_bytes = widths["param_bytes"], widths["grad_shard_bytes"]
+        self.codecs = plan_codecs(plan, **widths, secondary_param_width=options.secondary_param_dtype)
+        if d.secondary is not None:
+            self.bwd = ("secondary", d.secondary, self.codecs.secondary)
+        else:
+            self.bwd = ("params", d.params, self.codecs.gather)
+        self.spans: dict[str, tuple[str, int, int]] = {}
+        self.memo: dict[tuple, tuple[Collective, ...]] = (
+            {} if shared is None else shared.setdefault(id(topology), (topology, {}))[1]
+        )
+        self.in_bwd = options.step_end_in_backward
+        # the engine leaves only sharded units' parameter gathers in flight (p = 1 units need them at once)
+        self.in_fwd = options.param_gather_in_forward and d.params > 1
+        # what each kind of collective depends on besides its arguments (the topology owns the memo)
+        self.context = {
+            "gather": (self.w, self.block),
+            "reduce": (self.w, self.block, d.grads, plan.quantize_grads, widths["reduce_bytes"]),
+            "replica": (
+                self.w,
+                self.block,
+                d.grads,
+                d.optim,
+                plan.grad_reduce,
+                self.grad_shard_bytes,
+                self.in_bwd,
+            ),
+            "param_gather": (self.w, self.block, d.params, d.optim, self.param_bytes, self.in_fwd),
+        }
+
+    def size_of(self, n: int, padded: bool) -> int:
+        return padded_numel(n, self.d) if padded else _exact(n, self.d)
+
+    def span(self, kind: str) -> tuple[str, int, int]:
+        if kind not in self.spans:
+            t, nodes, rpn = group_span(self.topology, self.d, kind)
+            self.spans[kind] = (t or "", nodes, rpn)
+        return self.spans[kind]
+
+    def coll(self, phase, op, kind, size, nbytes, dtype, message, *, overlappable=True, where=None, quant=0):
+        tier, nodes, rpn = where or self.span(kind)
         return Collective(
             phase, op, kind, size, tier, nbytes, 1, dtype, message, overlappable, nodes, rpn, quant
         )
 
-    pcodec = codec_for_width(param_bytes)
-    rcodec = codec_for_width(reduce_bytes)
-    gcodec = codec_for_width(grad_shard_bytes)
-    fwd_codec = CODECS["int8"] if plan.quantize_weights else pcodec
-    if d.secondary is not None:
-        bwd_kind, bwd_size = "secondary", d.secondary
-        if plan.secondary_dtype == "int8":
-            bwd_codec = CODECS["int8"]
-        else:
-            bwd_codec = pcodec if options.secondary_param_dtype else CODECS["bf16"]
-    else:
-        bwd_kind, bwd_size, bwd_codec = "params", d.params, fwd_codec
+    def _cached(self, name: str, build: Any, *args: Any) -> tuple[Collective, ...]:
+        key = (name, *self.context[name], *args)
+        if key not in self.memo:
+            self.memo[key] = tuple(c for c in build(*args) if c.bytes_sent or c.quant_numel)
+        return self.memo[key]
 
-    def size_of(n: int) -> int:
-        return padded_numel(n, d) if padded else _exact(n, d)
+    def gather(self, phase: str, kind: str, size: int, codec: Codec, n: int) -> tuple[Collective, ...]:
+        return self._cached("gather", self._gather, phase, kind, size, codec, n)
 
-    memo: dict[tuple, tuple[Collective, ...]] = (
-        {} if shared is None else shared.setdefault(id(topology), (topology, {}))[1]
-    )
-    in_bwd = options.step_end_in_backward
-    # the engine leaves only sharded units' parameter gathers in flight (p = 1 units need them at once)
-    in_fwd = options.param_gather_in_forward and d.params > 1
-    # what each kind of collective depends on besides its arguments (the topology owns the memo)
-    context = {
-        "gather": (w, block),
-        "reduce": (w, block, d.grads, plan.quantize_grads, reduce_bytes),
-        "replica": (w, block, d.grads, d.optim, plan.grad_reduce, grad_shard_bytes, in_bwd),
-        "param_gather": (w, block, d.params, d.optim, param_bytes, in_fwd),
-    }
+    def reduce(self, n: int) -> tuple[Collective, ...]:
+        return self._cached("reduce", self._reduce, n)
 
-    def cached(fn):
-        ctx = (fn.__name__, *context[fn.__name__])
+    def replica(self, N: int) -> tuple[Collective, ...]:
+        return self._cached("replica", self._replica, N)
 
-        def wrapped(*args):
-            key = (*ctx, *args)
-            if key not in memo:
-                memo[key] = tuple(c for c in fn(*args) if c.bytes_sent or c.quant_numel)
-            return memo[key]
+    def param_gather(self, N: int) -> tuple[Collective, ...]:
+        return self._cached("param_gather", self._param_gather, N)
 
-        return wrapped
-
-    @cached
-    def gather(phase: str, kind: str, size: int, codec, n: int) -> tuple[Collective, ...]:
+    def _gather(self, phase: str, kind: str, size: int, codec: Codec, n: int) -> tuple[Collective, ...]:
+        block = self.block
         if n == 0:
             return ()
         if size <= 1:
@@ -511,37 +542,30 @@ def step_schedule(
             # the unit into it after the forward and dequantizes it for the backward
             if codec.name not in QUANTIZED:
                 return ()
-            return (coll(phase, codec.gather_op, kind, 1, 0, codec.name, codec.payload(n, block),
-                         where=("", 1, 1), quant=2 * n),)  # fmt: skip
+            return (self.coll(phase, codec.gather_op, kind, 1, 0, codec.name, codec.payload(n, block),
+                              where=("", 1, 1), quant=2 * n),)  # fmt: skip
         b = codec.gather_bytes(n, size, block)
+        if not b:
+            return ()
+        # a quantized gather quantizes this rank's shard and dequantizes the whole gathered unit
+        quant = n + n // size if codec.name in QUANTIZED else 0
         return (
-            # a quantized gather quantizes this rank's shard and dequantizes the whole gathered unit
-            (
-                coll(
-                    phase,
-                    codec.gather_op,
-                    kind,
-                    size,
-                    b,
-                    codec.name,
-                    codec.payload(n, block),
-                    quant=n + n // size if codec.name in QUANTIZED else 0,
-                ),
-            )
-            if b
-            else ()
+            self.coll(
+                phase, codec.gather_op, kind, size, b, codec.name, codec.payload(n, block), quant=quant
+            ),
         )
 
-    @cached
-    def reduce(n: int) -> tuple[Collective, ...]:
+    def _reduce(self, n: int) -> tuple[Collective, ...]:
+        d, block, topology = self.d, self.block, self.topology
         if d.grads <= 1 or n == 0:
             return ()
-        tier, nodes, rpn = span("grads")
+        tier, nodes, rpn = self.span("grads")
         g_intra = _node_share(topology, d)
-        if not plan.quantize_grads:
+        if not self.plan.quantize_grads:
+            rcodec = self.codecs.reduce
             b = rcodec.reduce_bytes(n, d.grads, block)
             return (
-                coll(
+                self.coll(
                     "grad_reduce",
                     rcodec.reduce_op,
                     "grads",
@@ -557,116 +581,149 @@ def step_schedule(
             hop1, hop2 = volume.int4_reduce_scatter_2hop_bytes(n, g_intra, g_inter, block)
             intra_tier = topology.tier_of_group(range(g_intra)) or ""
             return (
-                coll("grad_reduce", i4.reduce_op, "grads_intra", g_intra, hop1, "int4",
-                     i4.payload(n, block), where=(intra_tier, 1, g_intra), quant=2 * n),
-                coll("grad_reduce", i4.reduce_op, "grads_inter", g_inter, hop2, "int4",
-                     i4.payload(n // g_intra, block), where=(tier, g_inter, 1), quant=2 * (n // g_intra)),
+                self.coll("grad_reduce", i4.reduce_op, "grads_intra", g_intra, hop1, "int4",
+                          i4.payload(n, block), where=(intra_tier, 1, g_intra), quant=2 * n),
+                self.coll("grad_reduce", i4.reduce_op, "grads_inter", g_inter, hop2, "int4",
+                          i4.payload(n // g_intra, block), where=(tier, g_inter, 1), quant=2 * (n // g_intra)),
             )  # fmt: skip
         b = i4.reduce_bytes(n, d.grads, block)
         # the all-to-all reduce-scatter quantizes the whole gradient and dequantizes every received chunk
         return (
-            coll("grad_reduce", i4.reduce_op, "grads", d.grads, b, "int4", i4.payload(n, block), quant=2 * n),
+            self.coll(
+                "grad_reduce", i4.reduce_op, "grads", d.grads, b, "int4", i4.payload(n, block), quant=2 * n
+            ),
         )
 
-    @cached
-    def replica(N: int) -> tuple[Collective, ...]:
+    def _replica(self, N: int) -> tuple[Collective, ...]:
         # once per step: cross-replica reduction of the gradient shard
+        d, w, block, width, gcodec = self.d, self.w, self.block, self.grad_shard_bytes, self.codecs.grad_shard
         out: list[Collective] = []
-        if plan.grad_reduce == "allreduce":
+        if self.plan.grad_reduce == "allreduce":
             k = w // d.grads
             if k > 1:
-                b = volume.all_reduce_bytes(N // d.grads, k, grad_shard_bytes)
-                out.append(coll("replica_reduce", "all_reduce", "grad_replicas", k, b, gcodec.name,
-                                     gcodec.payload(N // d.grads, block), overlappable=in_bwd))  # fmt: skip
+                b = volume.all_reduce_bytes(N // d.grads, k, width)
+                out.append(self.coll("replica_reduce", "all_reduce", "grad_replicas", k, b, gcodec.name,
+                                     gcodec.payload(N // d.grads, block), overlappable=self.in_bwd))  # fmt: skip
         else:
             k = d.optim // d.grads
             if k > 1:
-                b = volume.reduce_scatter_bytes(N // d.grads, k, grad_shard_bytes)
-                out.append(coll("replica_reduce", "reduce_scatter", "optim_scatter", k, b, gcodec.name,
-                                     gcodec.payload(N // d.grads, block), overlappable=in_bwd))  # fmt: skip
+                b = volume.reduce_scatter_bytes(N // d.grads, k, width)
+                out.append(self.coll("replica_reduce", "reduce_scatter", "optim_scatter", k, b, gcodec.name,
+                                     gcodec.payload(N // d.grads, block), overlappable=self.in_bwd))  # fmt: skip
             k = w // d.optim
             if k > 1:
-                b = volume.all_reduce_bytes(N // d.optim, k, grad_shard_bytes)
-                out.append(coll("replica_reduce", "all_reduce", "optim_replicas", k, b, gcodec.name,
-                                     gcodec.payload(N // d.optim, block), overlappable=in_bwd))  # fmt: skip
+                b = volume.all_reduce_bytes(N // d.optim, k, width)
+                out.append(self.coll("replica_reduce", "all_reduce", "optim_replicas", k, b, gcodec.name,
+                                     gcodec.payload(N // d.optim, block), overlappable=self.in_bwd))  # fmt: skip
         return tuple(out)
 
-    @cached
-    def param_gather(N: int) -> tuple[Collective, ...]:
+    def _param_gather(self, N: int) -> tuple[Collective, ...]:
         # once per step, after the optimizer: the updated parameters
-        out: list[Collective] = []
+        d, pcodec = self.d, self.codecs.param
         k = d.optim // d.params
-        if k > 1:
-            b = volume.all_gather_bytes(N // d.params, k, param_bytes)
-            out.append(coll("param_gather", "all_gather", "param_gather", k, b, pcodec.name,
-                                 pcodec.payload(N // d.params, block), overlappable=in_fwd))  # fmt: skip
-        return tuple(out)
+        if k <= 1:
+            return ()
+        b = volume.all_gather_bytes(N // d.params, k, self.param_bytes)
+        return (self.coll("param_gather", "all_gather", "param_gather", k, b, pcodec.name,
+                          pcodec.payload(N // d.params, self.block), overlappable=self.in_fwd),)  # fmt: skip
 
-    fdepth = _prefetch_depths(units, plan, options, reverse=False)
-    bdepth = _prefetch_depths(units, plan, options, reverse=True)
+
+def _reductions(
+    b: _Collectives, sizes: list[int]
+) -> tuple[dict[int, tuple[Collective, ...]], dict[int, tuple[Collective, ...]]]:
+    """Per unit, the gradient reductions issued after its backward, and (bucketed only) the cross-replica
+    reductions of the buckets it closes.
+
+    The backward walks the units in reverse: reductions (bucketed or not) follow that order. The
+    cross-replica reduction in the last backward is per unit, or per bucket beside the bucket's own
+    reduction (DeepSpeed ZeRO-1/2 reduce their buckets at the accumulation boundary, MiCS all-reduces
+    each bucket's shard across replicas after reducing it within the group)."""
+    limit = b.options.reduce_bucket_elems
+    reduces: dict[int, tuple[Collective, ...]] = {}
+    bucket_replicas: dict[int, tuple[Collective, ...]] = {}
+    bucket = 0
+    for i in reversed(range(len(sizes))):
+        if limit is None:
+            reduces[i] = b.reduce(sizes[i])
+            continue
+        # DeepSpeed reduces the bucket before a gradient that would overflow it joins, and the
+        # remainder after the last one
+        out: tuple[Collective, ...] = ()
+        rep: tuple[Collective, ...] = ()
+        if bucket and bucket + sizes[i] > limit:
+            out, rep, bucket = b.reduce(bucket), b.replica(bucket), 0
+        bucket += sizes[i]
+        if i == 0:
+            out, rep, bucket = out + b.reduce(bucket), rep + b.replica(bucket), 0
+        reduces[i] = out
+        bucket_replicas[i] = rep
+    return reduces, bucket_replicas
+
+
+def _bucketed_param_gathers(b: _Collectives, sizes: list[int]) -> list[Collective]:
+    """The post-step parameter all-gather at the step end in calls of ``allgather_bucket_elems``
+    elements (none unless the options bucket it)."""
+    if b.options.allgather_bucket_elems is None or b.in_fwd:
+        return []
+    total = sum(sizes)
+    k = max(1, b.d.optim // b.d.params)
+    per = -(-b.options.allgather_bucket_elems // k) * k  # whole per-rank chunks
+    full, rest = divmod(total, per)
+    return [*b.param_gather(per) * full, *(b.param_gather(rest) if rest else ())]
+
+
+def _unit_steps(
+    b: _Collectives,
+    units: list[Unit],
+    sizes: list[int],
+    gathered: list[int],
+    reduces: dict[int, tuple[Collective, ...]],
+    bucket_replicas: dict[int, tuple[Collective, ...]],
+) -> tuple[list[UnitSteps], list[Collective]]:
+    """Each unit's entry, and the step-end collectives the units leave there (in unit order)."""
+    d, options = b.d, b.options
+    fdepth = _prefetch_depths(units, b.plan, options, reverse=False)
+    bdepth = _prefetch_depths(units, b.plan, options, reverse=True)
+    bwd_kind, bwd_size, bwd_codec = b.bwd
     steps: list[UnitSteps] = []
     step_end: list[Collective] = []
-    bucket = 0
-    sizes = [size_of(u.numel) for u in units]
-    gathered = [size_of(u.gathered) if u.gathered else 0 for u in units]
-    # the backward walks the units in reverse: reductions (bucketed or not) follow that order
-    reduces: dict[int, tuple[Collective, ...]] = {}
-    # the cross-replica reduction in the last backward: per unit, or per bucket beside the bucket's own
-    # reduction (DeepSpeed ZeRO-1/2 reduce their buckets at the accumulation boundary, MiCS all-reduces
-    # each bucket's shard across replicas after reducing it within the group)
-    bucket_replicas: dict[int, tuple[Collective, ...]] = {}
-    for i in reversed(range(len(units))):
-        if options.reduce_bucket_elems is None:
-            reduces[i] = reduce(sizes[i])
-        else:
-            # DeepSpeed reduces the bucket before a gradient that would overflow it joins, and the
-            # remainder after the last one
-            out: tuple[Collective, ...] = ()
-            rep: tuple[Collective, ...] = ()
-            if bucket and bucket + sizes[i] > options.reduce_bucket_elems:
-                out, rep, bucket = reduce(bucket), replica(bucket), 0
-            bucket += sizes[i]
-            if i == 0:
-                out, rep, bucket = out + reduce(bucket), rep + replica(bucket), 0
-            reduces[i] = out
-            bucket_replicas[i] = rep
-    # the post-step parameter all-gather at the step end in calls of allgather_bucket_elems elements
-    gather_calls: list[Collective] = []
-    if options.allgather_bucket_elems is not None and not in_fwd:
-        total = sum(sizes)
-        k = max(1, d.optim // d.params)
-        per = -(-options.allgather_bucket_elems // k) * k  # whole per-rank chunks
-        full, rest = divmod(total, per)
-        gather_calls = [*param_gather(per) * full, *(param_gather(rest) if rest else ())]
     for i, u in enumerate(units):
         N, G = sizes[i], gathered[i]
         is_last = i == len(units) - 1
-        fwd = gather("forward", "params", d.params, fwd_codec, G) if d.params > 1 else ()
+        fwd = b.gather("forward", "params", d.params, b.codecs.gather, G) if d.params > 1 else ()
         # the last forward unit still holds its weights; with p == 1 every unit does
-        bwd = gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
-        last = (bucket_replicas[i] if bucket_replicas else replica(N)) if in_bwd else ()
-        first = param_gather(N) if in_fwd else ()
+        bwd = b.gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
+        last = (bucket_replicas[i] if bucket_replicas else b.replica(N)) if b.in_bwd else ()
+        first = b.param_gather(N) if b.in_fwd else ()
         steps.append(
-            UnitSteps(u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first, replica(N), param_gather(N))
+            UnitSteps(
+                u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first, b.replica(N), b.param_gather(N)
+            )
         )
-        if not in_bwd:
-            step_end.extend(replica(N))
-        if not in_fwd and options.allgather_bucket_elems is None:
-            step_end.extend(param_gather(N))
-    step_end.extend(gather_calls)
-    # the gradient norm sums each optimizer shard once: over one optimizer group
+        if not b.in_bwd:
+            step_end.extend(b.replica(N))
+        if not b.in_fwd and options.allgather_bucket_elems is None:
+            step_end.extend(b.param_gather(N))
+    return steps, step_end
+
+
+def _scalars(b: _Collectives, fp16: bool) -> list[Collective]:
+    """The step end's scalar all-reduces: the gradient norm (summing each optimizer shard once, over one
+    optimizer group) and, with fp16, the overflow flag over the world."""
+    d, w, topology = b.d, b.w, b.topology
+    out = []
     if d.optim > 1:
-        b = volume.all_reduce_bytes(1, d.optim, 4)
-        step_end.append(coll("scalar", "all_reduce", "optim", d.optim, b, "fp32", 4, overlappable=False))
+        nbytes = volume.all_reduce_bytes(1, d.optim, 4)
+        out.append(b.coll("scalar", "all_reduce", "optim", d.optim, nbytes, "fp32", 4, overlappable=False))
     if fp16 and w > 1:
         world_tier = topology.tier_of_group(range(w)) or ""
         nodes = -(-w // topology.devices_per_node)
-        b = volume.all_reduce_bytes(1, w, 4)
-        step_end.append(
-            coll("scalar", "all_reduce", "world", w, b, "fp32", 4, overlappable=False,
-                 where=(world_tier, nodes, min(w, topology.devices_per_node)))
+        nbytes = volume.all_reduce_bytes(1, w, 4)
+        out.append(
+            b.coll("scalar", "all_reduce", "world", w, nbytes, "fp32", 4, overlappable=False,
+                   where=(world_tier, nodes, min(w, topology.devices_per_node)))
         )  # fmt: skip
-    return StepSchedule(tuple(steps), tuple(c for c in step_end if c.bytes_sent), micro_batches, options)
+    return out
 
 
 def engine_unit_steps(
