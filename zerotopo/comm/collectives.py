@@ -85,9 +85,10 @@ def _native_or_fallback(
 # -- pending work and timing ------------------------------------------------------------------------
 
 
-def stream_context(stream: Any, device: torch.device) -> Any:
-    """``torch.cuda.stream(stream)`` on an accelerator when a stream is given; nothing otherwise."""
-    if stream is not None and device.type == "cuda":
+def stream_context(stream: Any, device: torch.device | None = None) -> Any:
+    """``torch.cuda.stream(stream)`` on an accelerator when a stream is given; nothing otherwise (CPU
+    ranks have no streams: ``stream`` is None there, or ``device`` says the tensors live on the host)."""
+    if stream is not None and (device is None or device.type == "cuda"):
         return torch.cuda.stream(stream)
     return contextlib.nullcontext()
 

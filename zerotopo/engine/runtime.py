@@ -311,7 +311,7 @@ class Runtime:
             stream.wait_stream(self.streams.current())
         # the previous step's parameter update, left in flight until this first read of the shard
         u.settle_params(stream)
-        with _on(stream):
+        with C.stream_context(stream):
             pending = codec.all_gather(
                 u.full, u.param_shard, group, ledger=self.ledger, stream=stream, tag=tag
             )
@@ -339,7 +339,7 @@ class Runtime:
             u.state = UnitState.GATHERING
             return
         group = self.mesh.group(c.group)
-        with _on(stream):
+        with C.stream_context(stream):
             pending, tmp = u.comm.secondary.gather_encoded(
                 u.full, holder.tensor, group, ledger=self.ledger, stream=stream, tag=tag
             )
@@ -351,7 +351,7 @@ class Runtime:
         stream = self.streams.all_gather
         # Rule 2: the event covers the collective only once wait() was called on the recording stream.
         pending.wait(stream) if stream is not None else pending.wait()
-        with _on(stream):
+        with C.stream_context(stream):
             if tmp is not None and tmp is not u.full:
                 u.full.copy_(tmp)
         ev = self.streams.record(stream)
@@ -375,7 +375,7 @@ class Runtime:
         if rs is not None:
             # The gradients were produced on the compute stream; the reduction runs beside it.
             rs.wait_stream(self.streams.current())
-        with record_function(f"zerotopo::reduce_scatter {u.name}"), _on(rs):
+        with record_function(f"zerotopo::reduce_scatter {u.name}"), C.stream_context(rs):
             flat = u.flat_grad(self.reduce_dtype, stream=rs)
             if not colls:  # g = 1: the shard is the whole gradient
                 u.grad_shard.add_(flat)
@@ -471,18 +471,3 @@ def _record_stream(x: Any, stream: Any) -> None:
     before that stream's work finished (rule 1: buffers are freed only after their consumer)."""
     for t in (x.data, x.scales) if isinstance(x, quant.Quantized) else (x,):
         t.record_stream(stream)
-
-
-class _on:
-    """``torch.cuda.stream(s)`` when ``s`` is a stream, nothing on CPU."""
-
-    def __init__(self, stream: Any) -> None:
-        self.ctx = torch.cuda.stream(stream) if stream is not None else None
-
-    def __enter__(self) -> None:
-        if self.ctx is not None:
-            self.ctx.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
