@@ -36,7 +36,7 @@ def test_stdout_is_restored_after_an_error(tmp_path, capfd):
 @pytest.mark.slow
 def test_compare_json_is_the_only_stdout(tmp_path):
     log = tmp_path / "ranks.log"
-    cmd = [sys.executable, "-m", "zerotopo", "bench", "compare", "--json", "--no-emulate", "--topology",
+    cmd = [sys.executable, "-m", "zerotopo", "bench", "compare", "--json", "--regime", "comm-bound", "--no-emulate", "--topology",
            MINI, "--model", "tiny", "--rows", "no-comm,zero3", "--steps", "1", "--warmup", "0",
            "--batch", "1", "--micro-batches", "1", "--seq", "16", "--log", str(log)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainer.save_faults import FAULT_ENV, HOOKS
 from tests.trainer.test_checkpoint_integrity import _patch, _values_span
 from tests.trainer.test_checkpoint_resume import small_config
 from zerotopo.checkpoint.dcpio import METADATA_FILE, piece_checksum
@@ -162,7 +163,7 @@ def test_rows_logged_before_a_crash_in_a_save_are_kept_and_losses_do_not_depend_
     assert ref.returncode == 0, ref.stderr
     save = tmp / "ckpt"
     crash = _run(tmp, "crash", f"save={save}", "save_interval=2", "train_iters=6", "log_interval=100",
-                 env=_env(ZEROTOPO_FAULT_IN_SAVE="4:write"))  # fmt: skip
+                 env=_env(**{FAULT_ENV: "4:write", "PYTHONPATH": os.pathsep.join((str(HOOKS), str(ROOT)))}))  # fmt: skip
     assert crash.returncode != 0
     rows = _train_rows(tmp / "crash")
     assert [r["step"] for r in rows] == [1, 2, 3, 4], crash.stderr  # written before the killed save
