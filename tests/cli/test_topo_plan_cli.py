@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from zerotopo.cli.main import main
 from zerotopo.config.model_files import DEFAULT_VOCAB, load_model
+
+REPO = Path(__file__).resolve().parents[2]
 
 TINY_MODEL = {
     "num_layers": 2,
@@ -279,3 +284,22 @@ def test_plan_scaling_and_plot(capsys, tmp_path):
     assert rc == 2 and "--plot" in err and "--scaling" in err
     rc, _, err = _run(capsys, "plan", "--model", model, "--scaling", "1,x")
     assert rc == 2 and "--scaling" in err
+
+
+def test_plan_runs_without_importing_torch():
+    """``zerotopo plan`` prices plans from a NeoX config without loading torch (seconds of start-up on a
+    login node): the config parser's tokenizer table and the data package load lazily."""
+    code = (
+        "import sys\n"
+        "from zerotopo.cli.main import main\n"
+        "try:\n"
+        "    main(['plan', '--topology', 'frontier', '--nodes', '2', '--model', 'configs/neox-20b.yml',"
+        " '--plans', 'presets'])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
+    )
+    assert out.stdout.strip().endswith("torch not loaded"), out.stdout[-2000:] + out.stderr[-2000:]

@@ -217,7 +217,7 @@ def _fit(
     plan, sched = resolve(plan)
     sched = schedule or sched
     if unit_layers is not None and sched.granularity == "unit":
-        sched = replace(sched, unit_layers=unit_layers)
+        sched = _with_unit_layers(sched, unit_layers, units_cache)
     if plan.grad_dtype is None and options.grad_dtype is not None:
         plan = replace(plan, grad_dtype=options.grad_dtype)
     d = degrees or plan.degrees(topology)
@@ -252,6 +252,17 @@ def _fit(
     if limit is None:
         limit = topology.device.memory_gib * GIB
     return _Fit(plan, d, sched, units, memory, memory.total <= limit, grad_bytes, reduce_bytes)
+
+
+def _with_unit_layers(sched: ScheduleOptions, k: int, cache: dict | None) -> ScheduleOptions:
+    """``sched`` with ``k`` layers per unit (one object per pair within a search)."""
+    if cache is None:
+        return replace(sched, unit_layers=k)
+    key = ("options", sched, k)
+    out = cache.get(key)
+    if out is None:
+        out = cache[key] = replace(sched, unit_layers=k)
+    return out
 
 
 def _schedule(
@@ -365,15 +376,16 @@ def _lower_bound(
     flops = shape.step_flops(o.micro_batch * M, checkpoint_activations=o.checkpoint_activations)
     compute = flops / (peak * o.efficiency) / M if peak > 0 else 0.0
     # by object, holding it: an id is unique only while its object lives
-    seen: dict[int, tuple[Collective, float]] = {} if times is None else times
+    seen: dict[int, tuple[Collective, float, float]] = {} if times is None else times
 
-    def total(colls) -> float:
+    def total(colls, which: int = 1) -> float:
+        # which: 1 the collective's time, 2 its quantizer passes' time
         out = 0.0
         for c in colls:
             hit = seen.get(id(c))
             if hit is None:
-                hit = seen[id(c)] = (c, collective_time(c, topology, table))
-            out += hit[1]
+                hit = seen[id(c)] = (c, collective_time(c, topology, table), quantizer_time(c, topology))
+            out += hit[which]
         return out
 
     units = schedule.units
@@ -391,10 +403,7 @@ def _lower_bound(
     # sigma, or beside the quantizer passes and the slowdown itself (at most Q + the slowdown), or while
     # neither runs (added whole): the micro-batch lasts at least compute + max(Q, (sigma B + Q)/(1 + sigma))
     sigma = o.overlap.compute_slowdown
-    q = sum(
-        k * sum(quantizer_time(x, topology) for x in u.forward + u.backward + u.reduce)
-        for k, u in zip(w, units)
-    )
+    q = sum(k * (total(u.forward, 2) + total(u.backward, 2) + total(u.reduce, 2)) for k, u in zip(w, units))
     slowed = compute + max(q, (sigma * comm + q) / (1 + sigma))
     if weights is None:
         end = total(schedule.step_end)
@@ -428,11 +437,14 @@ def _bound(f: _Fit, shape: ModelShape, topology: Topology, options: CostOptions,
     """:func:`_lower_bound` of a candidate, from a schedule of its distinct units where the schedule's
     per-unit collectives depend on the unit alone (no buckets), else from its whole schedule."""
     o = f.options
-    distinct = (
-        _distinct_units(f.units)
-        if o.reduce_bucket_elems is None and o.allgather_bucket_elems is None
-        else None
-    )
+    distinct = None
+    if o.reduce_bucket_elems is None and o.allgather_bucket_elems is None:
+        # candidates share their units list (``_fit``'s cache): find its distinct units once
+        cache = search.setdefault("distinct", {})
+        hit = cache.get(id(f.units))
+        if hit is None:
+            hit = cache[id(f.units)] = (f.units, _distinct_units(f.units))
+        distinct = hit[1]
     times = search.setdefault("times", {})
     shared = search.setdefault("collectives", {})
     if distinct is None:
@@ -477,9 +489,17 @@ def _sort_key(e: PlanEstimate) -> tuple:
 def _search_space(topology: Topology, aligned: bool, taken: set[tuple]) -> list[tuple[Plan, Degrees]]:
     """The Lins-style candidates (:func:`in_search_space`) not already costed as a preset."""
     keep = (lambda x: is_tier_aligned(x, topology)) if aligned else None
+    # the enumerated plans' degrees are numbers, so many plans share one resolved Degrees: resolve (and
+    # validate) each combination once; secondaries wider than the primary are dropped before any plan
+    # is built (in_search_space)
+    resolved: dict[tuple, Degrees] = {}
     out = []
-    for p in enumerate_plans(topology, degree_filter=keep):
-        d = p.degrees(topology)
+    narrow = lambda p, g, o, s: s is None or s <= p  # noqa: E731
+    for p in enumerate_plans(topology, degree_filter=keep, keep=narrow):
+        k = (p.params, p.grads, p.optim, p.secondary)
+        d = resolved.get(k)
+        if d is None:
+            d = resolved[k] = p.degrees(topology)
         if (
             in_search_space(p, topology, aligned=aligned, degrees=d)
             and placement(p, topology, d) not in taken

@@ -155,15 +155,20 @@ class Plan:
             p, s, g, o = d.params, d.secondary, d.grads, d.optim
         else:
             p, s, g, o = self.params, self.secondary, self.grads, self.optim
-        parts = [f"p={p}"]
-        if s is not None:
-            parts.append(f"s={s}/{self.secondary_dtype}")
-        parts += [f"g={g}", f"o={o}"]
-        if self.quantize_weights:
-            parts.append("qw8")
-        if self.quantize_grads:
-            parts.append("qg4")
-        return " ".join(parts)
+        return _label(p, s, self.secondary_dtype, g, o, self.quantize_weights, self.quantize_grads)
+
+
+def _label(p: Any, s: Any, dtype: str, g: Any, o: Any, qw: bool, qg: bool) -> str:
+    """:meth:`Plan.label` of these fields."""
+    parts = [f"p={p}"]
+    if s is not None:
+        parts.append(f"s={s}/{dtype}")
+    parts += [f"g={g}", f"o={o}"]
+    if qw:
+        parts.append("qw8")
+    if qg:
+        parts.append("qg4")
+    return " ".join(parts)
 
 
 def validate_degrees(d: Degrees, *, plan_name: str = "plan", topology: Topology | None = None) -> None:
@@ -519,14 +524,16 @@ def enumerate_plans(
                         continue  # nothing to gather: int8 weights would change nothing
                     if qg and g == 1:
                         continue
-                    plan = Plan(
-                        params=p,
-                        grads=g,
-                        optim=o,
-                        secondary=s,
-                        secondary_dtype=dt,
-                        quantize_weights=qw,
-                        quantize_grads=qg,
+                    plans.append(
+                        Plan(
+                            name=_label(p, s, dt, g, o, qw, qg),
+                            params=p,
+                            grads=g,
+                            optim=o,
+                            secondary=s,
+                            secondary_dtype=dt,
+                            quantize_weights=qw,
+                            quantize_grads=qg,
+                        )
                     )
-                    plans.append(replace(plan, name=plan.label()))
     return plans

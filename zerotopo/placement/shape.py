@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -174,8 +175,12 @@ class ModelShape:
 
     def forward_flops(self, batch_size: int) -> float:
         """Forward FLOPs for ``batch_size`` samples of ``seq_length`` tokens."""
-        per_token = self.num_layers * self.layer_unit().flops_per_token + self.head_unit().flops_per_token
-        return float(batch_size) * self.seq_length * per_token
+        return float(batch_size) * self.seq_length * self._flops_per_token
+
+    @cached_property
+    def _flops_per_token(self) -> float:
+        # computed once per shape: the planner asks for it once per candidate
+        return self.num_layers * self.layer_unit().flops_per_token + self.head_unit().flops_per_token
 
     def step_flops(self, batch_size: int, *, checkpoint_activations: bool = False) -> float:
         """Forward + backward FLOPs (×3), or ×4 when activations are recomputed."""
