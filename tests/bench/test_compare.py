@@ -122,6 +122,30 @@ def test_shaped_links_count_bytes_per_tier(report):
     )
 
 
+@pytest.mark.slow
+@needs_netem
+def test_bf16_halves_what_every_framework_sends(report):
+    """``--dtype bf16`` (frontier-20b's default): each framework gathers and reduces in bf16, so the
+    bytes that cross the shaped links halve against the fp32 run, the losses still agree, and the rows
+    run with fp32 arithmetic (zerotopo.bench.precision)."""
+    rows = ("zero3", "deepspeed-zero3", "fsdp2-hsdp")
+    opts = CompareOptions(topology=MINI, model="tiny", steps=2, warmup=1, micro_batches=2, batch=1,
+                          seq=16, emulate=EMULATE, network_mbit=100, rows=rows, dtype="bf16")  # fmt: skip
+    bf16 = compare(opts, command="test")
+    assert bf16["dtype"] == "bf16" and bf16["losses_agree"], bf16["void"]
+    fp32 = {r["name"]: r for r in report["rows"]}
+    for r in bf16["rows"]:
+        sent = sum(r["tier_bytes_per_step"].values())
+        before = sum(fp32[r["name"]]["tier_bytes_per_step"].values())
+        # payload halves; packet headers and acknowledgements do not
+        assert 0.4 * before < sent < 0.65 * before, (r["name"], sent, before)
+        assert r["final_loss"] == pytest.approx(fp32[r["name"]]["final_loss"], rel=2e-2)
+    predicted = {r["name"]: r.get("predicted_tier_bytes") for r in bf16["rows"]}
+    assert sum(predicted["zero3"].values()) == pytest.approx(
+        sum(fp32["zero3"]["predicted_tier_bytes"].values()) / 2, rel=0.02
+    )
+
+
 def test_a_row_out_of_tolerance_voids_the_comparison():
     rows = [
         {"name": "zero3", "final_loss": 2.0, "quantized": False},

@@ -135,3 +135,10 @@ def test_the_cli_defaults_to_frontier_20b_and_keeps_comm_bound_by_name():
     # what the regime derives cannot also be given
     with pytest.raises(ConfigError, match="--regime comm-bound"):
         _args("--batch", "4")
+
+
+def test_frontier_20b_puts_bf16_on_the_wire_and_comm_bound_keeps_fp32():
+    _, derived, _ = _args()
+    _, old, _ = _args("--regime", "comm-bound")
+    _, chosen, _ = _args("--dtype", "fp32")
+    assert (derived.dtype, old.dtype, chosen.dtype) == ("bf16", "fp32", "fp32")

@@ -2,7 +2,7 @@
 
 Every row trains the same GPT-NeoX (:func:`zerotopo.bench.rows.build_model`, one seed) on the same
 synthetic token sequences (:func:`batches`: rank, step and micro-batch decide them), with the same
-micro-batch size, micro-batches per step, dtype (fp32), AdamW settings and step count, on the same
+micro-batch size, micro-batches per step, dtype (:mod:`.precision`), AdamW settings and step count, on the same
 ranks. The rows run one after the other inside the same rank processes, so they share the machine and
 its emulated network (:func:`zerotopo.launch.netem.emulated_cluster`: one namespace per rank, every tier a
 shaped link). Per row, rank 0's JSON carries:
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zerotopo.bench import FLOOR_ROW, FRAMEWORK_ROWS
+from zerotopo.bench import FLOOR_ROW, FRAMEWORK_ROWS, PRECISIONS, wire_bytes
 from zerotopo.bench.regime import REGIMES, Regime, fits, measured_ratio, target_regime
 from zerotopo.bench.replay import CURVES, Replay
 from zerotopo.errors import ConfigError, ZerotopoError
@@ -103,6 +103,10 @@ class CompareOptions:
     """``frontier-48``: replay the shipped Frontier curves' time on every collective (:mod:`.replay`)."""
     replay: Any = None
     """The :class:`zerotopo.bench.replay.Replay` the ranks install (set by :func:`compare`)."""
+    dtype: str = "fp32"
+    """``bf16``: weights, gathers and gradient reductions in bf16, arithmetic in fp32
+    (:mod:`zerotopo.bench.precision`); ``fp32``: everything fp32. Unset on the command line: bf16 for
+    ``frontier-20b``, fp32 for ``comm-bound``."""
     repeat: int = 1
     """Runs of every row (interleaved: all rows, then all rows again); a row's step time is the median of
     its runs' medians, reported with their min and max (``--repeat``, default :data:`DEFAULT_REPEAT`)."""
@@ -166,6 +170,7 @@ def _worker(
     import torch.distributed as dist
 
     from zerotopo.bench.measure import PeakMemory, link_tier_bytes
+    from zerotopo.bench.precision import arithmetic
     from zerotopo.bench.rows import build_row, prepare_row, warm_up
     from zerotopo.placement.topology import load_topology
 
@@ -197,7 +202,8 @@ def _worker(
             if step == opts.warmup:
                 sent0 = link_tier_bytes(tier_classes)
             t0 = time.perf_counter()
-            loss = row.step(data)
+            with arithmetic(opts.dtype):
+                loss = row.step(data)
             dist.barrier()
             if step >= opts.warmup:
                 times.append(time.perf_counter() - t0)
@@ -205,9 +211,10 @@ def _worker(
         sent1 = link_tier_bytes(tier_classes)
         peak = memory.peak_bytes()
         if opts.profile_dir and repeat == 0:
-            profile_step(
-                row, batches(opts, cfg.vocab_size, seq, rank, step + 1), opts.profile_dir, name, rank
-            )
+            with arithmetic(opts.dtype):
+                profile_step(
+                    row, batches(opts, cfg.vocab_size, seq, rank, step + 1), opts.profile_dir, name, rank
+                )
         row.close()
         out.append(
             {
@@ -311,7 +318,7 @@ def resolve_rows(
     cost = CostOptions(
         micro_batch=opts.batch,
         grad_accum=opts.micro_batches,
-        param_bytes=4,
+        **wire_bytes(opts.dtype),
         checkpoint_activations=opts.checkpoint,
         memory_limit_bytes=opts.memory_cap_bytes,
         **(measured or {}),
@@ -405,7 +412,7 @@ def repredict(
     flops = shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint)
     tflops = flops / floor["step_time_s"] / 1e12
     measured = dc_replace(topo, device=dc_replace(topo.device, peak_tflops=tflops))
-    cost = CostOptions(micro_batch=opts.batch, grad_accum=opts.micro_batches, param_bytes=4,
+    cost = CostOptions(micro_batch=opts.batch, grad_accum=opts.micro_batches, **wire_bytes(opts.dtype),
                        checkpoint_activations=opts.checkpoint, efficiency=1.0, memory_limit_bytes=opts.memory_cap_bytes,
                        **(measured_inputs or {}))  # fmt: skip
     for r in rows:
@@ -538,17 +545,17 @@ def apply_regime(opts: CompareOptions, topo: Any, target: Any) -> tuple[CompareO
 
     cfg, seq = model_config(opts)
     batch = max(1, -(-R.MIN_TOKENS // seq))
-    flops = R.measure_flops_per_rank(cfg, seq, batch, topo.world_size)
+    flops = R.measure_flops_per_rank(cfg, seq, batch, topo.world_size, opts.dtype)
     cost_topo, measured = cost_inputs(opts, topo)
     target_bytes = R.target_zero3_memory()
 
     def cap_of(checkpoint: bool) -> tuple[float, float]:
         shape = replace(cfg, checkpoint_activations=checkpoint).shape(seq)
-        cost = CostOptions(micro_batch=batch, checkpoint_activations=checkpoint, param_bytes=4)
+        cost = CostOptions(micro_batch=batch, checkpoint_activations=checkpoint, **wire_bytes(opts.dtype))
         need = estimate(resolve("zero3")[0], shape, cost_topo, cost).memory.total
         return R.memory_cap(need, target_bytes), need
 
-    reg = R.derive(target.zero3, flops, cfg, seq, cost_topo, cap_of, **measured)
+    reg = R.derive(target.zero3, flops, cfg, seq, cost_topo, cap_of, **wire_bytes(opts.dtype), **measured)
     opts = replace(opts, batch=reg.batch, seq=seq, micro_batches=reg.micro_batches,
                    checkpoint=reg.checkpoint_activations, network_mbit=reg.network_mbit, node_uplink=True,
                    memory_cap_bytes=reg.memory_cap_bytes,
@@ -565,7 +572,11 @@ def with_replay(opts: CompareOptions, topo: Any, target: Any, reg: Regime | None
 
     cfg, seq = model_config(opts)
     shape = cfg.shape(seq)
-    flops = reg.flops_per_rank if reg else R.measure_flops_per_rank(cfg, seq, opts.batch, topo.world_size)
+    flops = (
+        reg.flops_per_rank
+        if reg
+        else R.measure_flops_per_rank(cfg, seq, opts.batch, topo.world_size, opts.dtype)
+    )
     bench_s = shape.step_flops(opts.batch, checkpoint_activations=opts.checkpoint) / flops
     ratio = reg.layer_ratio if reg else R.layer_ratio(shape)
     replay = Replay(opts.curves, ratio, bench_s / target.compute_per_micro_batch_s, topo.devices_per_node)
@@ -646,7 +657,7 @@ def _settings(
              "layers": cfg.num_layers, "vocab": cfg.vocab_size, "seq": seq}  # fmt: skip
     return {
         "model": model,
-        "dtype": "fp32",
+        "dtype": opts.dtype,
         "micro_batch": opts.batch,
         "micro_batches": opts.micro_batches,
         "global_batch": world * opts.micro_batches * opts.batch,
@@ -752,7 +763,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"planner's pick: {report['planner_pick']}; fastest zerotopo row: {report['fastest_zerotopo_row']}"
         )
     lines.append(
-        f"losses agree with {report['reference']} (fp32 rows within {EXACT_RTOL:.1%}, quantized within "
+        f"losses agree with {report['reference']} (unquantized rows within {EXACT_RTOL:.1%}, quantized within "
         f"{QUANTIZED_RTOL:.0%})"
         if report["losses_agree"]
         else f"COMPARISON VOID: {report['void']}"
@@ -849,6 +860,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=tuple(CURVES),
         help="each collective also waits the time the shipped Frontier curve gives at 48 nodes, scaled "
         "to this machine (zerotopo.bench.replay)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=tuple(PRECISIONS),
+        help="weights, gathers and gradient reductions: bf16 (default for frontier-20b; the arithmetic runs "
+        "in fp32, zerotopo.bench.precision) or fp32 (default for comm-bound)",
     )
     p.add_argument("--topology", default=d.topology, help=f"topology (default {d.topology})")
     p.add_argument(
@@ -952,6 +969,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         profile_dir=os.path.abspath(args.profile) if args.profile else None,
         calibration=args.calibration,
         repeat=getattr(args, "repeat", DEFAULT_REPEAT),
+        dtype=getattr(args, "dtype", None) or ("bf16" if derived else "fp32"),
     )
 
 

@@ -111,26 +111,29 @@ class Regime:
         return self.batch * self.seq
 
 
-def measure_flops_per_rank(cfg: Any, seq: int, batch: int, ranks: int) -> float:
+def measure_flops_per_rank(cfg: Any, seq: int, batch: int, ranks: int, dtype: str = "fp32") -> float:
     """FLOP/s one rank computes: one forward and backward of the bench model on a ``batch`` x ``seq``
     micro-batch in this process on one thread (the ranks run one thread each), after one untimed pass,
-    times the share of the cores a rank gets when ``ranks`` ranks compute at once."""
+    times the share of the cores a rank gets when ``ranks`` ranks compute at once; ``dtype`` as the rows
+    run it (:mod:`zerotopo.bench.precision`)."""
     import os
     import time
 
     import torch
 
+    from zerotopo.bench.precision import arithmetic, torch_dtype
     from zerotopo.bench.rows import build_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = build_model(cfg)
+        model = build_model(cfg).to(torch_dtype(dtype))
         x = torch.zeros(batch, seq, dtype=torch.long)
         best = float("inf")
         for _ in range(2):
             t0 = time.perf_counter()
-            model(x).float().sum().backward()
+            with arithmetic(dtype):
+                model(x).float().sum().backward()
             best = min(best, time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
@@ -156,12 +159,15 @@ def emulated_R(
     shape: Any, topo: Any, batch: int, micro_batches: int, checkpoint: bool, **extra: Any
 ) -> float:
     """The cost model's ZeRO-3 communication over compute time on ``topo`` (:func:`emulated_topology`),
-    fp32 parameters, measured compute rate (efficiency 1), alpha-beta links (no shipped curve)."""
+    measured compute rate (efficiency 1), alpha-beta links (no shipped curve); ``extra``: more
+    :class:`CostOptions` (the widths on the wire, :func:`zerotopo.bench.wire_bytes`; fp32
+    without them)."""
     from zerotopo.cost.planner import CostOptions, estimate
     from zerotopo.cost.presets import resolve
 
+    extra = {"param_bytes": 4, **extra}
     opts = CostOptions(micro_batch=batch, grad_accum=micro_batches, checkpoint_activations=checkpoint,
-                       param_bytes=4, efficiency=1.0, default_bandwidth=False, **extra)  # fmt: skip
+                       efficiency=1.0, default_bandwidth=False, **extra)  # fmt: skip
     t = estimate(resolve("zero3")[0], shape, topo, opts).time
     return t.comm_s / t.compute_s
 

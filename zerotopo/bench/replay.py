@@ -9,7 +9,7 @@ time the shipped curve gives for the same op on the matching message and group a
 this machine. The mapping:
 
 - message: the bench message over the layer-size ratio (:func:`zerotopo.bench.regime.layer_ratio`), in
-  bf16 (a fp32 element counts 2 bytes), so a bench layer's gather stands for a NeoX-20B layer's;
+  bf16 (under `--dtype fp32` an fp32 element counts 2 bytes), so a bench layer's gather stands for a NeoX-20B layer's;
 - group: one that crosses nodes spans the target's 48 nodes with the same share of each node's devices;
   one inside a node spans a Frontier node's 8 GCDs at the same share; a tier without a curve (the
   package) waits nothing;

@@ -1,7 +1,8 @@
 """The rows of ``zerotopo bench compare``: one sharded model and optimizer step per framework.
 
-Every row starts from the same weights (:func:`build_model`, seeded) and the same AdamW settings, and
-runs one optimizer step over ``M`` micro-batches with the loss divided by ``M``:
+Every row starts from the same weights (:func:`build_model`, seeded) and the same AdamW settings, runs
+in the same precision (``dtype``: each framework's bf16 mode, or fp32; :mod:`zerotopo.bench.precision`),
+and runs one optimizer step over ``M`` micro-batches with the loss divided by ``M``:
 
 - ``zerotopo`` rows: :func:`zerotopo.engine.parallelize` under a plan (a preset or the planner's pick).
 - ``deepspeed-zero3`` / ``deepspeed-hpz``: ``deepspeed.initialize`` with ZeRO stage 3, every parameter
@@ -19,6 +20,7 @@ runs one optimizer step over ``M`` micro-batches with the loss divided by ``M``:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from zerotopo.bench import FLOOR_ROW
+from zerotopo.bench.precision import torch_dtype
 from zerotopo.models.config import NeoXConfig
 
 BETAS = (0.9, 0.95)
@@ -54,12 +57,15 @@ def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def zerotopo_row(cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float) -> Row:
+def zerotopo_row(cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float, dtype: str = "fp32") -> Row:
+    """The engine under ``plan``; ``bf16``: weights gathered and gradients reduced in bf16 (fp32 shard)."""
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
 
     mesh = build_mesh(topo, plan, topo_index=rank)
-    model, opt = parallelize(build_model(cfg), mesh=mesh, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
+    wire = torch_dtype(dtype)
+    model, opt = parallelize(build_model(cfg), mesh=mesh, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0,
+                             param_dtype=wire, reduce_dtype=wire)  # fmt: skip
 
     def step(batches):
         m = len(batches)
@@ -84,10 +90,12 @@ def deepspeed_row(
     micro_batches: int,
     lr: float,
     buckets: dict[str, int] | None = None,
+    dtype: str = "fp32",
 ) -> Row:
     """DeepSpeed ZeRO-3 (``hpz``: with a per-node secondary partition); ``buckets``: prefetch, reduce and
     persistence sizes in elements (:func:`zerotopo.bench.regime.deepspeed_buckets`), else persistence
-    0 and DeepSpeed's default buckets."""
+    0 and DeepSpeed's default buckets; ``bf16``: DeepSpeed's bf16 mode (bf16 weights and gathers,
+    gradients reduced in bf16, fp32 master weights)."""
     import deepspeed
 
     zero: dict[str, Any] = {
@@ -97,6 +105,11 @@ def deepspeed_row(
         # runs (gather in the forward, again in the backward).
         "stage3_param_persistence_threshold": 0,
         "stage3_max_reuse_distance": 0,
+        # on (DeepSpeed's default), DeepSpeed replaces torch.nn.functional.linear for the rest of the
+        # process, so the rows after this one would run its autograd function too, and that function's
+        # backward multiplies outside zerotopo.bench.precision's fp32 arithmetic (bf16 products run ~40x
+        # slower on a CPU): off, DeepSpeed runs torch's linear as every other row does
+        "memory_efficient_linear": False,
     }
     if buckets is not None:
         zero["stage3_param_persistence_threshold"] = buckets["persistence"]
@@ -113,6 +126,8 @@ def deepspeed_row(
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
     model = build_model(cfg)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=config, dist_init_required=False)
@@ -135,9 +150,11 @@ def deepspeed_row(
     return Row(step, close, {"degrees": degrees})
 
 
-def fsdp2_row(cfg: NeoXConfig, topo: Any, hpz: bool, lr: float) -> Row:
+def fsdp2_row(cfg: NeoXConfig, topo: Any, hpz: bool, lr: float, dtype: str = "fp32") -> Row:
+    """FSDP2 (HSDP or hpZ-like resharding); ``bf16``: its mixed-precision policy gathers and reduces in
+    bf16 (fp32 sharded parameters)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     node = topo.devices_per_node
     model = build_model(cfg)
@@ -147,6 +164,9 @@ def fsdp2_row(cfg: NeoXConfig, topo: Any, hpz: bool, lr: float) -> Row:
     else:
         mesh = init_device_mesh("cpu", (topo.nodes, node), mesh_dim_names=("replicate", "shard"))
         kwargs = {"mesh": mesh}
+    if dtype != "fp32":
+        wire = torch_dtype(dtype)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=wire, reduce_dtype=wire)
     for layer in model.layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -193,9 +213,13 @@ def warm_up(cfg: NeoXConfig) -> None:
     optim.step()
 
 
-def floor_row(cfg: NeoXConfig, lr: float) -> Row:
-    model = build_model(cfg)
-    optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
+def floor_row(cfg: NeoXConfig, lr: float, dtype: str = "fp32") -> Row:
+    """Each rank its own replica, no communication; ``bf16``: a bf16 working copy computes, its
+    gradients step fp32 master weights, which are copied back (what a sharded row does, unsharded)."""
+    master = build_model(cfg)
+    optim = torch.optim.AdamW(master.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
+    model = master if dtype == "fp32" else copy.deepcopy(master).to(torch_dtype(dtype))
+    pairs = list(zip(master.parameters(), model.parameters()))
 
     def step(batches):
         total = 0.0
@@ -203,8 +227,16 @@ def floor_row(cfg: NeoXConfig, lr: float) -> Row:
             loss = _loss(model(x), y)
             (loss / len(batches)).backward()
             total += loss.item()
+        if model is not master:
+            for p, w in pairs:
+                p.grad = w.grad.float()
+                w.grad = None
         optim.step()
         optim.zero_grad()
+        if model is not master:
+            with torch.no_grad():
+                for p, w in pairs:
+                    w.copy_(p)
         return total / len(batches)
 
     return Row(step, info={"degrees": "replica per rank, no sync"})
@@ -212,13 +244,16 @@ def floor_row(cfg: NeoXConfig, lr: float) -> Row:
 
 def build_row(name: str, plan: Any, cfg: NeoXConfig, topo: Any, rank: int, opts: Any) -> Row:
     """The row called ``name`` (``plan``: the zerotopo plan of a zerotopo row, else None)."""
+    dt = opts.dtype
     if name == FLOOR_ROW:
-        return floor_row(cfg, opts.lr)
+        return floor_row(cfg, opts.lr, dt)
     if plan is not None:
-        return zerotopo_row(cfg, topo, plan, rank, opts.lr)
+        return zerotopo_row(cfg, topo, plan, rank, opts.lr, dt)
     if name in ("deepspeed-zero3", "deepspeed-hpz"):
         hpz = name == "deepspeed-hpz"
-        return deepspeed_row(cfg, topo, hpz, opts.batch, opts.micro_batches, opts.lr, opts.deepspeed_buckets)
+        return deepspeed_row(
+            cfg, topo, hpz, opts.batch, opts.micro_batches, opts.lr, opts.deepspeed_buckets, dt
+        )
     if name in ("fsdp2-hsdp", "fsdp2-hpz"):
-        return fsdp2_row(cfg, topo, name == "fsdp2-hpz", opts.lr)
+        return fsdp2_row(cfg, topo, name == "fsdp2-hpz", opts.lr, dt)
     raise ValueError(f"unknown benchmark row {name!r}")
