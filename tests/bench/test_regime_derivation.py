@@ -7,7 +7,7 @@ import pytest
 
 from zerotopo.bench import regime as R
 from zerotopo.bench.compare import MODELS, CompareOptions, model_config, resolve_rows
-from zerotopo.bench.replay import Replay, replay_wait, target_group
+from zerotopo.bench.replay import Replay, install, replay_wait, target_group
 from zerotopo.placement.topology import load_topology
 
 
@@ -142,3 +142,68 @@ def test_frontier_20b_puts_bf16_on_the_wire_and_comm_bound_keeps_fp32():
     _, old, _ = _args("--regime", "comm-bound")
     _, chosen, _ = _args("--dtype", "fp32")
     assert (derived.dtype, old.dtype, chosen.dtype) == ("bf16", "fp32", "fp32")
+
+
+def _replay_rank(rank: int, world: int) -> dict:
+    """On 4 ranks (2 emulated nodes): one DeepSpeed-style torch.distributed all-gather and one engine
+    all-gather (issued through torch.distributed inside the engine's collective) under the replay."""
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from zerotopo.comm import collectives
+
+    r = Replay("frontier-48", layer_ratio=1e-4, scale=1e-3, bench_per_node=2)
+    waited = install(r)
+    inp = torch.ones(1000)
+    out = torch.empty(world * 1000)
+    dist.all_gather_into_tensor(out, inp)
+    after_plain = dict(waited)
+
+    def issue():
+        return dist.all_gather_into_tensor(out, inp, async_op=True), []
+
+    group = types.SimpleNamespace(pg=None)
+    collectives.run_collective("all_gather", group, out, numel=out.numel(), nbytes=0, dtype=out.dtype,
+                               ledger=None, tag="", async_op=False, stream=None, issue=issue)  # fmt: skip
+    collectives.observe_collectives(None)
+    return {"plain": after_plain, "both": dict(waited)}
+
+
+@pytest.mark.slow
+def test_replay_waits_once_for_every_framework_and_the_engine():
+    """Every torch.distributed collective waits its curve time, and an engine collective waits once
+    (observed by the engine, not again by the wrapped torch.distributed call it makes)."""
+    from zerotopo.cost.bandwidth import default_table
+    from zerotopo.launch.spawn import spawn
+
+    results = spawn(_replay_rank, 4, ranks_per_node=2, timeout_s=120)
+    r = Replay("frontier-48", layer_ratio=1e-4, scale=1e-3, bench_per_node=2)
+    # 4,000 fp32 values count as bf16 ones; the group spans both nodes: the target's 48 x 8
+    want = replay_wait(default_table("frontier"), "all_gather", 4000 * 2, "network", 48, 8, r)
+    assert want > 0
+    for res in results:
+        assert res["plain"]["all_gather"] == pytest.approx(want)
+        assert res["both"]["all_gather"] == pytest.approx(2 * want)
+
+
+def test_schedule_wait_prices_each_call_as_the_ranks_wait():
+    """The prediction's replay term: every collective of a step schedule at the curve's time, counted
+    as often as it runs, fp32 messages as bf16."""
+    from zerotopo.bench.replay import schedule_wait
+    from zerotopo.cost.bandwidth import default_table
+    from zerotopo.placement.schedule import Collective
+
+    c = Collective("forward", "all_gather", "params", 8, "network", 0, 3, "fp32", message_bytes=8_000_000,
+                   nodes=2, ranks_per_node=4)  # fmt: skip
+    sched = types_schedule([c])
+    r = Replay("frontier-48", layer_ratio=0.01, scale=0.5, bench_per_node=4)
+    one = replay_wait(default_table("frontier"), "all_gather", 4_000_000, "network", 48, 8, r)
+    assert one > 0 and schedule_wait(sched, r) == pytest.approx(3 * one)
+
+
+def types_schedule(colls):
+    import types
+
+    return types.SimpleNamespace(collectives=lambda: colls)

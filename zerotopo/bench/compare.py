@@ -339,7 +339,7 @@ def resolve_rows(
                 plan, sched = costed
                 est = estimate(plan, shape, topo, cost, schedule=sched)
                 meta[name].update(
-                    predicted=est.time.step_time_s,
+                    predicted=predicted_step(est, opts),
                     predicted_tier_bytes=dict(est.comm_bytes),
                     predicted_memory_bytes=est.memory.total,
                     plan_object=plan,
@@ -365,7 +365,7 @@ def resolve_rows(
             "kind": "zerotopo",
             "plan": plan.name,
             "quantized": _quantized(plan),
-            "predicted": est.time.step_time_s,
+            "predicted": predicted_step(est, opts),
             "predicted_tier_bytes": {k: v for k, v in est.comm_bytes.items()},
             "placement": placement(plan, topo),
             "plan_object": plan,
@@ -382,6 +382,17 @@ def resolve_rows(
         else:
             specs.append((name, plan))
     return specs, meta
+
+
+def predicted_step(est: Any, opts: CompareOptions) -> float:
+    """The cost model's step time of a row; under ``--curves`` plus what the replay makes one step of
+    its schedule wait (:func:`zerotopo.bench.replay.schedule_wait`: the ranks sleep on the thread that
+    computes, so the waits add to the step)."""
+    if opts.replay is None or est.schedule is None:
+        return est.time.step_time_s
+    from zerotopo.bench.replay import schedule_wait
+
+    return est.time.step_time_s + schedule_wait(est.schedule, opts.replay)
 
 
 def _cap(specs: list[tuple[str, Any]], meta: dict[str, Any], cap: float | None) -> None:
@@ -420,7 +431,7 @@ def repredict(
         plan = m.get("plan_object")
         if plan is not None and r.get("step_time_s"):
             est = estimate(plan, shape, measured, cost, schedule=m.get("schedule_object"))
-            r["predicted_step_time_s"] = est.time.step_time_s
+            r["predicted_step_time_s"] = predicted_step(est, opts)
     return f"measured by the no-comm row: {tflops * 1e3:.3f} GFLOPS per rank"
 
 

@@ -67,13 +67,39 @@ def target_group(
     ranks: list[int], bench_per_node: int, target_nodes: int, target_per_node: int
 ) -> tuple[str, int, int]:
     """(tier, nodes, ranks per node) at the target of a bench group of ``ranks``."""
-    nodes = {r // bench_per_node for r in ranks}
-    per_node = max(1, round(len(ranks) / len(nodes) * target_per_node / bench_per_node))
-    if len(nodes) > 1:
+    nodes = len({r // bench_per_node for r in ranks})
+    return target_span(nodes, len(ranks), bench_per_node, target_nodes, target_per_node)
+
+
+def target_span(
+    nodes: int, size: int, bench_per_node: int, target_nodes: int, target_per_node: int
+) -> tuple[str, int, int]:
+    """(tier, nodes, ranks per node) at the target of a bench group of ``size`` ranks over ``nodes``."""
+    per_node = max(1, round(size / nodes * target_per_node / bench_per_node))
+    if nodes > 1:
         return "network", target_nodes, per_node
-    if len(ranks) >= bench_per_node:
+    if size >= bench_per_node:
         return "node", 1, per_node
     return "package", 1, per_node
+
+
+def schedule_wait(schedule: Any, r: Replay) -> float:
+    """Seconds one step of ``schedule`` (:class:`zerotopo.placement.schedule.StepSchedule`) waits under
+    ``r``: :func:`replay_wait` of each collective call, as :func:`install` computes it for the call the
+    rank makes (the whole message, at most 2 bytes per element). The ranks sleep on the thread that
+    computes, so a prediction adds this to the step."""
+    from zerotopo.cost.bandwidth import OP_FAMILY, default_table
+
+    topology, nodes = CURVES[r.curves]
+    table = default_table(topology)
+    total = 0.0
+    for c in schedule.collectives():
+        size = c.message_bytes
+        if c.dtype == "fp32":
+            size //= 2  # as _nbytes: an fp32 element stands for a bf16 one
+        span = target_span(c.nodes, c.group_size, r.bench_per_node, nodes, r.target_per_node)
+        total += c.count * replay_wait(table, OP_FAMILY.get(c.op, c.op), size, *span, r)
+    return total
 
 
 def replay_wait(
@@ -91,11 +117,14 @@ def replay_wait(
 
 
 def install(r: Replay) -> dict[str, float]:
-    """Wrap ``torch.distributed``'s collectives in this process (see the module note); returns the
-    running totals {op: seconds waited}, updated as the rank runs."""
+    """Wrap ``torch.distributed``'s collectives in this process and observe the engine's
+    (:func:`zerotopo.comm.collectives.observe_collectives`: its reduce-scatter on gloo is a ring of
+    point-to-point sends no wrapper sees); returns the running totals {op: seconds waited}, updated as
+    the rank runs."""
     import torch.distributed as dist
 
-    from zerotopo.cost.bandwidth import default_table
+    from zerotopo.comm import collectives
+    from zerotopo.cost.bandwidth import OP_FAMILY, default_table
 
     topology, nodes = CURVES[r.curves]
     table = default_table(topology)
@@ -113,30 +142,36 @@ def install(r: Replay) -> dict[str, float]:
             spans[key] = target_group(ranks, r.bench_per_node, nodes, r.target_per_node)
         return spans[key]
 
+    def wait(op: str, size: float, group: Any) -> None:
+        seconds = replay_wait(table, op, size, *span(group), r)
+        if seconds > 0:
+            time.sleep(seconds)
+            waited[op] = waited.get(op, 0.0) + seconds
+
     def wrap(name: str, fn: Any) -> Any:
         op, arg = OPS[name]
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
         def waiting(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            values = list(bound.values())
-            size = _nbytes(values[arg]) if len(values) > arg else 0
-            wait = replay_wait(table, op, size, *span(bound.get("group")), r)
-            if wait > 0:
-                time.sleep(wait)
-                waited[op] = waited.get(op, 0.0) + wait
+            if not collectives.issuing():  # the engine's calls: observed below, once per collective
+                bound = signature.bind_partial(*args, **kwargs).arguments
+                values = list(bound.values())
+                wait(op, _nbytes(values[arg]) if len(values) > arg else 0, bound.get("group"))
             return fn(*args, **kwargs)
 
+        waiting._replayed = True  # type: ignore[attr-defined]
         return waiting
+
+    def engine(op: str, group: Any, numel: int, itemsize: int) -> None:
+        family = OP_FAMILY.get(op)
+        if family in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+            wait(family, numel * min(itemsize, 2), group)
 
     for name in OPS:
         fn = getattr(dist, name, None)
-        if fn is not None and not hasattr(fn, "__wrapped__"):
+        # torch's own functions carry __wrapped__ (its exception logger): mark ours instead
+        if fn is not None and not getattr(fn, "_replayed", False):
             setattr(dist, name, wrap(name, fn))
-    # the engine's collectives bind their all-gather and reduce-scatter at import
-    from zerotopo.comm import collectives
-
-    collectives._ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    collectives._REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    collectives.observe_collectives(engine)
     return waited

@@ -22,6 +22,7 @@ a slice). The ledger still records the logical message: its dtype and the ring b
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,6 +42,29 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 Finish = Callable[[], None]
+Observer = Callable[[str, Any, int, int], None]
+
+# instrumentation (observe_collectives): one observer per process, and whether this thread is issuing
+_observer: Observer | None = None
+_issuing = threading.local()
+
+
+def observe_collectives(fn: Observer | None) -> Observer | None:
+    """Call ``fn(op, process_group, numel, itemsize)`` before each collective the engine issues (``op`` as
+    the ledger names it; the whole message: gathered output, reduce-scatter input, all-reduce buffer,
+    all-to-all input, its elements and their width in bytes), whichever torch.distributed calls carry it (a ring of
+    point-to-point sends included). Returns the previous observer; None removes it. For instrumentation
+    such as ``zerotopo.bench.replay``, whose wrappers of torch.distributed skip the calls made while the
+    engine issues one of its own (:func:`issuing`)."""
+    global _observer
+    previous, _observer = _observer, fn
+    return previous
+
+
+def issuing() -> bool:
+    """Whether this thread is inside the issue of an engine collective (its torch.distributed calls are
+    parts of that collective, already reported to the observer)."""
+    return getattr(_issuing, "depth", 0) > 0
 
 
 def assume_unsupported(backend: str, op: str, dtype: torch.dtype | None = None) -> None:
@@ -164,7 +188,13 @@ def run_collective(
     device = ref.device
     with stream_context(stream, device), record_function(f"zerotopo::{op} {tag}".rstrip()):
         start = _start_clock(device) if ledger is not None else None  # no events when nothing records
-        work, finish = issue()
+        if _observer is not None:
+            _observer(op, getattr(group, "pg", None), numel, ref.element_size())
+        _issuing.depth = getattr(_issuing, "depth", 0) + 1
+        try:
+            work, finish = issue()
+        finally:
+            _issuing.depth -= 1
     rec = None
     if ledger is not None:
         rec = ledger.record(op, group, dtype=dtype, numel=numel, bytes_sent=nbytes, seconds=0.0, tag=tag)
