@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,9 @@ from torch.profiler import record_function
 
 from zerotopo.comm.ledger import Ledger, Record
 from zerotopo.placement import volume
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 # (backend, op, dtype) found unsupported; dtype None: the op itself.
@@ -41,6 +44,20 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 Finish = Callable[[], None]
+
+
+class RunOptions(TypedDict, total=False):
+    """How a collective runs; every collective here takes these keywords (all optional).
+
+    ``ledger``: record the call there (default: no record). ``async_op``: return a :class:`Pending`
+    instead of waiting (default False). ``stream``: the accelerator stream to issue on (default: the
+    current one; [Note: streams]). ``tag``: the name the record and the profiler range carry (default "").
+    """
+
+    ledger: Ledger | None
+    async_op: bool
+    stream: Any
+    tag: str
 
 
 def assume_unsupported(backend: str, op: str, dtype: torch.dtype | None = None) -> None:
@@ -154,11 +171,11 @@ def run_collective(
     numel: int,
     nbytes: int,
     dtype: torch.dtype | str,
-    ledger: Ledger | None,
-    tag: str,
-    async_op: bool,
-    stream: Any,
     issue: Callable[[], tuple[Any, list[Finish]]],
+    ledger: Ledger | None = None,
+    tag: str = "",
+    async_op: bool = False,
+    stream: Any = None,
 ) -> Pending | None:
     """Issue one collective (on ``stream``), record it, and wait unless ``async_op``."""
     device = ref.device
@@ -253,18 +270,14 @@ def all_gather(
     out: torch.Tensor,
     inp: torch.Tensor,
     group: Any,
-    *,
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """``out`` = concatenation of every position's ``inp``, in position order."""
     _check_split(out, inp, group.size, "all_gather")
     nbytes = volume.all_gather_bytes(out.numel(), group.size, out.element_size())
     return run_collective(
-        "all_gather", group, out, numel=out.numel(), nbytes=nbytes, dtype=out.dtype, ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=lambda: issue_all_gather(out, inp, group),
+        "all_gather", group, out, numel=out.numel(), nbytes=nbytes, dtype=out.dtype,
+        issue=lambda: issue_all_gather(out, inp, group), **options,
     )  # fmt: skip
 
 
@@ -275,10 +288,7 @@ def reduce_scatter(
     *,
     order: Sequence[int] | None = None,
     op: str = "sum",
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """Reduce ``inp`` (the full buffer, natural chunk order) over the group; position ``i`` receives
     chunk ``order[i]`` (default ``i``) of the reduction in ``out``."""
@@ -329,8 +339,7 @@ def reduce_scatter(
         return _native_or_fallback(group, "reduce_scatter", inp.dtype, native, fallback)
 
     return run_collective(
-        "reduce_scatter", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=issue,
+        "reduce_scatter", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, issue=issue, **options
     )  # fmt: skip
 
 
@@ -369,10 +378,7 @@ def all_reduce(
     group: Any,
     *,
     op: str = "sum",
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """Reduce ``t`` in place over the group (``sum``, ``max`` or ``min``)."""
     red = _REDUCE_OPS[op]
@@ -393,8 +399,7 @@ def all_reduce(
         return _native_or_fallback(group, "all_reduce", t.dtype, native, fallback)
 
     return run_collective(
-        "all_reduce", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
-        async_op=async_op, stream=stream, issue=issue,
+        "all_reduce", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, issue=issue, **options
     )  # fmt: skip
 
 
@@ -425,11 +430,7 @@ def all_to_all(
     out: torch.Tensor,
     inp: torch.Tensor,
     group: Any,
-    *,
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """Equal-chunk all-to-all: position ``i`` receives chunk ``i`` of every position's ``inp``."""
     if out.numel() != inp.numel() or out.numel() % group.size or out.dtype != inp.dtype:
@@ -439,8 +440,8 @@ def all_to_all(
         )
     nbytes = volume.all_to_all_bytes(inp.numel(), group.size, inp.element_size())
     return run_collective(
-        "all_to_all", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=lambda: issue_all_to_all(out, inp, group),
+        "all_to_all", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype,
+        issue=lambda: issue_all_to_all(out, inp, group), **options,
     )  # fmt: skip
 
 
@@ -448,11 +449,7 @@ def broadcast(
     t: torch.Tensor,
     src_position: int,
     group: Any,
-    *,
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """Copy ``t`` of position ``src_position`` into ``t`` of every member."""
     if not 0 <= src_position < group.size:
@@ -476,8 +473,7 @@ def broadcast(
         return _native_or_fallback(group, "broadcast", t.dtype, native, fallback), []
 
     return run_collective(
-        "broadcast", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
-        async_op=async_op, stream=stream, issue=issue,
+        "broadcast", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, issue=issue, **options
     )  # fmt: skip
 
 
