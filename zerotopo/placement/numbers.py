@@ -19,7 +19,8 @@ from zerotopo.errors import short
 PROBLEMS = ("bool", "type", "finite", "whole", "low", "high")
 
 #: Default templates. Fields: ``what`` (the input's name), ``found`` (the value, shortened), ``kind``
-#: ("an integer" or "a number"), ``minimum``/``above``/``maximum`` (the bounds given).
+#: ("an integer" or "a number"), ``minimum``/``above``/``maximum`` (the bounds given) and ``rule`` (the
+#: lower bound as ``> 0`` or ``>= 0``). Range problems show the value as parsed, the others as given.
 MESSAGES: Mapping[str, str] = {
     "type": "{what}: expected {kind}, found {found}",
     "finite": "{what}: expected a finite number, found {found}",
