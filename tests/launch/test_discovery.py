@@ -281,6 +281,9 @@ SLURM_OK = frontier_env(2, 9, "frontier[00012-00013]")
         ({"SLURM_JOB_NODELIST": None}, r"none of SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST"),
         ({"SLURM_LOCALID": None}, r"SLURM_LOCALID is not set"),
         ({"SLURM_PROCID": "nine"}, r"SLURM_PROCID='nine' is not an integer"),
+        ({"SLURM_PROCID": "--5"}, r"SLURM_PROCID='--5' is not an integer"),
+        ({"SLURM_NODEID": "-1"}, r"SLURM_NODEID=-1 is negative \(srun launch\)"),
+        ({"SLURM_NTASKS": "1" * 13}, r"SLURM_NTASKS=1111111111111 is above 999999999999"),
     ],
 )
 def test_slurm_errors(changes, message):

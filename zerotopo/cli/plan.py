@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 import time
@@ -26,6 +25,7 @@ from zerotopo.cost.memory import GIB
 from zerotopo.cost.planner import MODEL_ERROR, CostOptions, PlanEstimate, plan_candidates, recommendation
 from zerotopo.cost.presets import resolve
 from zerotopo.errors import ConfigError
+from zerotopo.placement import numbers
 from zerotopo.placement.shape import ModelShape
 from zerotopo.placement.topology import Topology, load_topology
 
@@ -122,9 +122,17 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> None:
-    if value is not None and not (math.isfinite(value) and 0 < value <= maximum):
-        bound = int(maximum) if float(maximum).is_integer() else maximum
-        raise ConfigError(f"expected a positive number up to {bound}, found {value}", source=name)
+    if value is None:
+        return
+    bound = int(maximum) if float(maximum).is_integer() else maximum
+    wording = f"expected a positive number up to {bound}, found {{found}}"
+    numbers.number(
+        value,
+        above=0,
+        maximum=maximum,
+        messages=wording,
+        error=lambda message: ConfigError(message, source=name),
+    )
 
 
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:

@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from torch.profiler import record_function
 
 from zerotopo.comm.ledger import Ledger, Record
 from zerotopo.placement import volume
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 # (backend, op, dtype) found unsupported; dtype None: the op itself.
@@ -65,6 +68,20 @@ def issuing() -> bool:
     """Whether this thread is inside the issue of an engine collective (its torch.distributed calls are
     parts of that collective, already reported to the observer)."""
     return getattr(_issuing, "depth", 0) > 0
+
+
+class RunOptions(TypedDict, total=False):
+    """How a collective runs; every collective here takes these keywords (all optional).
+
+    ``ledger``: record the call there (default: no record). ``async_op``: return a :class:`Pending`
+    instead of waiting (default False). ``stream``: the accelerator stream to issue on (default: the
+    current one; [Note: streams]). ``tag``: the name the record and the profiler range carry (default "").
+    """
+
+    ledger: Ledger | None
+    async_op: bool
+    stream: Any
+    tag: str
 
 
 def assume_unsupported(backend: str, op: str, dtype: torch.dtype | None = None) -> None:
@@ -178,11 +195,11 @@ def run_collective(
     numel: int,
     nbytes: int,
     dtype: torch.dtype | str,
-    ledger: Ledger | None,
-    tag: str,
-    async_op: bool,
-    stream: Any,
     issue: Callable[[], tuple[Any, list[Finish]]],
+    ledger: Ledger | None = None,
+    tag: str = "",
+    async_op: bool = False,
+    stream: Any = None,
 ) -> Pending | None:
     """Issue one collective (on ``stream``), record it, and wait unless ``async_op``."""
     device = ref.device
@@ -283,18 +300,14 @@ def all_gather(
     out: torch.Tensor,
     inp: torch.Tensor,
     group: Any,
-    *,
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """``out`` = concatenation of every position's ``inp``, in position order."""
     _check_split(out, inp, group.size, "all_gather")
     nbytes = volume.all_gather_bytes(out.numel(), group.size, out.element_size())
     return run_collective(
-        "all_gather", group, out, numel=out.numel(), nbytes=nbytes, dtype=out.dtype, ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=lambda: issue_all_gather(out, inp, group),
+        "all_gather", group, out, numel=out.numel(), nbytes=nbytes, dtype=out.dtype,
+        issue=lambda: issue_all_gather(out, inp, group), **options,
     )  # fmt: skip
 
 
@@ -305,10 +318,7 @@ def reduce_scatter(
     *,
     order: Sequence[int] | None = None,
     op: str = "sum",
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """Reduce ``inp`` (the full buffer, natural chunk order) over the group; position ``i`` receives
     chunk ``order[i]`` (default ``i``) of the reduction in ``out``."""
@@ -359,8 +369,7 @@ def reduce_scatter(
         return _native_or_fallback(group, "reduce_scatter", inp.dtype, native, fallback)
 
     return run_collective(
-        "reduce_scatter", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=issue,
+        "reduce_scatter", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, issue=issue, **options
     )  # fmt: skip
 
 
@@ -399,10 +408,7 @@ def all_reduce(
     group: Any,
     *,
     op: str = "sum",
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """Reduce ``t`` in place over the group (``sum``, ``max`` or ``min``)."""
     red = _REDUCE_OPS[op]
@@ -423,8 +429,7 @@ def all_reduce(
         return _native_or_fallback(group, "all_reduce", t.dtype, native, fallback)
 
     return run_collective(
-        "all_reduce", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
-        async_op=async_op, stream=stream, issue=issue,
+        "all_reduce", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, issue=issue, **options
     )  # fmt: skip
 
 
@@ -455,11 +460,7 @@ def all_to_all(
     out: torch.Tensor,
     inp: torch.Tensor,
     group: Any,
-    *,
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """Equal-chunk all-to-all: position ``i`` receives chunk ``i`` of every position's ``inp``."""
     if out.numel() != inp.numel() or out.numel() % group.size or out.dtype != inp.dtype:
@@ -469,8 +470,8 @@ def all_to_all(
         )
     nbytes = volume.all_to_all_bytes(inp.numel(), group.size, inp.element_size())
     return run_collective(
-        "all_to_all", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype, ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=lambda: issue_all_to_all(out, inp, group),
+        "all_to_all", group, out, numel=inp.numel(), nbytes=nbytes, dtype=inp.dtype,
+        issue=lambda: issue_all_to_all(out, inp, group), **options,
     )  # fmt: skip
 
 
@@ -478,11 +479,7 @@ def broadcast(
     t: torch.Tensor,
     src_position: int,
     group: Any,
-    *,
-    ledger: Ledger | None = None,
-    async_op: bool = False,
-    stream: Any = None,
-    tag: str = "",
+    **options: Unpack[RunOptions],
 ) -> Pending | None:
     """Copy ``t`` of position ``src_position`` into ``t`` of every member."""
     if not 0 <= src_position < group.size:
@@ -506,8 +503,7 @@ def broadcast(
         return _native_or_fallback(group, "broadcast", t.dtype, native, fallback), []
 
     return run_collective(
-        "broadcast", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, ledger=ledger, tag=tag,
-        async_op=async_op, stream=stream, issue=issue,
+        "broadcast", group, t, numel=t.numel(), nbytes=nbytes, dtype=t.dtype, issue=issue, **options
     )  # fmt: skip
 
 

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from zerotopo.placement import numbers
+
 Check = Callable[[Any], Any]
 
 #: No integer key is ever larger (2**53: still exact as a float).
@@ -15,22 +17,22 @@ MAX_INT = 2**53
 
 def _number(value: Any, kind: type) -> Any:
     # PyYAML reads "6e-4" (no dot) as a string, as YAML 1.1 says; NeoX configs write it that way.
-    if isinstance(value, bool):
-        raise ValueError(f"expected a{'n integer' if kind is int else ' number'}, not a boolean")
-    if isinstance(value, str):
-        try:
-            value = kind(float(value)) if kind is float else int(value)
-        except ValueError:
-            raise ValueError(f"expected a{'n integer' if kind is int else ' number'}") from None
-    if kind is int and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise ValueError(f"expected a{'n integer' if kind is int else ' number'}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("expected a finite number")
-    if kind is int and abs(value) > MAX_INT:
-        raise ValueError(f"expected an integer of at most {MAX_INT}")
-    return kind(value)
+    expected = "expected an integer" if kind is int else "expected a number"
+    return numbers.number(
+        value,
+        integer=kind is int,
+        strings=True,
+        minimum=-MAX_INT if kind is int else None,
+        maximum=MAX_INT if kind is int else None,
+        messages={
+            "bool": f"{expected}, not a boolean",
+            "type": expected,
+            "whole": expected,
+            "finite": "expected a finite number",
+            "low": f"expected an integer of at most {MAX_INT}",
+            "high": f"expected an integer of at most {MAX_INT}",
+        },
+    )
 
 
 def integer(lo: int | None = None, hi: int | None = None) -> Check:

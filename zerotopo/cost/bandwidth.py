@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from zerotopo.errors import ConfigError
+from zerotopo.placement import numbers
 
 FAMILIES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 #: Ledger op -> the curve family that times it.
@@ -182,9 +183,14 @@ def _over_nodes(curves: list[Curve], message_bytes: float, nodes: int) -> float:
 
 
 def _positive_int(value: Any, source: str, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"expected a positive integer, found {value!r}", source=source, key=key)
-    return value
+    return numbers.number(
+        value,
+        integer=True,
+        whole_floats=False,
+        minimum=1,
+        messages="expected a positive integer, found {found}",
+        error=lambda message: ConfigError(message, source=source, key=key),
+    )
 
 
 def curves_from_list(raw: Any, source: str, key: str = "bandwidth") -> tuple[Curve, ...]:
@@ -222,11 +228,15 @@ def curves_from_list(raw: Any, source: str, key: str = "bandwidth") -> tuple[Cur
             raise ConfigError("sizes must increase", source=source, key=f"{path}.sizes")
         ys = []
         for j, b in enumerate(bws):
-            if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
-                raise ConfigError(
-                    f"expected a bandwidth > 0, found {b!r}", source=source, key=f"{path}.busbw_gbps[{j}]"
+            where = f"{path}.busbw_gbps[{j}]"
+            ys.append(
+                numbers.number(
+                    b,
+                    above=0,
+                    messages="expected a bandwidth > 0, found {found}",
+                    error=lambda message, where=where: ConfigError(message, source=source, key=where),
                 )
-            ys.append(float(b))
+            )
         out.append(
             Curve(
                 op,

@@ -28,7 +28,6 @@ tiers left out keep their YAML figures.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 from zerotopo.cost.bandwidth import BandwidthTable, curves_from_list
 from zerotopo.cost.time import OverlapModel, overlap_from_mapping
 from zerotopo.errors import ConfigError, short
+from zerotopo.placement import numbers
 from zerotopo.placement.topology import Topology
 from zerotopo.placement.yamlio import load_yaml_file
 
@@ -47,14 +47,21 @@ _TIER_KEYS = ("bandwidth_gbps", "latency_us")
 
 
 def _number(value: Any, source: str, key: str, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"expected a number, found {short(value)}", source=source, key=key)
-    if not math.isfinite(value) or (positive and value <= 0) or value < 0 or value > 1e9:
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(
-            f"expected a value {bound} (finite, below 1e9), found {short(value)}", source=source, key=key
-        )
-    return float(value)
+    bound = "> 0" if positive else ">= 0"
+    out_of_range = f"expected a value {bound} (finite, below 1e9), found {{found}}"
+    return numbers.number(
+        value,
+        above=0 if positive else None,
+        minimum=None if positive else 0,
+        maximum=1e9,
+        messages={
+            "type": "expected a number, found {found}",
+            "finite": out_of_range,
+            "low": out_of_range,
+            "high": out_of_range,
+        },
+        error=lambda message: ConfigError(message, source=source, key=key),
+    )
 
 
 def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[str, Any]:

@@ -28,12 +28,15 @@ from typing import Any
 from zerotopo.errors import LaunchError
 from zerotopo.launch.devices import agree_on_device_kind, backend_for, detect_device_kind, physical_device
 from zerotopo.launch.hostlist import count_hosts, first_host, parse_tasks_per_node
+from zerotopo.placement import numbers
 
 LAUNCHERS = ("slurm", "mpi", "torchrun", "local")
 MPI_MARKERS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK")
 DEFAULT_PORT = 29500
 #: Largest world size believed (a launcher variable above it is garbage).
 MAX_WORLD = 1 << 24
+#: Largest number read from a launcher variable (twelve digits: anything longer is not a rank or a port).
+MAX_ENV_INT = 10**12 - 1
 
 
 @dataclass(frozen=True)
@@ -74,16 +77,21 @@ def _int(environ: Mapping[str, str], name: str, launcher: str) -> int:
             f"{launcher} launch detected but {name} is not set; the launcher's environment is incomplete. "
             f"Launch every rank through {launcher} (or pass --launcher to pick another)."
         )
-    shown = value if len(value) <= 40 else value[:37] + "..."
-    text = value.strip()
-    if not (text.isascii() and text.lstrip("-").isdigit() and len(text) <= 12):
-        raise LaunchError(
-            f"{name}={shown!r} is not an integer ({launcher} launch); check the variable or unset it."
-        )
-    number = int(text)
-    if number < 0:
-        raise LaunchError(f"{name}={number} is negative ({launcher} launch); check the variable or unset it.")
-    return number
+    fix = f"({launcher} launch); check the variable or unset it."
+    return numbers.number(
+        value,
+        name,
+        integer=True,
+        strings=True,
+        minimum=0,
+        maximum=MAX_ENV_INT,
+        messages={
+            "type": f"{{what}}={{found}} is not an integer {fix}",
+            "low": f"{{what}}={{found}} is negative {fix}",
+            "high": f"{{what}}={{found}} is above {MAX_ENV_INT} {fix}",
+        },
+        error=LaunchError,
+    )
 
 
 def _port(environ: Mapping[str, str], name: str, launcher: str) -> int:

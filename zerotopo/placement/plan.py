@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from zerotopo.errors import ConfigError, PlanError, short
+from zerotopo.placement.numbers import PROBLEMS, number
 from zerotopo.placement.topology import Topology
 from zerotopo.placement.yamlio import load_yaml_file, load_yaml_text
 
@@ -303,6 +304,24 @@ def get_preset(name: str, source: str = "plan") -> Plan:
 _PLAN_FIELDS = {f for f in Plan.__dataclass_fields__ if f != "description"}
 
 
+def _integer(value: Any, source: str, key: str, lo: int | None = None, hi: int | None = None) -> int:
+    """An integer plan value; ConfigError naming ``key`` when it is not one, or not in ``[lo, hi]``."""
+    out_of_range = f"expected {lo} to {hi}, found {{found}}"
+    return number(
+        value,
+        integer=True,
+        whole_floats=False,
+        minimum=lo,
+        maximum=hi,
+        messages={
+            **dict.fromkeys(PROBLEMS, "expected an integer, found {found}"),
+            "low": out_of_range,
+            "high": out_of_range,
+        },
+        error=lambda message: ConfigError(message, source=source, key=key),
+    )
+
+
 def plan_from_mapping(raw: Mapping[str, Any], source: str = "plan") -> Plan:
     """Build a plan from YAML/dict: ``preset:`` (optional base) plus any :class:`Plan` field.
 
@@ -351,17 +370,9 @@ def plan_from_mapping(raw: Mapping[str, Any], source: str = "plan") -> Plan:
             raise ConfigError(f"expected a number or a tier name, found {short(v)}", source=source, key=k)
         if isinstance(v, int) and v < 1:
             raise ConfigError(f"expected a positive degree, found {v}", source=source, key=k)
-    for k in ("quant_block", "prefetch"):
-        if k in raw and (isinstance(raw[k], bool) or not isinstance(raw[k], int)):
-            raise ConfigError(f"expected an integer, found {short(raw[k])}", source=source, key=k)
-    if "quant_block" in raw and not 2 <= raw["quant_block"] <= MAX_QUANT_BLOCK:
-        raise ConfigError(
-            f"expected 2 to {MAX_QUANT_BLOCK}, found {raw['quant_block']}", source=source, key="quant_block"
-        )
-    if "prefetch" in raw and not 0 <= raw["prefetch"] <= MAX_PREFETCH:
-        raise ConfigError(
-            f"expected 0 to {MAX_PREFETCH}, found {raw['prefetch']}", source=source, key="prefetch"
-        )
+    for k, lo, hi in (("quant_block", 2, MAX_QUANT_BLOCK), ("prefetch", 0, MAX_PREFETCH)):
+        if k in raw:
+            raw[k] = _integer(raw[k], source, k, lo, hi)
     plan = replace(base, **raw)
     if "name" not in raw and base.name != "custom" and set(raw) - {"sync", "prefetch", "grad_reduce"}:
         plan = replace(plan, name=f"{base.name}*")
@@ -393,9 +404,8 @@ def plan_from_deepspeed(zero: Mapping[str, Any], source: str = "zero_optimizatio
     plan = get_preset(["ddp", "zero1", "zero2", "zero3"][stage])
     hpz = z.get("zero_hpz_partition_size", 1) or 1
     mics = z.get("mics_shard_size", -1) or -1
-    for k, v in (("zero_hpz_partition_size", hpz), ("mics_shard_size", mics)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"expected an integer, found {short(v)}", source=source, key=k)
+    hpz = _integer(hpz, source, "zero_hpz_partition_size")
+    mics = _integer(mics, source, "mics_shard_size")
     changes: dict[str, Any] = {}
     if mics > 0:
         if stage != 3:

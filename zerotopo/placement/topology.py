@@ -22,6 +22,7 @@ from typing import Any
 
 from zerotopo import resources
 from zerotopo.errors import ConfigError, short
+from zerotopo.placement.numbers import PROBLEMS, number
 from zerotopo.placement.yamlio import load_yaml_file
 
 #: Names a degree may use besides tier names.
@@ -124,13 +125,20 @@ class Topology:
         return tuple(t.name for t in self.tiers) + (self.network.name,)
 
     def with_nodes(self, nodes: int) -> Topology:
-        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-            raise ConfigError(
-                f"node count must be a positive integer, got {short(nodes)}; give --nodes 1 or more",
-                key="--nodes",
-            )
-        if nodes > MAX_NODES:
-            raise ConfigError(f"node count {nodes} is above the limit of {MAX_NODES}", key="--nodes")
+        nodes = number(
+            nodes,
+            integer=True,
+            whole_floats=False,
+            minimum=1,
+            maximum=MAX_NODES,
+            messages={
+                **dict.fromkeys(
+                    PROBLEMS, "node count must be a positive integer, got {found}; give --nodes 1 or more"
+                ),
+                "high": "node count {found} is above the limit of {maximum}",
+            },
+            error=lambda message: ConfigError(message, key="--nodes"),
+        )
         return replace(self, nodes=nodes)
 
     def tier_size(self, tier: str) -> int:
@@ -268,23 +276,21 @@ def _typed(
                 key=key,
             )
         return value.strip()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(
-            f"expected a number, found {short(value)} ({type(value).__name__})", source=source, key=key
-        )
-    if not math.isfinite(value):
-        raise ConfigError(f"expected a finite number, found {value!r}", source=source, key=key)
-    if kind is int and (not isinstance(value, int) and not float(value).is_integer()):
-        raise ConfigError(f"expected a whole number, found {value!r}", source=source, key=key)
-    if positive and value <= 0:
-        raise ConfigError(f"expected a value > 0, found {short(value)}", source=source, key=key)
-    if not positive and value < 0:
-        raise ConfigError(f"expected a value >= 0, found {short(value)}", source=source, key=key)
-    if maximum is not None and value > maximum:
-        raise ConfigError(
-            f"{short(value)} is above the limit of {maximum:g}; is it a typo?", source=source, key=key
-        )
-    return kind(value)
+    return number(
+        value,
+        integer=kind is int,
+        above=0 if positive else None,
+        minimum=None if positive else 0,
+        maximum=maximum,
+        messages={
+            "type": f"expected a number, found {{found}} ({type(value).__name__})",
+            "finite": "expected a finite number, found {found}",
+            "whole": "expected a whole number, found {found}",
+            "low": "expected a value {rule}, found {found}",
+            "high": f"{{found}} is above the limit of {maximum or 0:g}; is it a typo?",
+        },
+        error=lambda message: ConfigError(message, source=source, key=key),
+    )
 
 
 def _section(raw: Any, spec: dict[str, type], source: str, path: str, optional: tuple[str, ...] = ()) -> dict:

@@ -19,6 +19,7 @@ from typing import Any
 from zerotopo.errors import ConfigError
 from zerotopo.launch.devices import check_device_list
 from zerotopo.launch.discovery import detect_launcher
+from zerotopo.placement import numbers
 from zerotopo.trainer.job import TrainJob
 
 
@@ -73,16 +74,18 @@ def env_number(name: str, default: float, lo: float, hi: float, *, integer: bool
     text = os.environ.get(name, "").strip()
     if not text:
         return default
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        value = None
-    if value is None or not lo <= value <= hi:  # NaN fails too
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(
-            f"expected {kind} from {lo:g} to {hi:g}, found {text[:40]!r}; fix or unset it", source=name
-        )
-    return value
+    kind = "an integer" if integer else "a number"
+    wording = f"expected {kind} from {lo:g} to {hi:g}, found {{found}}; fix or unset it"
+    return numbers.number(
+        text,
+        name,
+        integer=integer,
+        strings=True,
+        minimum=lo,
+        maximum=hi,
+        messages=wording,
+        error=lambda message: ConfigError(message, source=name),
+    )
 
 
 def check_writable_dir(path: str, source: str) -> None:

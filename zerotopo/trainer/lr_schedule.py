@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from zerotopo.errors import ConfigError
+from zerotopo.placement import numbers
 
 DEEPSPEED_SCHEDULERS = ("WarmupLR", "WarmupDecayLR")
 _DS_PARAMS = {
@@ -137,19 +138,14 @@ def deepspeed_schedule(
 
     def number(key: str, default: Any, kind_: type = float) -> Any:
         value = params.get(key, default)
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            out = kind_(float(value)) if kind_ is float else int(value)
-            if kind_ is int and float(value) != out:
-                raise ValueError
-            return out
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"{value!r}: expected a{'n integer' if kind_ is int else ' number'}",
-                source=source,
-                key=f"scheduler.params.{key}",
-            ) from None
+        wording = f"{{found}}: expected a{'n integer' if kind_ is int else ' number'}"
+        return numbers.number(
+            value,
+            integer=kind_ is int,
+            strings=True,
+            messages=wording,
+            error=lambda message: ConfigError(message, source=source, key=f"scheduler.params.{key}"),
+        )
 
     warmup_type = params.get("warmup_type", "log")
     if warmup_type not in ("log", "linear"):
