@@ -207,3 +207,34 @@ def types_schedule(colls):
     import types
 
     return types.SimpleNamespace(collectives=lambda: colls)
+
+
+def test_the_bench_embedding_is_to_its_layer_as_the_targets_is():
+    cfg, seq = _wide()
+    layer = cfg.shape(seq).layer_params()
+    vocab = R.derived_vocab(layer, cfg.hidden_size)
+    assert vocab % 128 == 0
+    # NeoX-20B: a 50,432 x 6,144 embedding beside 453M-parameter layers
+    assert vocab * cfg.hidden_size / layer == pytest.approx(0.68, abs=128 * cfg.hidden_size / layer)
+
+
+def test_under_curves_the_links_run_fastest_and_the_replay_is_scaled_to_the_target_R():
+    cfg, seq = _wide()
+    topo = load_topology("emulated-frontier")
+    cap = lambda ckpt: (1e12, 1e9)  # noqa: E731
+    reg = R.derive(0.2, 5e9, cfg, seq, topo, cap, lambda ckpt: 0.5)
+    links = R.emulated_R(cfg.shape(seq), R.emulated_topology(topo, R.FASTEST_MBIT, 5e9), reg.batch, 1, False)
+    assert reg.network_mbit == R.FASTEST_MBIT
+    assert reg.replay_factor == pytest.approx((0.2 - links) / 0.5)
+    assert reg.predicted_R == pytest.approx(0.2)
+    # without curves nothing is scaled
+    assert R.derive(0.2, 5e9, cfg, seq, topo, cap).replay_factor == 1.0
+
+
+def test_a_layer_is_a_small_share_of_neox_20b_and_most_of_the_bench_model():
+    from zerotopo.config.model_files import load_model
+
+    target, _ = load_model(["configs/neox-20b.yml"], None)
+    cfg, seq = _wide()
+    assert 1 / 46 < R.layer_share(target) < 1 / 44
+    assert R.layer_share(cfg.shape(seq)) > 0.9

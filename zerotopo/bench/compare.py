@@ -546,27 +546,44 @@ def _check(opts: CompareOptions) -> None:
 
 def apply_regime(opts: CompareOptions, topo: Any, target: Any) -> tuple[CompareOptions, Regime | None]:
     """``opts`` with the settings :func:`zerotopo.bench.regime.derive` gives for the target's ZeRO-3 R
-    (``frontier-20b``: this machine's compute rate measured now), and the derivation; ``comm-bound``:
-    ``opts`` unchanged, None."""
+    (``frontier-20b``: this machine's compute rate measured now; a built-in model gets the target's
+    embedding-to-layer proportion, :func:`~zerotopo.bench.regime.derived_vocab`, unless ``--vocab``
+    says otherwise), and the derivation; ``comm-bound``: ``opts`` unchanged, None."""
     if opts.regime == "comm-bound":
         return opts, None
     from zerotopo.bench import regime as R
     from zerotopo.cost.planner import CostOptions, estimate
     from zerotopo.cost.presets import resolve
 
+    if opts.vocab is None and opts.model in MODELS:
+        cfg, seq = model_config(opts)
+        opts = replace(opts, vocab=R.derived_vocab(cfg.shape(seq).layer_params(), cfg.hidden_size))
     cfg, seq = model_config(opts)
     batch = max(1, -(-R.MIN_TOKENS // seq))
     flops = R.measure_flops_per_rank(cfg, seq, batch, topo.world_size, opts.dtype)
     cost_topo, measured = cost_inputs(opts, topo)
     target_bytes = R.target_zero3_memory()
 
+    def cost(checkpoint: bool) -> Any:
+        return CostOptions(micro_batch=batch, checkpoint_activations=checkpoint, **wire_bytes(opts.dtype))
+
     def cap_of(checkpoint: bool) -> tuple[float, float]:
         shape = replace(cfg, checkpoint_activations=checkpoint).shape(seq)
-        cost = CostOptions(micro_batch=batch, checkpoint_activations=checkpoint, **wire_bytes(opts.dtype))
-        need = estimate(resolve("zero3")[0], shape, cost_topo, cost).memory.total
+        need = estimate(resolve("zero3")[0], shape, cost_topo, cost(checkpoint)).memory.total
         return R.memory_cap(need, target_bytes), need
 
-    reg = R.derive(target.zero3, flops, cfg, seq, cost_topo, cap_of, **wire_bytes(opts.dtype), **measured)
+    def replayed(checkpoint: bool) -> float:
+        # zero3's replayed waits over its compute at the measured rate (the links do not change either)
+        from zerotopo.bench.replay import schedule_wait
+
+        shape = replace(cfg, checkpoint_activations=checkpoint).shape(seq)
+        machine = R.emulated_topology(cost_topo, opts.network_mbit, flops)
+        est = estimate(resolve("zero3")[0], shape, machine, replace(cost(checkpoint), efficiency=1.0))
+        replay = make_replay(str(opts.curves), shape, batch, checkpoint, flops, target, topo)
+        return schedule_wait(est.schedule, replay) / est.time.compute_s
+
+    reg = R.derive(target.zero3, flops, cfg, seq, cost_topo, cap_of, replayed if opts.curves else None,
+                   **wire_bytes(opts.dtype), **measured)  # fmt: skip
     opts = replace(opts, batch=reg.batch, seq=seq, micro_batches=reg.micro_batches,
                    checkpoint=reg.checkpoint_activations, network_mbit=reg.network_mbit, node_uplink=True,
                    memory_cap_bytes=reg.memory_cap_bytes,
@@ -574,23 +591,44 @@ def apply_regime(opts: CompareOptions, topo: Any, target: Any) -> tuple[CompareO
     return opts, reg
 
 
+def make_replay(
+    curves: str,
+    shape: Any,
+    batch: int,
+    checkpoint: bool,
+    flops: float,
+    target: Any,
+    topo: Any,
+    factor: float = 1.0,
+) -> Replay:
+    """The :class:`Replay` of ``--curves``: messages over the layer-size ratio, time scaled per layer
+    (this machine's compute of a bench layer over the target's compute of one of its layers, both their
+    share of a micro-batch: a bench collective stands for a target layer's), times ``factor``
+    (:attr:`zerotopo.bench.regime.Regime.replay_factor`)."""
+    from zerotopo.bench import regime as R
+
+    bench_s = shape.step_flops(batch, checkpoint_activations=checkpoint) / flops * R.layer_share(shape)
+    scale = factor * bench_s / (target.compute_per_micro_batch_s * target.layer_share)
+    return Replay(curves, R.layer_ratio(shape), scale, topo.devices_per_node)
+
+
 def with_replay(opts: CompareOptions, topo: Any, target: Any, reg: Regime | None) -> CompareOptions:
-    """``opts`` carrying the :class:`Replay` of ``--curves``: time scale = this machine's compute of one
-    micro-batch over the target's (compute rate: the regime's, else measured now)."""
+    """``opts`` carrying the :class:`Replay` of ``--curves`` (:func:`make_replay`; compute rate: the
+    regime's, else measured now)."""
     if opts.curves is None:
         return opts
     from zerotopo.bench import regime as R
 
     cfg, seq = model_config(opts)
-    shape = cfg.shape(seq)
     flops = (
         reg.flops_per_rank
         if reg
         else R.measure_flops_per_rank(cfg, seq, opts.batch, topo.world_size, opts.dtype)
     )
-    bench_s = shape.step_flops(opts.batch, checkpoint_activations=opts.checkpoint) / flops
-    ratio = reg.layer_ratio if reg else R.layer_ratio(shape)
-    replay = Replay(opts.curves, ratio, bench_s / target.compute_per_micro_batch_s, topo.devices_per_node)
+    factor = reg.replay_factor if reg else 1.0
+    replay = make_replay(
+        opts.curves, cfg.shape(seq), opts.batch, opts.checkpoint, flops, target, topo, factor
+    )
     return replace(opts, replay=replay)
 
 
@@ -711,6 +749,7 @@ def _regime_report(opts: CompareOptions, target: Any, reg: Regime | None, rows: 
                    layer_ratio=reg.layer_ratio)  # fmt: skip
     if opts.replay is not None:
         out["replay"] = {"curves": opts.curves, "time_scale": opts.replay.scale,
+                         "factor": reg.replay_factor if reg else 1.0,
                          "message_scale": 1 / opts.replay.layer_ratio}  # fmt: skip
     return out
 

@@ -29,6 +29,9 @@ class TargetRegime:
     """DeepSpeed ZeRO-3's per-module schedule (its gathers fall in the curves' mid-size slow band)."""
     compute_per_micro_batch_s: float = 0.0
     """The target's compute time of one micro-batch on one device (the curve replay's time scale)."""
+    layer_share: float = 1.0
+    """One layer's share of the target's compute (:func:`layer_share`): a bench collective stands for a
+    target layer's, so the replay scales time per layer."""
 
 
 def target_regime(
@@ -60,7 +63,27 @@ def target_regime(
         zero3.comm_s / zero3.compute_s,
         deepspeed.comm_s / deepspeed.compute_s,
         zero3.compute_s / opts.grad_accum,
+        layer_share(shape),
     )
+
+
+def layer_share(shape: Any) -> float:
+    """One transformer layer's share of a forward pass's FLOPs (layers, head; the embedding computes
+    nothing): the same share of the step under recomputation."""
+    layer = shape.layer_unit().flops_per_token
+    return layer / (shape.num_layers * layer + shape.head_unit().flops_per_token)
+
+
+def derived_vocab(layer_params: int, hidden: int, model: str = TARGET_MODEL) -> int:
+    """The bench vocabulary whose embedding is to a bench layer as the target's embedding is to its
+    layer (NeoX-20B: 0.68 of a layer), padded to a multiple of 128 as NeoX pads it. A bench layer's
+    gathers stand for a target layer's (messages over :func:`layer_ratio`); with this vocabulary the
+    embedding's and the output projection's gathers stand for the target's too."""
+    from zerotopo.config.model_files import load_model
+
+    target, _ = load_model([model], None)
+    want = target.embedding_params() / target.layer_params() * layer_params / hidden
+    return max(128, round(want / 128) * 128)
 
 
 def measured_ratio(rows: list[dict[str, Any]]) -> float | None:
@@ -82,6 +105,8 @@ MIN_TOKENS = 2048
 """Tokens per micro-batch per rank at least: enough that matmuls dominate the step on a CPU rank."""
 GCD_MEMORY_BYTES = 64 * 2**30
 """Device memory of one Frontier GCD, which the emulated cap is proportional to (:func:`memory_cap`)."""
+FASTEST_MBIT = 1e5
+"""The link rate per rank, Mbit/s, under ``--curves`` (and the top of :func:`link_rate_for`'s range)."""
 DEEPSPEED_BUCKETS = {"prefetch": 5e7, "reduce": 5e8, "persistence": 1e5}
 """DeepSpeed's stage-3 defaults (elements), sized for NeoX-20B-class layers (:func:`deepspeed_buckets`)."""
 
@@ -105,6 +130,8 @@ class Regime:
     memory_cap_bytes: float
     layer_ratio: float
     """Bench layer over NeoX-20B layer, in elements: DeepSpeed's buckets and the curve replay scale by it."""
+    replay_factor: float = 1.0
+    """``--curves``: what the replay's per-layer time scale is multiplied by (:func:`derive`)."""
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -192,12 +219,25 @@ def link_rate_for(target: float, rate_of: Any, lo: float = 1.0, hi: float = 1e5)
 
 
 def derive(
-    target_R: float, flops_per_rank: float, cfg: Any, seq: int, topo: Any, memory_cap: Any, **extra: Any
+    target_R: float,
+    flops_per_rank: float,
+    cfg: Any,
+    seq: int,
+    topo: Any,
+    memory_cap: Any,
+    replayed: Any = None,
+    **extra: Any,
 ) -> Regime:
     """The emulation whose ZeRO-3 R is ``target_R`` by the cost model: :data:`MIN_TOKENS` tokens per
     micro-batch per rank (``seq`` long sequences), one micro-batch per step, activation checkpointing only
     when zero3's memory would pass the cap without it (``memory_cap(checkpoint) -> (cap, zero3 bytes)``),
-    and the link rate from :func:`link_rate_for`. ``extra``: more :class:`CostOptions` (the overlap)."""
+    and the link rate from :func:`link_rate_for`. ``replayed(checkpoint)``: the R a curve replay adds to
+    zero3 at its per-layer time scale (``--curves``): then the links run at :data:`FASTEST_MBIT` (they
+    count bytes; the curves stand for the fabric) and the replay's time is scaled by
+    :attr:`Regime.replay_factor` so that zero3's R, links and replay together, is the target's (a
+    one-layer model gathers its embedding and output projection beside one layer, which at the target
+    are two units among 46: unscaled, its replayed R would pass the target's). ``extra``: more
+    :class:`CostOptions` (the overlap, the wire widths)."""
     import math
 
     batch = max(1, math.ceil(MIN_TOKENS / seq))
@@ -208,11 +248,18 @@ def derive(
         cap, _ = memory_cap(True)
 
     def rate_of(mbit: float) -> float:
-        return emulated_R(shape, emulated_topology(topo, mbit, flops_per_rank), batch, 1, checkpoint, **extra)
+        topology = emulated_topology(topo, mbit, flops_per_rank)
+        return emulated_R(shape, topology, batch, 1, checkpoint, **extra)
 
-    mbit, predicted = link_rate_for(target_R, rate_of)
+    factor = 1.0
+    if replayed is None:
+        mbit, predicted = link_rate_for(target_R, rate_of)
+    else:
+        mbit, links, offset = FASTEST_MBIT, rate_of(FASTEST_MBIT), replayed(checkpoint)
+        factor = max(0.0, target_R - links) / offset if offset > 0 else 1.0
+        predicted = links + factor * offset
     return Regime("frontier-20b", target_R, predicted, flops_per_rank, batch, seq, 1, checkpoint,
-                  round(mbit, 1), cap, layer_ratio(shape))  # fmt: skip
+                  round(mbit, 1), cap, layer_ratio(shape), factor)  # fmt: skip
 
 
 def layer_ratio(shape: Any, model: str = TARGET_MODEL) -> float:
