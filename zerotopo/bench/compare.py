@@ -312,7 +312,7 @@ def resolve_rows(
     """(name, plan or None) of every row to run, and per-row metadata (kind, prediction, quantized,
     same_as for a planner pick that equals a preset already in the list). ``topo`` and ``measured``:
     what :func:`cost_inputs` returns."""
-    from zerotopo.cost.planner import CostOptions, best_plan, estimate, placement, plan_candidates
+    from zerotopo.cost.planner import CostOptions, estimate, placement, plan_candidates
     from zerotopo.placement.plan import get_preset
 
     cost = CostOptions(
@@ -348,7 +348,9 @@ def resolve_rows(
                 _cap(specs, meta[name], opts.memory_cap_bytes)
             continue
         if name == "planner":
-            pick = best_plan(plan_candidates(shape, topo, plans="auto", options=cost))
+            # under --curves, the candidates ranked again with their replayed waits (the search prices links)
+            candidates = [e for e in plan_candidates(shape, topo, plans="auto", options=cost) if e.fits]
+            pick = min(candidates, key=lambda e: (predicted_step(e, opts), e.memory.total), default=None)
             if pick is None:
                 raise ZerotopoError(f"the planner found no plan that fits {shape.name} on {topo.name}")
             plan = pick.plan
