@@ -679,6 +679,13 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     cfg, seq = model_config(opts)
     shape = cfg.shape(seq, name=opts.model)
     cost_topo, measured = cost_inputs(opts, topo)
+    if reg is not None:
+        # priced on the links the regime set (the derivation's rates; latencies as calibrated), not on
+        # the topology file's, which were measured at the comm-bound rates
+        from zerotopo.bench.regime import emulated_topology
+
+        cost_topo = emulated_topology(cost_topo, opts.network_mbit, cost_topo.device.peak_tflops * 1e12)
+        measured = {**measured, "default_bandwidth": False}  # the shipped table holds the comm-bound rates
     specs, meta = resolve_rows(opts, cost_topo, shape, measured)
     per_rank, rates, wall = run_ranks(opts, topo, specs)
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
@@ -693,7 +700,8 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
               "tier_rates_mbit": rates}  # fmt: skip
     report.update(_settings(opts, cfg, shape, seq, tokens, topo.world_size))
     report.update(wall_s=wall, predicted_compute=compute, reference=reference, losses_agree=void is None,
-                  cost_inputs=opts.calibration or f"topologies/{topo.name}.yaml and its default bandwidth table",
+                  cost_inputs=(opts.calibration or f"topologies/{topo.name}.yaml and its default bandwidth table")
+                  + (", tiers at the regime's link rates" if reg is not None else ""),
                   void=void)  # fmt: skip
     report.update(_verdicts(rows))
     report["regime"] = _regime_report(opts, target, reg, rows)
