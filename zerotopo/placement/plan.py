@@ -534,16 +534,6 @@ def enumerate_plans(
                         continue  # nothing to gather: int8 weights would change nothing
                     if qg and g == 1:
                         continue
-                    plans.append(
-                        Plan(
-                            name=_label(p, s, dt, g, o, qw, qg),
-                            params=p,
-                            grads=g,
-                            optim=o,
-                            secondary=s,
-                            secondary_dtype=dt,
-                            quantize_weights=qw,
-                            quantize_grads=qg,
-                        )
-                    )
+                    name = _label(p, s, dt, g, o, qw, qg)
+                    plans.append(Plan(name, p, g, o, s, dt, quantize_weights=qw, quantize_grads=qg))
     return plans
