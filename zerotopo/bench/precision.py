@@ -7,8 +7,8 @@ bf16, one thread, a 2048x384 @ 384x1536 product), which would turn a regime-matc
 compute-bound one. So under ``bf16`` every row keeps its model, collectives and gradients in bf16 as on
 a GPU (each framework's own bf16 mode), and :class:`Fp32Math` performs the products, attention and norms
 on fp32 copies of their bf16 operands and rounds their results back to bf16 (the loss stays fp32). The
-step then costs what the fp32 step costs (0.59 s both, the ``wide`` model, 8 x 256 tokens, one thread),
-and the int8 and int4 codecs save 2x and 4x over plain transfers, as on a GPU.
+step then costs what the fp32 step costs (0.59 s both, the ``wide`` model at vocabulary 256, 8 x 256
+tokens, one thread), and the int8 and int4 codecs save 2x and 4x over plain transfers, as on a GPU.
 """
 
 from __future__ import annotations
