@@ -199,7 +199,9 @@ def emulated_R(
     return t.comm_s / t.compute_s
 
 
-def link_rate_for(target: float, rate_of: Any, lo: float = 1.0, hi: float = 1e5) -> tuple[float, float]:
+def link_rate_for(
+    target: float, rate_of: Any, lo: float = 1.0, hi: float = FASTEST_MBIT
+) -> tuple[float, float]:
     """(Mbit/s, R) where ``rate_of(mbit)`` (R, falling as the link gets faster) meets ``target``:
     bisection on log rate; the end of ``[lo, hi]`` nearest the target when it lies outside."""
     import math

@@ -60,7 +60,13 @@ def _nbytes(value: Any) -> int:
     numel, size = getattr(value, "numel", None), getattr(value, "element_size", None)
     if numel is None or size is None:
         return 0
-    return numel() * min(size(), 2)  # fp32 at the bench stands for bf16 at the target
+    return target_bytes(numel(), size())
+
+
+def target_bytes(numel: int, itemsize: int) -> int:
+    """Bytes of a bench message as the target sends it: bf16 or narrower (an fp32 element at the bench,
+    under ``--dtype fp32``, stands for a bf16 one)."""
+    return numel * min(itemsize, 2)
 
 
 def target_group(
@@ -94,9 +100,7 @@ def schedule_wait(schedule: Any, r: Replay) -> float:
     table = default_table(topology)
     total = 0.0
     for c in schedule.collectives():
-        size = c.message_bytes
-        if c.dtype == "fp32":
-            size //= 2  # as _nbytes: an fp32 element stands for a bf16 one
+        size = c.message_bytes // 2 if c.dtype == "fp32" else c.message_bytes  # as target_bytes
         span = target_span(c.nodes, c.group_size, r.bench_per_node, nodes, r.target_per_node)
         total += c.count * replay_wait(table, OP_FAMILY.get(c.op, c.op), size, *span, r)
     return total
@@ -166,7 +170,7 @@ def install(r: Replay) -> dict[str, float]:
     def engine(op: str, group: Any, numel: int, itemsize: int) -> None:
         family = OP_FAMILY.get(op)
         if family in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
-            wait(family, numel * min(itemsize, 2), group)
+            wait(family, target_bytes(numel, itemsize), group)
 
     for name in OPS:
         fn = getattr(dist, name, None)
