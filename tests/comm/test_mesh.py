@@ -50,6 +50,7 @@ def _mesh_rank(rank: int, world: int, permuted: bool, sorted_groups: bool = Fals
     out["describe"] = mesh.describe()
     mesh = build_mesh(topo, get_preset("zerotopo"), topo_index=_topo_index(rank, permuted))
     out["in_order"] = {k: mesh.group(k).in_order for k in mesh.kinds}
+    out["device_mesh"] = _device_mesh_checks(rank, mesh)
     ledger = Ledger()
     d = mesh.degrees
     checks = {}
@@ -120,6 +121,30 @@ def _mesh_rank(rank: int, world: int, permuted: bool, sorted_groups: bool = Fals
     return out
 
 
+def _device_mesh_checks(rank: int, mesh) -> dict:
+    """The job as torch's DeviceMesh over the engine's groups: a DTensor sharded along each dim gathers
+    in topological position order, through the very process groups the engine's collectives use."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    try:
+        dm = mesh.device_mesh
+    except LaunchError as exc:
+        return {"error": str(exc)}
+    names = dm.mesh_dim_names
+    out = {
+        "names": names,
+        "grid": dm.mesh.tolist(),
+        "coordinate": {n: dm.get_local_rank(n) for n in names},
+        "same_groups": all(dm.get_group(n) is mesh.group(n).pg for n in names),
+        "gathered": {},
+    }
+    for n in (*names, "params"):
+        sub = dm[n] if n in names else mesh.device_mesh_of(n)
+        full = DTensor.from_local(torch.full((2,), float(rank)), sub, [Shard(0)]).full_tensor()
+        out["gathered"][n] = full.tolist()
+    return out
+
+
 @pytest.mark.parametrize(
     ("permuted", "sorted_groups"),
     [(False, False), (True, False), (True, True)],
@@ -150,6 +175,18 @@ def test_mesh_groups_and_collectives(permuted: bool, sorted_groups: bool) -> Non
             assert not in_order["world"] and not in_order["grads"]
         else:
             assert all(in_order.values()), in_order
+        # torch's DeviceMesh over the same groups: coordinates are positions, the grid is topological.
+        dm = res["device_mesh"]
+        if sorted_groups:
+            assert "sort_ranks" in dm["error"] and "topological order" in dm["error"]
+        else:
+            zt = get_preset("zerotopo").degrees(topo)  # o = 8 (the job), g = 4 (a node): no optim_replicas
+            assert dm["names"] == ("optim_scatter", "grads") and dm["same_groups"]
+            assert dm["grid"] == [list(rank_of_index[:4]), list(rank_of_index[4:])]
+            assert dm["coordinate"] == {"optim_scatter": t // zt.grads, "grads": t % zt.grads}
+            for kind, full in dm["gathered"].items():
+                members = layout.group_of(t, zt, kind)
+                assert full == [float(rank_of_index[i]) for i in members for _ in range(2)], kind
         failed = [k for k, ok in res["checks"].items() if not ok]
         assert not failed, f"rank {rank}: {failed}"
         # zerotopo on emulated: grads = node (4 ranks, tier node), params = package, world crosses the network.

@@ -23,17 +23,20 @@ every member set of the job on every rank. torch names such groups by a hash of 
 many groups the process already has; the start-up exchange checks that count agrees on every rank and
 falls back to creating every group on every rank (torch's classic protocol) when it does not.
 
-[Note: why not DeviceMesh] ``torch.distributed.device_mesh.DeviceMesh`` (torch 2.13) would express the
-contiguous kinds as mesh dims (``params``, ``grads``, ``optim_scatter`` are blocks of consecutive
-topological index; their replica kinds the dims across them), and it works on gloo with spawned ranks.
-It is not used because it gives up both notes above: (1) it creates each dim's groups with
-``new_group(ranks)``, whose default numbers members by sorted global rank, so under a non-topological
-launch order the rank inside a group is not the position (checked on 4 gloo ranks with mesh
-``[[2, 0], [3, 1]]``: rank 2, position 0 of its ``shard`` group, is group rank 1), and every collective
-would permute through index tensors; (2) on gloo, and on NCCL without an eagerly bound device, every rank
-calls ``new_group`` for every subgroup of every dim (``split_group`` is taken only for an eagerly
-initialised NCCL group), O(world) calls per rank instead of one per kind. What remains here is the
-mapping from kinds to member sets (:func:`plan_groups`, pure) and the creation of each set once.
+[Note: DeviceMesh] The groups are torch's own process groups, and :attr:`Mesh.device_mesh` hands the
+same objects to torch as a ``torch.distributed.device_mesh.DeviceMesh`` laid out in topological order
+(dims ``optim_replicas``, ``optim_scatter``, ``grads``: the grid the gradient path runs on, built with
+``DeviceMesh.from_group`` over the groups made here; :meth:`Mesh.device_mesh_of` gives any one kind as a
+1-D mesh), so DTensor, ``fully_shard`` and torch's tooling see the engine's groups, coordinates equal to
+positions. The groups are not created by ``DeviceMesh`` itself (``init_device_mesh``) because that gives
+up both notes above: (1) it creates each dim's groups with ``new_group(ranks)``, whose default numbers
+members by sorted global rank, so under a non-topological launch order the rank inside a group is not
+the position (checked on 4 gloo ranks with mesh ``[[2, 0], [3, 1]]``: rank 2, position 0 of its ``shard``
+group, is group rank 1), and every collective would permute through index tensors; (2) on gloo, and on
+NCCL without an eagerly bound device, every rank calls ``new_group`` for every subgroup of every dim
+(``split_group`` is taken only for an eagerly initialised NCCL group), O(world) calls per rank instead of
+one per kind. What this module adds to torch is the mapping from kinds to member sets (:func:`plan_groups`,
+pure) and the creation of each set once.
 """
 
 from __future__ import annotations
@@ -184,6 +187,54 @@ class Mesh:
     @property
     def kinds(self) -> tuple[str, ...]:
         return tuple(self._handles)
+
+    #: The dims of :attr:`device_mesh`, outermost first: optimizer replicas x gradient groups inside an
+    #: optimizer group x ranks of a gradient group (``world/o x o/g x g`` in topological order).
+    DEVICE_MESH_DIMS = ("optim_replicas", "optim_scatter", "grads")
+
+    @cached_property
+    def device_mesh(self) -> Any:
+        """This job as a ``DeviceMesh`` over the engine's own process groups (see [Note: DeviceMesh]).
+
+        Dims of size 1 are left out (a plan whose optimizer states span the job has no
+        ``optim_replicas``); None on a single rank. Rank ``mesh[i, j, k]`` is topological index
+        ``i·o + j·g + k``, and a rank's coordinate along each dim is its position in that kind's group."""
+        dims = [k for k in self.DEVICE_MESH_DIMS if self._handles[k].size > 1]
+        if not dims:
+            return None
+        d = self.degrees
+        sizes = {"optim_replicas": d.world // d.optim, "optim_scatter": d.optim // d.grads, "grads": d.grads}
+        grid = torch.tensor(self.rank_of_index, dtype=torch.int).view(
+            *(sizes[k] for k in self.DEVICE_MESH_DIMS)
+        )
+        grid = grid.view(*(sizes[k] for k in dims))
+        return self._from_groups(dims, grid)
+
+    def device_mesh_of(self, kind: str) -> Any:
+        """This rank's group of ``kind`` as a 1-D ``DeviceMesh`` (its members in topological order); None
+        when the group is this rank alone."""
+        h = self.group(kind)
+        if h.size == 1:
+            return None
+        return self._from_groups([kind], torch.tensor(h.ranks, dtype=torch.int))
+
+    def _from_groups(self, kinds: list[str], grid: torch.Tensor) -> Any:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        handles = [self._handles[k] for k in kinds]
+        unordered = [h.kind for h in handles if not h.in_order]
+        if unordered:
+            # DeviceMesh reads a rank's coordinate from the process group, which must number by position.
+            raise LaunchError(
+                f"the {', '.join(unordered)} process groups number their members by sorted rank (this torch "
+                f"{torch.__version__} has no new_group(sort_ranks=False)), so a DeviceMesh over them would "
+                "disagree with the topological positions; use a torch whose new_group takes sort_ranks, or "
+                "launch ranks in topological order (rank = topological index)"
+            )
+        pgs = [h.pg for h in handles]
+        return DeviceMesh.from_group(
+            pgs if len(pgs) > 1 else pgs[0], self.device.type, grid, mesh_dim_names=tuple(kinds)
+        )
 
     def describe(self) -> str:
         """One line per kind: size, tier crossed and members (global ranks, topological order)."""
