@@ -39,6 +39,7 @@ ROW_KEYS = {
     "tokens_per_s": float,
     "tier_bytes_per_step": dict,
     "peak_memory_bytes_per_rank": list,
+    "cpu_s_per_step": float,
     "final_loss": float,
     "losses": list,
     "quantized": bool,

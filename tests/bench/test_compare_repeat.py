@@ -22,7 +22,7 @@ from zerotopo.errors import ConfigError
 def _run(name: str, repeat: int, times: list[float], peak: int) -> dict:
     return {"name": name, "repeat": repeat, "degrees": "p=8 g=8 o=8", "step_times_s": times,
             "losses": [2.0, 1.5], "tier_bytes": {"node": 10.0}, "peak_memory_bytes": peak,
-            "setup_s": 0.1}  # fmt: skip
+            "setup_s": 0.1, "cpu_s": [0.5, 0.7]}  # fmt: skip
 
 
 def test_rows_are_medians_of_their_runs_with_the_spread():
@@ -41,6 +41,7 @@ def test_rows_are_medians_of_their_runs_with_the_spread():
     assert (z["step_time_min_s"], z["step_time_max_s"]) == pytest.approx((1.1, 3.0))
     assert z3["step_time_s"] == pytest.approx(2.3) and z3["step_time_max_s"] == pytest.approx(5.0)
     assert z["peak_memory_bytes_per_rank"] == [300, 301]  # each rank's largest over the runs
+    assert z["cpu_s_per_step"] == pytest.approx(2 * 0.6)  # each rank's median, summed over the ranks
     assert ratios(rows)["zerotopo/zero3"] == pytest.approx(2.3 / 1.1)
     report = {"topology": "t", "world_size": 2, "tier_rates_mbit": {}, "model": {"name": "tiny",
               "parameters": 1, "hidden": 1, "layers": 1, "vocab": 1, "seq": 1}, "micro_batches": 1,

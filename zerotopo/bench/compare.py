@@ -194,19 +194,21 @@ def _worker(
         t_setup = time.perf_counter()
         row = build_row(name, plan, cfg, topo, rank, opts)
         setup_s = time.perf_counter() - t_setup
-        times, losses = [], []
+        times, losses, cpu = [], [], []
         sent0: dict[str, int] = {}
         for step in range(opts.warmup + opts.steps):
             data = batches(opts, cfg.vocab_size, seq, rank, step)
             dist.barrier()
             if step == opts.warmup:
                 sent0 = link_tier_bytes(tier_classes)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with arithmetic(opts.dtype):
                 loss = row.step(data)
+            c1 = time.process_time()
             dist.barrier()
             if step >= opts.warmup:
                 times.append(time.perf_counter() - t0)
+                cpu.append(c1 - c0)
             losses.append(loss)
         sent1 = link_tier_bytes(tier_classes)
         peak = memory.peak_bytes()
@@ -222,6 +224,7 @@ def _worker(
                 "repeat": repeat,
                 "degrees": row.info.get("degrees", ""),
                 "step_times_s": times,
+                "cpu_s": cpu,
                 "losses": losses,
                 "tier_bytes": {t: (sent1[t] - sent0.get(t, 0)) / opts.steps for t in sent1},
                 "peak_memory_bytes": peak,
@@ -495,6 +498,9 @@ def assemble(
                 "setup_s": r0["setup_s"],
                 "predicted_memory_bytes": m.get("predicted_memory_bytes"),
                 "replay_wait_s_per_step": r0.get("replay_wait_s"),
+                # processor time of one step summed over the ranks (all of a rank's threads): on a machine
+                # with fewer cores than ranks, what the step costs the cores, apart from waiting
+                "cpu_s_per_step": sum(statistics.median(r["cpu_s"]) for r in ranks if r.get("cpu_s")),
             }
         )
         rows.append(row)
