@@ -203,6 +203,22 @@ class _Fit:
     reduce_bytes: int
 
 
+@dataclass
+class _Search:
+    """What the candidates of one planner call share ([Note: one search] in :func:`plan_candidates`)."""
+
+    units: dict = field(default_factory=dict)
+    """(granularity, persistence threshold, layers per unit) -> the model's units."""
+    schedules: dict = field(default_factory=dict)
+    """(schedule options, layers per unit) -> those options with that many layers per unit."""
+    distinct: dict = field(default_factory=dict)
+    """id of a units list -> (the list, its distinct units and their counts): see :func:`_bound`."""
+    times: dict = field(default_factory=dict)
+    """A collective's time, by what it depends on."""
+    collectives: dict = field(default_factory=dict)
+    """The collectives of a schedule step, built once for the degrees, codec and size they depend on."""
+
+
 def _fit(
     plan: Plan,
     shape: ModelShape,
@@ -211,27 +227,27 @@ def _fit(
     degrees: Degrees | None,
     unit_layers: int | None = None,
     schedule: ScheduleOptions | None = None,
-    units_cache: dict | None = None,
+    search: _Search | None = None,
 ) -> _Fit:
     """The memory side of a candidate (no schedule is built: the planner prunes by memory first)."""
     plan, sched = resolve(plan)
     sched = schedule or sched
     if unit_layers is not None and sched.granularity == "unit":
-        sched = _with_unit_layers(sched, unit_layers, units_cache)
+        sched = _with_unit_layers(sched, unit_layers, search)
     if plan.grad_dtype is None and options.grad_dtype is not None:
         plan = replace(plan, grad_dtype=options.grad_dtype)
     d = degrees or plan.degrees(topology)
     o = options
     key = (sched.granularity, sched.persistence_threshold, sched.unit_layers)
-    units = None if units_cache is None else units_cache.get(key)
+    units = None if search is None else search.units.get(key)
     if units is None:
         units = (
             module_units(shape, sched.persistence_threshold)
             if sched.granularity == "module"
             else engine_units(shape, sched.unit_layers)
         )
-        if units_cache is not None:
-            units_cache[key] = units
+        if search is not None:
+            search.units[key] = units
     gw = grad_width(plan, o.param_bytes)
     grad_bytes = gw if o.grad_bytes is None else o.grad_bytes
     reduce_bytes = gw if o.reduce_bytes is None else o.reduce_bytes
@@ -254,14 +270,13 @@ def _fit(
     return _Fit(plan, d, sched, units, memory, memory.total <= limit, grad_bytes, reduce_bytes)
 
 
-def _with_unit_layers(sched: ScheduleOptions, k: int, cache: dict | None) -> ScheduleOptions:
+def _with_unit_layers(sched: ScheduleOptions, k: int, search: _Search | None) -> ScheduleOptions:
     """``sched`` with ``k`` layers per unit (one object per pair within a search)."""
-    if cache is None:
+    if search is None:
         return replace(sched, unit_layers=k)
-    key = ("options", sched, k)
-    out = cache.get(key)
+    out = search.schedules.get((sched, k))
     if out is None:
-        out = cache[key] = replace(sched, unit_layers=k)
+        out = search.schedules[(sched, k)] = replace(sched, unit_layers=k)
     return out
 
 
@@ -433,20 +448,18 @@ def _distinct_units(units: list) -> tuple[list, list[int]] | None:
     return [*firsts.values(), units[-1]], [*counts.values(), 1]
 
 
-def _bound(f: _Fit, shape: ModelShape, topology: Topology, options: CostOptions, search: dict) -> float:
+def _bound(f: _Fit, shape: ModelShape, topology: Topology, options: CostOptions, search: _Search) -> float:
     """:func:`_lower_bound` of a candidate, from a schedule of its distinct units where the schedule's
     per-unit collectives depend on the unit alone (no buckets), else from its whole schedule."""
     o = f.options
     distinct = None
     if o.reduce_bucket_elems is None and o.allgather_bucket_elems is None:
         # candidates share their units list (``_fit``'s cache): find its distinct units once
-        cache = search.setdefault("distinct", {})
-        hit = cache.get(id(f.units))
+        hit = search.distinct.get(id(f.units))
         if hit is None:
-            hit = cache[id(f.units)] = (f.units, _distinct_units(f.units))
+            hit = search.distinct[id(f.units)] = (f.units, _distinct_units(f.units))
         distinct = hit[1]
-    times = search.setdefault("times", {})
-    shared = search.setdefault("collectives", {})
+    times, shared = search.times, search.collectives
     if distinct is None:
         return _lower_bound(_schedule(f, topology, options, shared), shape, topology, options, times=times)
     units, weights = distinct
@@ -530,8 +543,8 @@ def plan_candidates(
         plans = [p for p in plans.split(",") if p.strip()]
     # [Note: one search] the candidates of one call share their collectives (built once for the degrees,
     # codec and size they depend on), those collectives' times, and the model's units
-    search: dict = {}
-    shared = search.setdefault("collectives", {})
+    search = _Search()
+    shared = search.collectives
     if not isinstance(plans, str):
         chosen = [p if isinstance(p, Plan) else resolve(p)[0] for p in plans]
         return sorted((estimate(p, shape, topology, opts, shared=shared) for p in chosen), key=_sort_key)
@@ -540,10 +553,7 @@ def plan_candidates(
     if plans == "presets":
         return sorted(out, key=_sort_key)
     space = _search_space(topology, aligned, {placement(p, topology) for p in presets})
-    units: dict = {}
-    fits = [
-        _fit(p, shape, topology, opts, d, k, units_cache=units) for p, d in space for k in opts.unit_layers
-    ]
+    fits = [_fit(p, shape, topology, opts, d, k, search=search) for p, d in space for k in opts.unit_layers]
     if plans == "all":
         best: dict[tuple, PlanEstimate] = {}
         for f in fits:  # each plan with its best unit size
@@ -556,7 +566,7 @@ def plan_candidates(
 
 
 def _auto(
-    fits: list[_Fit], shape: ModelShape, topology: Topology, options: CostOptions, search: dict
+    fits: list[_Fit], shape: ModelShape, topology: Topology, options: CostOptions, search: _Search
 ) -> list[PlanEstimate]:
     """The :data:`AUTO_TOP` fastest fitting candidates: pruned by memory first, then simulated in order of
     a lower bound on their step time, stopping once the bound passes the AUTO_TOP-th best simulated
@@ -572,7 +582,7 @@ def _auto(
     for bound, _, f in bounded:
         if len(top) >= AUTO_TOP and bound > top[AUTO_TOP - 1].time.step_time_s * keep:
             break
-        e = _finish(_complete(f, topology, options, search["collectives"]), shape, topology, options)
+        e = _finish(_complete(f, topology, options, search.collectives), shape, topology, options)
         key = placement(e.plan, topology, e.degrees)
         old = best.get(key)
         if old is not None and _sort_key(old) <= _sort_key(e):
