@@ -29,10 +29,10 @@ def _lins(est):
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_lower_bound_never_exceeds_the_simulated_step(case):
     topo, opts = CASES[case]
-    search: dict = {}
+    search = P._Search()
     presets = {P.placement(p, topo) for p in P._presets(topo)}
     for p, d in P._search_space(topo, True, presets):
-        f = P._fit(p, SHAPE, topo, opts, d, 1, units_cache=search.setdefault("units", {}))
+        f = P._fit(p, SHAPE, topo, opts, d, 1, search=search)
         exact = P._finish(P._complete(f, topo, opts, None), SHAPE, topo, opts).time.step_time_s
         assert P._bound(f, SHAPE, topo, opts, search) <= exact * (1 + 1e-12), p.name
 
