@@ -10,6 +10,7 @@ difference is the row's communication time).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,17 +35,24 @@ class TargetRegime:
     target layer's, so the replay scales time per layer."""
 
 
+@functools.lru_cache(maxsize=4)
+def _target(model: str) -> tuple[Any, Any]:
+    """The target model's shape and config, read once per process (both are frozen)."""
+    from zerotopo.config.model_files import load_model
+
+    return load_model([model], None)
+
+
 def target_regime(
     model: str = TARGET_MODEL, topology: str = TARGET_TOPOLOGY, nodes: int = TARGET_NODES
 ) -> TargetRegime:
     """R of ``model`` on ``nodes`` nodes of ``topology`` with the topology's shipped curves, at the
     config's micro-batch, accumulation, checkpointing and gradient width (as ``zerotopo plan``)."""
-    from zerotopo.config.model_files import load_model
     from zerotopo.cost.planner import CostOptions, estimate
     from zerotopo.cost.presets import resolve
     from zerotopo.placement.topology import load_topology
 
-    shape, neox = load_model([model], None)
+    shape, neox = _target(model)
     topo = load_topology(topology, nodes=nodes)
     micro = neox.train_micro_batch_size_per_gpu or 1
     opts = CostOptions(
@@ -79,9 +87,7 @@ def derived_vocab(layer_params: int, hidden: int, model: str = TARGET_MODEL) -> 
     layer (NeoX-20B: 0.68 of a layer), padded to a multiple of 128 as NeoX pads it. A bench layer's
     gathers stand for a target layer's (messages over :func:`layer_ratio`); with this vocabulary the
     embedding's and the output projection's gathers stand for the target's too."""
-    from zerotopo.config.model_files import load_model
-
-    target, _ = load_model([model], None)
+    target, _ = _target(model)
     want = target.embedding_params() / target.layer_params() * layer_params / hidden
     return max(128, round(want / 128) * 128)
 
@@ -266,9 +272,7 @@ def derive(
 
 def layer_ratio(shape: Any, model: str = TARGET_MODEL) -> float:
     """Elements of one layer of ``shape`` over one layer of the target model."""
-    from zerotopo.config.model_files import load_model
-
-    target, _ = load_model([model], None)
+    target, _ = _target(model)
     return shape.layer_params() / target.layer_params()
 
 
@@ -290,12 +294,11 @@ def target_zero3_memory(
     model: str = TARGET_MODEL, topology: str = TARGET_TOPOLOGY, nodes: int = TARGET_NODES
 ) -> float:
     """Bytes per GCD of the target's zero3 plan (model states and activations) by the cost model."""
-    from zerotopo.config.model_files import load_model
     from zerotopo.cost.planner import CostOptions, estimate
     from zerotopo.cost.presets import resolve
     from zerotopo.placement.topology import load_topology
 
-    shape, neox = load_model([model], None)
+    shape, neox = _target(model)
     opts = CostOptions(micro_batch=neox.train_micro_batch_size_per_gpu or 1,
                        checkpoint_activations=bool(neox.checkpoint_activations))  # fmt: skip
     return estimate(resolve("zero3")[0], shape, load_topology(topology, nodes=nodes), opts).memory.total
