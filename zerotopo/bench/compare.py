@@ -289,7 +289,8 @@ def framework_cost(name: str, buckets: dict[str, int] | None = None) -> tuple[An
     ``deepspeed-hpz`` is the ``deepspeed-zeropp`` preset without its quantized collectives (DeepSpeed's
     qwZ/qgZ need CUDA, so the row runs hpZ alone), its secondary copy per node in the parameters' dtype.
     FSDP2 has no cost preset: its rows are measured, not predicted. ``buckets``: the row's scaled
-    DeepSpeed buckets (:func:`zerotopo.bench.regime.deepspeed_buckets`)."""
+    DeepSpeed buckets (:func:`zerotopo.bench.regime.deepspeed_buckets`). The rows run on gloo, where
+    DeepSpeed's gradient reduce-scatter is an all-reduce (``ScheduleOptions.reduce_scatter_all_reduce``)."""
     from zerotopo.cost.presets import COST_PRESETS
 
     if name == "deepspeed-zero3":
@@ -299,6 +300,8 @@ def framework_cost(name: str, buckets: dict[str, int] | None = None) -> tuple[An
         plan = replace(plan, name=name, quantize_weights=False, quantize_grads=False)
     else:
         return None
+    # the rows run on gloo, whose reduce_scatter_tensor (what DeepSpeed calls) is a full all-reduce
+    sched = replace(sched, reduce_scatter_all_reduce=True)
     if buckets is None:
         return plan, replace(sched, persistence_threshold=0)
     return plan, replace(

@@ -174,6 +174,12 @@ class ScheduleOptions:
     allgather_bucket_elems: int | None = None
     """Parameter elements per post-step all-gather call (DeepSpeed ZeRO-1/2 ``allgather_bucket_size``,
     each call gathering that many elements); None: one call per unit."""
+    reduce_scatter_all_reduce: bool = False
+    """The gradient reduce-scatter runs as a full all-reduce: a framework that calls torch's
+    ``reduce_scatter_tensor`` on gloo, which implements it so (torch 2.13: 8 ranks sent 14.0 times the
+    message, an all-reduce's ``2(d-1)/d`` each, where a ring reduce-scatter sends 7.0; DeepSpeed on CPU
+    ranks). The engine runs its own ring there ([Note: gloo reduce-scatter] in
+    :mod:`zerotopo.comm.collectives`), so its schedules keep False."""
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -487,7 +493,14 @@ class _Collectives:
         # what each kind of collective depends on besides its arguments (the topology owns the memo)
         self.context = {
             "gather": (self.w, self.block),
-            "reduce": (self.w, self.block, d.grads, plan.quantize_grads, widths["reduce_bytes"]),
+            "reduce": (
+                self.w,
+                self.block,
+                d.grads,
+                plan.quantize_grads,
+                widths["reduce_bytes"],
+                options.reduce_scatter_all_reduce,
+            ),
             "replica": (
                 self.w,
                 self.block,
@@ -563,18 +576,10 @@ class _Collectives:
         g_intra = _node_share(topology, d)
         if not self.plan.quantize_grads:
             rcodec = self.codecs.reduce
-            b = rcodec.reduce_bytes(n, d.grads, block)
-            return (
-                self.coll(
-                    "grad_reduce",
-                    rcodec.reduce_op,
-                    "grads",
-                    d.grads,
-                    b,
-                    rcodec.name,
-                    rcodec.payload(n, block),
-                ),
-            )
+            op, b = rcodec.reduce_op, rcodec.reduce_bytes(n, d.grads, block)
+            if self.options.reduce_scatter_all_reduce and op == "reduce_scatter":
+                op, b = "all_reduce", 2 * b  # an all-reduce: the reduce-scatter's bytes, then as many again
+            return (self.coll("grad_reduce", op, "grads", d.grads, b, rcodec.name, rcodec.payload(n, block)),)
         i4 = CODECS["int4"]
         if tier == topology.network.name and g_intra > 1 and d.grads % g_intra == 0:
             g_inter = d.grads // g_intra
