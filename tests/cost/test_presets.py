@@ -173,3 +173,34 @@ def test_deepspeed_keeps_the_hpz_copy_in_the_parameters_dtype():
         backward(replace(sched, secondary_param_dtype=False)),
     )
     assert ds_dtype == {"fp32"} and eng_dtype == {"bf16"} and ds_bytes == 2 * eng_bytes
+
+
+def test_deepspeed_rows_on_gloo_reduce_gradients_as_all_reduces():
+    # gloo runs torch's reduce_scatter_tensor as a full all-reduce (what DeepSpeed calls on CPU ranks):
+    # the bench's DeepSpeed rows are priced so, twice the reduce-scatter's bytes; the engine's are not
+    from dataclasses import replace
+
+    from zerotopo.bench.compare import framework_cost
+    from zerotopo.cost.planner import estimate
+
+    topo = load_topology("emulated-frontier")
+    plan, sched = framework_cost("deepspeed-zero3")
+    assert sched.reduce_scatter_all_reduce
+    opts = CostOptions(micro_batch=1, checkpoint_activations=False)
+    shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
+
+    def reductions(s):
+        est = estimate(plan, shape, topo, opts, schedule=s)
+        cs = [c for u in est.schedule.units for c in u.reduce]
+        return {c.op for c in cs}, sum(c.bytes_sent for c in cs), sum(c.latency_steps for c in cs), est
+
+    (ops, nbytes, steps, est), (ops_rs, nbytes_rs, steps_rs, est_rs) = (
+        reductions(sched),
+        reductions(replace(sched, reduce_scatter_all_reduce=False)),
+    )
+    assert ops == {"all_reduce"} and ops_rs == {"reduce_scatter"}
+    assert nbytes == 2 * nbytes_rs > 0 and steps == 2 * steps_rs
+    assert est.time.step_time_s > est_rs.time.step_time_s
+    # the engine's plans keep their reduce-scatter (its own ring on gloo)
+    engine = estimate(get_preset("zero3"), shape, topo, opts)
+    assert {c.op for u in engine.schedule.units for c in u.reduce} == {"reduce_scatter"}
