@@ -8,7 +8,8 @@ model's figure for each.
 ``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``all_reduce``, and the engine's all-gather and
 ring reduce-scatter (zerotopo.comm.collectives), on bf16 messages of 0.44 MB and 3.92 MB (a DeepSpeed
 prefetch bucket and reduce bucket of ``bench compare``'s default regime). Prints the median of 3 timed
-calls (barrier to barrier) and the cost model's time on the regime's links. gloo runs
+calls (barrier to barrier) and the cost model's time on the regime's links (gloo's reduce-scatter priced
+as an all-reduce). gloo runs
 ``reduce_scatter_tensor`` as a full all-reduce, which is why the engine runs its own ring on gloo and why
 ``bench compare`` prices DeepSpeed's gradient reductions as all-reduces.
 """
@@ -69,7 +70,8 @@ def _model_seconds(name: str, n: int, world: int, topo) -> float:
     from zerotopo.placement import volume
     from zerotopo.placement.schedule import Collective
 
-    op = "all_reduce" if "all_reduce" in name else "all_gather" if "gather" in name else "reduce_scatter"
+    # gloo's reduce-scatter is priced as the all-reduce it runs (as bench compare prices DeepSpeed's)
+    op = "all_gather" if "gather" in name else "reduce_scatter" if name.startswith("engine") else "all_reduce"
     sent = {"all_reduce": volume.all_reduce_bytes, "all_gather": volume.all_gather_bytes,
             "reduce_scatter": volume.reduce_scatter_bytes}[op](n, world, 2)  # fmt: skip
     nodes = world // RANKS_PER_NODE
