@@ -1,5 +1,5 @@
-"""The sharded optimizer: cross-replica gradient reduction, norm and clipping, AdamW on fp32 master
-shards, the post-step parameter all-gather, and fp16 loss scaling.
+"""The sharded optimizer: cross-replica gradient reduction, norm and clipping, a torch optimizer (AdamW
+by default) on fp32 master shards, the post-step parameter all-gather, and fp16 loss scaling.
 
 [Note: step] After the last micro-batch each rank holds, per unit, an fp32 gradient shard summed over
 its gradient group. ``optimizer.step()`` then, per unit in unit order:
@@ -12,18 +12,22 @@ its gradient group. ``optimizer.step()`` then, per unit in unit order:
    count);
 2. once: the global gradient norm (squares summed over this rank's optimizer chunks, all-reduced over
    one ``optim`` group, so each element is counted once), the fp16 overflow flag (max over the world);
-3. clips, runs torch's AdamW on the fp32 master chunk (see [Note: torch's AdamW on the shards]), casts
-   it to the parameter dtype and all-gathers the chunks over ``param_gather`` back into the parameter
-   shard, placed by ``layout.param_gather_order``.
+3. clips, runs the torch optimizer on the fp32 master chunk (see [Note: torch's optimizer on the
+   shards]), casts it to the parameter dtype and all-gathers the chunks over ``param_gather`` back into
+   the parameter shard, placed by ``layout.param_gather_order``.
 
-[Note: torch's AdamW on the shards] Each unit's master chunk is cut into the runs its parameters cover
-(views of the flat chunk, and of the flat moments as the optimizer's state), grouped by weight decay;
-frozen parameters and padding are left out, so they never move. ``torch.optim.AdamW`` runs with
-``fused=True`` where the device supports it (CUDA and the CPU: the fp16 step then passes the overflow
-flag as its ``found_inf``, and the kernel skips the update on the device without the host reading the
-flag, DESIGN.md rule 3) and ``foreach=True`` elsewhere (where the host reads the flag and skips the
-step). The flat ``master``/``exp_avg``/``exp_avg_sq`` lists stay the
-checkpoint's state.
+[Note: torch's optimizer on the shards] Each unit's master chunk is cut into the runs its parameters
+cover (views of the flat chunk), grouped by weight decay; frozen parameters and padding are left out,
+so they never move. The optimizer is torch's own class from the table in
+:mod:`zerotopo.config.optimizers` (AdamW, NeoX's Adam = AdamW, SGD, Adagrad, Adadelta, RMSprop, Adamax,
+NAdam, RAdam: the elementwise ones, see [Note: elementwise optimizers] there); each per-element state
+(``exp_avg``, ``momentum_buffer``, ``sum``, ...) is a flat buffer per unit, laid out as the master
+chunk, and torch's state of each run is a view of it, so the flat ``master`` and ``states`` lists stay
+the checkpoint's state for every type. It runs with ``fused=True`` where torch has a fused kernel of the
+class on the device (AdamW and SGD on CUDA and the CPU, Adagrad on the CPU and CUDA: the fp16 step then
+passes the overflow flag as its ``found_inf``, and the kernel skips the update on the device without
+the host reading the flag, DESIGN.md rule 3) and ``foreach=True`` elsewhere (where the host reads the
+flag and skips the step).
 
 [Note: lazy parameter gather] A sharded unit's (``p > 1``) parameter shard is read only by the unit's
 next all-gather, so the step issues its ``param_gather`` all-gather asynchronously and leaves it in
@@ -36,6 +40,7 @@ are bit-identical either way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -43,6 +48,14 @@ from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from zerotopo.comm import collectives as C
 from zerotopo.comm.mesh import Mesh
+from zerotopo.config.optimizers import (
+    NEOX_DEFAULTS,
+    SPECS,
+    HyperparameterError,
+    OptimizerSpec,
+    check_hyperparameters,
+    spec_for,
+)
 from zerotopo.engine.units import FlatUnit
 from zerotopo.errors import ZerotopoError
 from zerotopo.placement import layout
@@ -71,10 +84,45 @@ def _permute_chunks(buf: torch.Tensor, order: list[int], n: int) -> None:
             j = src
 
 
-def _fused_supported(device: torch.device) -> bool:
-    """Whether torch's fused AdamW (with ``found_inf``) runs on ``device`` (CUDA and the CPU do); other
-    devices take the foreach one."""
-    return device.type in _get_fused_kernels_supported_devices()
+def _fused_supported(device: torch.device, spec: OptimizerSpec = SPECS["adamw"]) -> bool:
+    """Whether torch has a fused kernel (taking ``found_inf``) of ``spec``'s optimizer on ``device``
+    (AdamW and SGD: CUDA, the CPU and torch's other fused devices; Adagrad: the CPU and CUDA; the
+    others none); elsewhere the foreach one runs."""
+    devices = _get_fused_kernels_supported_devices() if spec.fused is None else spec.fused
+    return device.type in devices
+
+
+def resolve_optimizer(
+    name: str,
+    hyperparameters: Mapping[str, Any] | None,
+    *,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+) -> tuple[OptimizerSpec, dict[str, Any]]:
+    """The table's row for ``name`` and its checked hyperparameters (``lr`` and ``weight_decay`` are
+    the optimizer's own arguments), ``betas``/``eps`` at NeoX's defaults where the type takes them and
+    none was given. A :class:`ZerotopoError` names an unknown type or a hyperparameter it does not take."""
+    try:
+        spec = spec_for(name)
+    except ValueError as exc:
+        raise ZerotopoError(f"optimizer {name!r}: {exc}") from None
+    given = dict(hyperparameters or {})
+    for key, value in (("betas", betas), ("eps", eps)):
+        if value is not None:
+            given[key] = value
+    try:
+        hyper = check_hyperparameters(spec, given)
+    except HyperparameterError as exc:
+        raise ZerotopoError(f"optimizer {spec.name}: {exc.key}: {exc}") from None
+    for key in ("lr", "weight_decay"):
+        if key in hyper:
+            raise ZerotopoError(
+                f"optimizer {spec.name}: pass {key} as its own argument, not a hyperparameter"
+            )
+    for key, value in NEOX_DEFAULTS.items():
+        if key in spec.params:
+            hyper.setdefault(key, value)
+    return spec, hyper
 
 
 class LossScaler:
@@ -184,9 +232,15 @@ def make_scaler(
     return LossScaler(float(loss_scale), dynamic=False)
 
 
-class ShardedAdamW:
-    """AdamW over the optimizer shards of every unit; ``param_groups[0]`` holds the hyperparameters
-    (set ``param_groups[0]["lr"]`` for a schedule, as with torch optimizers)."""
+class ShardedOptimizer:
+    """A torch elementwise optimizer (the table in :mod:`zerotopo.config.optimizers`) over the optimizer
+    shards of every unit; ``param_groups[0]`` holds the hyperparameters (set ``param_groups[0]["lr"]``
+    for a schedule, as with torch optimizers). ``states[name][i]`` is unit ``i``'s flat buffer of the
+    per-element state ``name`` (Adam's ``exp_avg``, SGD's ``momentum_buffer``, ...), laid out as
+    ``master[i]``."""
+
+    spec: OptimizerSpec = SPECS["adamw"]
+    """The optimizer's row of the table (AdamW unless another is asked for)."""
 
     def __init__(
         self,
@@ -195,12 +249,14 @@ class ShardedAdamW:
         runtime: Any,
         *,
         lr: float,
-        betas: tuple[float, float],
-        eps: float,
         weight_decay: float,
         max_grad_norm: float | None,
         scaler: LossScaler | None,
         ledger: Any,
+        optimizer: str = "AdamW",
+        hyperparameters: Mapping[str, Any] | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
     ) -> None:
         self.units = units
         self.mesh = mesh
@@ -210,9 +266,8 @@ class ShardedAdamW:
         self.ledger = ledger
         self.max_grad_norm = max_grad_norm
         self.scaler = scaler
-        self.param_groups = [
-            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "params": []}
-        ]
+        self.spec, hyper = resolve_optimizer(optimizer, hyperparameters, betas=betas, eps=eps)
+        self.param_groups = [{"lr": lr, **hyper, "weight_decay": weight_decay, "params": []}]
         # Steps applied: on the host without loss scaling; on the device with it, where a skipped
         # (overflowed) step is known only to the device (see the step property).
         self._host_steps = 0
@@ -222,15 +277,19 @@ class ShardedAdamW:
         self.master = [u.initial_master for u in units]
         for u in units:
             del u.initial_master
-        self.exp_avg = [torch.zeros_like(m) for m in self.master]
-        self.exp_avg_sq = [torch.zeros_like(m) for m in self.master]
+        self.states = {
+            n: [torch.full_like(m, self.spec.initial_value(n, hyper)) for m in self.master]
+            for n in self.spec.state_names(hyper)
+        }
         # A trainable mask (for the gradient norm) only for chunks with frozen parameters or padding,
         # decided once here: a per-step ``train.all()`` would make the host wait on the device.
         trainable = [u.masks()[1].bool() for u in units]
         self.trainable = [None if bool(t.all()) else t for t in trainable]
         self.frozen_runs = [u.runs(lambda s: not s.trainable) for u in units]
-        # torch's AdamW on views of the flat shards (see [Note: torch's AdamW on the shards])
-        self.fused = _fused_supported(mesh.device)
+        # torch's optimizer on views of the flat shards (see [Note: torch's optimizer on the shards])
+        self.fused = _fused_supported(mesh.device, self.spec) and not (
+            scaler is not None and self.spec.first_from_grad(hyper)
+        )
         self.pieces: list[list[tuple[torch.Tensor, int]]] = [[] for _ in units]
         """Per unit: each view the torch optimizer holds and its offset in the master chunk."""
         self.optims = [self._torch_optimizer(i, u) for i, u in enumerate(units)]
@@ -238,10 +297,24 @@ class ShardedAdamW:
         self.lazy_param_gather = True
         """Leave sharded units' post-step all-gathers in flight until their next use (see the note)."""
 
-    def _torch_optimizer(self, i: int, u: FlatUnit) -> torch.optim.AdamW | None:
-        """torch's AdamW over the trainable runs of unit ``i``'s master chunk (views, so the update lands
-        in ``master[i]``), with ``exp_avg``/``exp_avg_sq`` views of the flat moments as its state; one
-        group with weight decay and one without. None when the chunk has nothing trainable."""
+    @property
+    def exp_avg(self) -> list[torch.Tensor]:
+        """Adam's flat first moments per unit (``states["exp_avg"]``)."""
+        return self.states["exp_avg"]
+
+    @property
+    def exp_avg_sq(self) -> list[torch.Tensor]:
+        """Adam's flat second moments per unit (``states["exp_avg_sq"]``)."""
+        return self.states["exp_avg_sq"]
+
+    def _hyper(self) -> dict[str, Any]:
+        """The hyperparameters torch's optimizer takes from ``param_groups[0]`` (weight decay per group)."""
+        return {k: v for k, v in self.param_groups[0].items() if k not in ("params", "weight_decay")}
+
+    def _torch_optimizer(self, i: int, u: FlatUnit) -> torch.optim.Optimizer | None:
+        """torch's optimizer over the trainable runs of unit ``i``'s master chunk (views, so the update
+        lands in ``master[i]``), with views of the flat states as its state; one group with weight decay
+        and one without. None when the chunk has nothing trainable."""
         groups = []
         for decay in (True, False):
             runs = u.runs(lambda s, d=decay: s.trainable and s.decay is d)
@@ -251,31 +324,60 @@ class ShardedAdamW:
                 groups.append({"params": views, "decay": decay})
         if not groups:
             return None
-        g = self.param_groups[0]
         kind = {"fused": True} if self.fused else {"foreach": True}
-        opt = torch.optim.AdamW(groups, lr=g["lr"], betas=g["betas"], eps=g["eps"], weight_decay=0.0, **kind)
-        for v, a in self.pieces[i]:
-            opt.state[v] = {
-                "step": self._step_tensor(v.device),
-                "exp_avg": self.exp_avg[i][a : a + v.numel()],
-                "exp_avg_sq": self.exp_avg_sq[i][a : a + v.numel()],
-            }
+        cls = getattr(torch.optim, self.spec.torch_class)
+        opt = cls(groups, **self._hyper(), weight_decay=0.0, **kind)
+        for v, _ in self.pieces[i]:
+            opt.state[v] = {}
+        self._bind_states(i, opt)
         return opt
 
+    def _bind_states(self, i: int, opt: torch.optim.Optimizer) -> None:
+        """Point torch's state of each piece of unit ``i`` at the flat buffers (and fresh scalars). A
+        state torch takes from the first gradient (:meth:`OptimizerSpec.first_from_grad`) is left out
+        before the first step, so torch creates it; :meth:`_adopt_created` moves it into the buffer."""
+        fresh = self._host_steps == 0
+        lazy = self.spec.first_from_grad(self._hyper())
+        for v, a in self.pieces[i]:
+            st = opt.state[v]
+            st.clear()
+            if self.spec.has_step:
+                st["step"] = self._step_tensor(v.device)
+            for name, value in self.spec.scalars:
+                st[name] = self._scalar_tensor(value, v.device)
+            for name, bufs in self.states.items():
+                if not (fresh and name in lazy):
+                    st[name] = bufs[i][a : a + v.numel()]
+
+    def _adopt_created(self, i: int) -> None:
+        """Copy a state torch created in its first step into the flat buffer and hand torch the view."""
+        opt = self.optims[i]
+        for name in self.spec.first_from_grad(self._hyper()):
+            for v, a in self.pieces[i]:
+                st = opt.state[v]
+                created = st.get(name)
+                view = self.states[name][i][a : a + v.numel()]
+                if created is not None and created.data_ptr() != view.data_ptr():
+                    view.copy_(created)
+                    st[name] = view
+
     def _step_tensor(self, device: torch.device) -> torch.Tensor:
-        """torch's per-parameter step count as its AdamW keeps it (on the device when fused)."""
+        """torch's per-parameter step count as its optimizers keep it (on the device when fused)."""
+        return self._scalar_tensor(float(self._host_steps), device)
+
+    def _scalar_tensor(self, value: float, device: torch.device) -> torch.Tensor:
         if self.fused:
-            return torch.full((), float(self._host_steps), dtype=torch.float32, device=device)
-        return torch.tensor(float(self._host_steps))
+            return torch.full((), value, dtype=torch.float32, device=device)
+        return torch.tensor(value)
 
     def _apply(self, i: int, grad: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
-        """One AdamW step of unit ``i`` with ``grad`` (its fp32 optimizer chunk of the gradient), the
+        """One step of unit ``i`` with ``grad`` (its fp32 optimizer chunk of the gradient), the
         hyperparameters of ``param_groups[0]``; ``found_inf`` (fused only) skips it on the device."""
         opt = self.optims[i]
         if opt is not None:
-            g = self.param_groups[0]
+            g, hyper = self.param_groups[0], self._hyper()
             for group in opt.param_groups:
-                group.update(lr=g["lr"], betas=g["betas"], eps=g["eps"])
+                group.update(hyper)
                 group["weight_decay"] = g["weight_decay"] if group["decay"] else 0.0
             for v, a in self.pieces[i]:
                 v.grad = grad[a : a + v.numel()]
@@ -283,21 +385,40 @@ class ShardedAdamW:
             opt.step()
             for v, _ in self.pieces[i]:
                 v.grad = None
-        # Frozen parameters never move and keep no moments (torch skips parameters without a gradient).
-        for a, b in self.frozen_runs[i]:
-            self.exp_avg[i][a:b].zero_()
-            self.exp_avg_sq[i][a:b].zero_()
+            self._adopt_created(i)
+        # Frozen parameters never move and keep their initial state (torch skips parameters without a
+        # gradient).
+        for name, bufs in self.states.items():
+            fill = self.spec.initial_value(name, self._hyper())
+            for a, b in self.frozen_runs[i]:
+                bufs[i][a:b].fill_(fill)
 
     def _set_torch_steps(self, value: int) -> None:
         for opt in self.optims:
             if opt is not None:
                 for st in opt.state.values():
-                    st["step"].fill_(float(value))
+                    if "step" in st:
+                        st["step"].fill_(float(value))
+
+    def scalar_state(self) -> dict[str, float]:
+        """The scalar states besides ``step`` (NAdam's ``mu_product``): every piece holds the same value."""
+        out = {}
+        for name, initial in self.spec.scalars:
+            held = [st[name] for opt in self.optims if opt is not None for st in opt.state.values()]
+            out[name] = float(held[0]) if held else initial
+        return out
+
+    def _set_scalars(self, values: Mapping[str, float]) -> None:
+        for name, value in values.items():
+            for opt in self.optims:
+                if opt is not None:
+                    for st in opt.state.values():
+                        st[name].fill_(float(value))
 
     # -- the step ---------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> dict[str, Any]:
-        """Reduce, clip and apply AdamW; returns ``{"grad_norm", "skipped", "loss_scale"}``.
+        """Reduce, clip and apply the optimizer; returns ``{"grad_norm", "skipped", "loss_scale"}``.
 
         Nothing here makes the host wait on the device (DESIGN.md rule 3): ``grad_norm`` is a 0-d tensor
         on the device (``inf`` when an fp16 overflow skipped the step); with loss scaling ``skipped`` and
@@ -418,25 +539,33 @@ class ShardedAdamW:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shard of the optimizer state (master weights and moments per unit)."""
+        """This rank's shard of the optimizer state (master weights and per-element states per unit)."""
         g = self.param_groups[0]
         return {
             "step": self.step_count,
+            "optimizer": self.spec.name,
+            "scalars": self.scalar_state(),
             "param_groups": [{k: v for k, v in g.items() if k != "params"}],
             "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "units": {
                 u.name: {
                     "range": u.o_range,
                     "master": self.master[i].clone(),
-                    "exp_avg": self.exp_avg[i].clone(),
-                    "exp_avg_sq": self.exp_avg_sq[i].clone(),
+                    **{name: bufs[i].clone() for name, bufs in self.states.items()},
                 }
                 for i, u in enumerate(self.units)
             },
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Load a shard written by :meth:`state_dict` on the same rank, plan and model."""
+        """Load a shard written by :meth:`state_dict` on the same rank, plan, model and optimizer type
+        (a state without ``optimizer`` is AdamW's, as written before the type was recorded)."""
+        saved = spec_for(sd.get("optimizer", "AdamW"))
+        if saved.name != self.spec.name:
+            raise ZerotopoError(
+                f"the optimizer state was written by {saved.name}, this run's optimizer is {self.spec.name}; "
+                f"train with optimizer type {saved.name}, or start a fresh optimizer from the weights only"
+            )
         for i, u in enumerate(self.units):
             if u.name not in sd["units"]:
                 raise ZerotopoError(f"optimizer state has no unit {u.name!r}; it was saved for another model")
@@ -446,13 +575,27 @@ class ShardedAdamW:
                     f"optimizer state of unit {u.name!r} covers elements {tuple(s['range'])}, this rank "
                     f"holds {u.o_range}: load it on the rank and plan that saved it"
                 )
+            missing = [name for name in self.states if name not in s]
+            if missing:
+                raise ZerotopoError(
+                    f"optimizer state of unit {u.name!r} has no {', '.join(missing)}: it was written by "
+                    f"{saved.name} with other hyperparameters (this run keeps {', '.join(self.states)})"
+                )
             self.master[i].copy_(s["master"])
-            self.exp_avg[i].copy_(s["exp_avg"])
-            self.exp_avg_sq[i].copy_(s["exp_avg_sq"])
+            for name, bufs in self.states.items():
+                bufs[i].copy_(s[name])
             self._gather_params(u, self.master[i])
-        self.step_count = int(sd["step"])
         for k, v in sd["param_groups"][0].items():
             self.param_groups[0][k] = tuple(v) if k == "betas" else v
+        self.step_count = int(sd["step"])
+        for i, opt in enumerate(self.optims):
+            if opt is not None:
+                self._bind_states(i, opt)  # step counts, fresh scalars, views (see _bind_states)
+        self._set_scalars(sd.get("scalars") or {})
         if self.scaler is not None and sd.get("loss_scaler"):
             self.scaler.load_state_dict(sd["loss_scaler"])
         self.runtime.invalidate_secondaries()
+
+
+ShardedAdamW = ShardedOptimizer
+"""The name the sharded optimizer had when it ran AdamW only."""

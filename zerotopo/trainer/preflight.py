@@ -220,7 +220,9 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, worl
         check_neox_checkpoint(neox_dir, cfg)
         return
     if args.load and find_checkpoint(args.load) is not None:
-        ckpt = preflight_load(args.load, cfg)
+        # finetune loads the weights alone (a fresh optimizer of any type); a resume needs the writer's
+        run_optimizer = None if args.finetune else (args.optimizer.type, args.optimizer.state_names())
+        ckpt = preflight_load(args.load, cfg, run_optimizer)
         check_run_identity(args, job, cfg, ckpt)
         if world is not None:
             check_resume_position(args, ckpt, world)
