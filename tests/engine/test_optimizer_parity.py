@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.engine.cases import MICRO, batch, loss_fn, make_model, reference, rel_err
+from zerotopo.config.optimizers import spec_for
 from zerotopo.launch.spawn import spawn
 
 pytestmark = pytest.mark.slow
@@ -76,6 +77,9 @@ def _worker(rank: int, world: int, cases: list[dict[str, Any]], fp16: list[dict[
                 "skipped": skipped,
                 "params": sd if rank == 0 else None,
                 "steps": opt.step_count,
+                "optim_bytes": model.memory_report()["optim"],
+                "optim_elems": sum(u.o_range[1] - u.o_range[0] for u in model.units),
+                "states": list(opt.states),
             }
         )
         model.close()
@@ -102,6 +106,10 @@ def test_sharded_step_equals_torch_on_the_unsharded_model(runs, i):
     params = runs[0][i]["params"]
     worst = max(rel_err(params[k], ref_params[k]) for k in ref_params)
     assert worst < 1e-5, worst
+    # memory_report counts the fp32 master and each per-element state the type keeps
+    states = spec_for(case["optimizer"]).state_names(case["optimizer_params"])
+    assert runs[0][i]["states"] == list(states)
+    assert runs[0][i]["optim_bytes"] == runs[0][i]["optim_elems"] * 4 * (1 + len(states))
     # the run really trained: parameters moved from their initial values
     init = dict(make_model({}).named_parameters())
     assert max(rel_err(params[k], init[k].detach()) for k in init) > 1e-4

@@ -78,7 +78,8 @@ class ShardedModule(nn.Module):
 
     def memory_report(self) -> dict[str, int]:
         """Bytes this rank holds per model state: ``params``, ``secondary``, ``grads``, ``optim``."""
-        return memory_bytes(self._units, sum(u.secondary_bytes() for u in self._units))
+        secondary = sum(u.secondary_bytes() for u in self._units)
+        return memory_bytes(self._units, secondary, self._optimizer.bytes_per_element)
 
     def unit_numels(self) -> list[int]:
         """Unpadded element counts of the units in forward order (the cost model's input)."""

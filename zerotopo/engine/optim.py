@@ -298,6 +298,12 @@ class ShardedOptimizer:
         """Leave sharded units' post-step all-gathers in flight until their next use (see the note)."""
 
     @property
+    def bytes_per_element(self) -> int:
+        """Bytes of optimizer state per element of the shard: fp32 master and per-element states
+        (AdamW: 12, SGD with momentum: 8, RMSprop centered with momentum: 16)."""
+        return 4 * (1 + len(self.states))
+
+    @property
     def exp_avg(self) -> list[torch.Tensor]:
         """Adam's flat first moments per unit (``states["exp_avg"]``)."""
         return self.states["exp_avg"]
