@@ -150,3 +150,38 @@ def test_unknown_type_and_hyperparameter_are_refused_before_anything_is_built():
         resolve_optimizer("RMSprop", {"momentum": -0.1})
     spec, hyper = resolve_optimizer("adam", None)
     assert spec.name == "AdamW" and hyper == {"betas": (0.9, 0.95), "eps": 1e-8}
+
+
+def test_scalar_state_carries_over_a_restart():
+    """NAdam's ``mu_product`` (one scalar every element shares) read from a run and set on a fresh
+    optimizer at the same step continues as torch's own optimizer does."""
+    opt, u, mod, full = _bare("NAdam", HYPER["NAdam"], False, frozen=False)
+    ref_params = [p.detach().clone() for p in mod.parameters()]
+    ref = torch.optim.NAdam(ref_params, lr=LR, foreach=False, **full)  # no decay here: WD 0 below
+    opt.param_groups[0]["weight_decay"] = 0.0
+    for step in range(1, 3):
+        grad = _grads(u, step)
+        opt._host_steps += 1
+        opt._apply(0, grad.clone())
+        for s, r in zip(u.slots, ref_params):
+            r.grad = grad[s.offset : s.offset + s.numel].view(s.shape).clone()
+        ref.step()
+    saved = opt.scalar_state()
+    assert saved["mu_product"] == pytest.approx(float(ref.state[ref_params[0]]["mu_product"]), rel=1e-7)
+    fresh, _, _, _ = _bare("NAdam", HYPER["NAdam"], False, frozen=False)
+    fresh.param_groups[0]["weight_decay"] = 0.0
+    fresh.master[0].copy_(opt.master[0])
+    for name, bufs in opt.states.items():
+        fresh.states[name][0].copy_(bufs[0])
+    fresh._host_steps = 2
+    fresh._bind_states(0, fresh.optims[0])
+    assert fresh.scalar_state() == {"mu_product": 1.0}  # fresh until set
+    fresh._set_scalars(saved)
+    grad = _grads(u, 3)
+    fresh._host_steps += 1
+    fresh._apply(0, grad.clone())
+    for s, r in zip(u.slots, ref_params):
+        r.grad = grad[s.offset : s.offset + s.numel].view(s.shape).clone()
+    ref.step()
+    for s, r in zip(u.slots, ref_params):
+        torch.testing.assert_close(fresh.master[0][s.offset : s.offset + s.numel].view(s.shape), r)

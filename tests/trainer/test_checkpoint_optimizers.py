@@ -112,3 +112,25 @@ def test_weights_only_load_starts_another_type_afresh(saved):
     stored = read_tensors(step, {f"param/{n}": (t.numel(),) for n, t in params.items()})
     for n, t in params.items():
         assert torch.equal(t.reshape(-1), stored[f"param/{n}"]), n
+
+
+@pytest.mark.parametrize(
+    "entry, fragment",
+    [
+        ({"type": "LBFGS", "states": []}, "optimizer type 'LBFGS': LBFGS keeps whole-model history"),
+        ({"type": "RMSprop", "states": ["exp_avg"]}, "RMSprop keeps some of grad_avg, momentum_buffer"),
+        ({"type": "NAdam", "states": [], "scalars": {"mu_product": "x"}}, "are not NAdam's"),
+        ("AdamW", '"optimizer" must be an object'),
+    ],
+)
+def test_damaged_optimizer_entry_is_refused(saved, tmp_path, entry, fragment):
+    import shutil
+
+    step = tmp_path / "step_2"
+    shutil.copytree(saved / "first" / "step_2", step)
+    manifest = json.loads((step / "checkpoint.json").read_text())
+    manifest["optimizer"] = entry
+    (step / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(ZerotopoError, match="the manifest is damaged|cannot run on flat shards") as exc:
+        preflight_load(step, tiny_cfg(), None)
+    assert fragment in str(exc.value)
