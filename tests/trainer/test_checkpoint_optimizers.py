@@ -134,3 +134,29 @@ def test_damaged_optimizer_entry_is_refused(saved, tmp_path, entry, fragment):
     with pytest.raises(ZerotopoError, match="the manifest is damaged|cannot run on flat shards") as exc:
         preflight_load(step, tiny_cfg(), None)
     assert fragment in str(exc.value)
+
+
+def test_train_cli_resumes_only_with_the_writers_type_and_finetunes_into_another(tmp_path):
+    """``zerotopo train``: resuming an AdamW checkpoint with ``optimizer.type=SGD`` stops before any rank
+    starts, naming both; ``finetune=true`` starts SGD from its weights, and SGD's checkpoint records it."""
+    from tests.trainer.test_neox_import import MODEL, TOPOLOGY, _run
+
+    (tmp_path / "model.yml").write_text(MODEL)
+    (tmp_path / "two.yaml").write_text(TOPOLOGY)
+    argv = ["train", "model.yml", "--topology", "two.yaml", "--no-progress"]
+
+    def train(*sets: str, run: str, ok: bool = True):
+        return _run([*argv, "--run-dir", run, *(a for s in sets for a in ("--set", s))], tmp_path, ok=ok)
+
+    train("save=ckpt", "train_iters=1", run="r1")
+    sgd = ("optimizer.type=sgd", "optimizer.params.momentum=0.9")
+    refused = train("load=ckpt", "save=ckpt", "train_iters=2", *sgd, run="r1", ok=False)
+    said = refused.stdout + refused.stderr
+    assert "holds the optimizer state of AdamW, this run's optimizer is SGD" in said
+    assert "set finetune: true" in said and not (tmp_path / "ckpt" / "step_2").exists()
+    tuned = train("load=ckpt", "save=tuned", "finetune=true", "train_iters=1", *sgd, run="r2")
+    assert "finetune: weights of step 1" in tuned.stdout + tuned.stderr
+    manifest = json.loads((tmp_path / "tuned" / "step_1" / "checkpoint.json").read_text())
+    assert manifest["optimizer"] == {"type": "SGD", "states": ["momentum_buffer"], "scalars": {}}
+    keys = {k.split("/", 1)[0] for k in all_tensors(tmp_path / "tuned" / "step_1")}
+    assert keys == {"param", "momentum_buffer"}
