@@ -113,7 +113,7 @@ def test_pipeline_parallel_refused_unless_the_global_batch_is_fixed(tmp_path):
         ("lr_decay_style: exponential\n", "lr_decay_style", "constant, linear, cosine"),
         ("gpt_j_residual: maybe\n", "gpt_j_residual", "true or false"),
         ("hidden_dropout: 0.1\n", "hidden_dropout", "dropout is not implemented"),
-        ("optimizer: {type: SGD}\n", "optimizer.type", "Adam, AdamW"),
+        ("optimizer: {type: LBFGS}\n", "optimizer.type", "Adam, AdamW"),
         ("optimizer: {params: {betas: [0.9]}}\n", "optimizer.params.betas", "two numbers"),
         ("split: 'a,b'\n", "split", "969,30,1"),
         ("hidden_size: 100\nnum_attention_heads: 3\n", "hidden_size", "multiple"),

@@ -72,20 +72,20 @@ def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def reference(
     opts: dict[str, Any], world: int = WORLD, steps: int = STEPS, micro: int = MICRO
 ) -> tuple[list, dict[str, torch.Tensor]]:
-    """Single-process AdamW on the union of every rank's data: losses[step][rank][micro], final params.
+    """Single-process AdamW (or ``opts["optimizer"]``, a ``torch.optim`` class name, with
+    ``opts["optimizer_params"]``) on the union of every rank's data: losses[step][rank][micro], final params.
 
     Parameters without a gradient in a step get a zero gradient (the engine's documented semantics)."""
     model = make_model(opts)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     wd = opts.get("weight_decay", 0.0)
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=opts.get("lr", 1e-2),
-        betas=(0.9, 0.95),
-        eps=1e-8,
-        foreach=False,
-    )
+    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+    if "optimizer" in opts:  # torch's class the engine runs, with the hyperparameters the case gives it
+        cls = getattr(torch.optim, opts["optimizer"])
+        opt = cls(groups, lr=opts.get("lr", 1e-2), foreach=False, **opts.get("optimizer_params", {}))
+    else:
+        opt = torch.optim.AdamW(groups, lr=opts.get("lr", 1e-2), betas=(0.9, 0.95), eps=1e-8, foreach=False)
     losses = []
     for s in range(steps):
         if opts.get("schedule"):

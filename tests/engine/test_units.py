@@ -181,8 +181,7 @@ def _bare_adamw(fused: bool, frozen: bool):
     opt = object.__new__(ShardedAdamW)
     opt.param_groups = [{"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "params": []}]
     opt.master = [u.initial_master]
-    opt.exp_avg = [torch.zeros_like(u.initial_master)]
-    opt.exp_avg_sq = [torch.zeros_like(u.initial_master)]
+    opt.states = {n: [torch.zeros_like(u.initial_master)] for n in ("exp_avg", "exp_avg_sq")}
     opt.frozen_runs = [u.runs(lambda s: not s.trainable)]
     opt.fused = fused
     opt._host_steps = 0

@@ -24,6 +24,7 @@ def checkpoint_worker(
     load_from: str | None = None,
     fp16: bool = False,
     tokenizer: dict[str, Any] | None = None,
+    optimizer: tuple[str, dict[str, Any]] = ("AdamW", {}),
 ) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
@@ -47,6 +48,8 @@ def checkpoint_worker(
         weight_decay=0.1,
         loss_scale="dynamic",
         loss_scale_options={"init_scale": 2.0**8, "growth_interval": 2},
+        optimizer=optimizer[0],
+        optimizer_params=optimizer[1],
     )
     step = 0
     losses = []

@@ -59,6 +59,7 @@ from torch.distributed.checkpoint.planner_helpers import (
 )
 from torch.futures import Future
 
+from zerotopo.config.optimizers import NON_NEGATIVE, state_names
 from zerotopo.errors import ZerotopoError
 from zerotopo.fsutil import read_json_object
 
@@ -463,17 +464,20 @@ def read_piece(f, path: Path, index: MetadataIndex, info: Any, md: Metadata) -> 
 
 
 def _check_values(where: str, fqn: str, tensor: torch.Tensor) -> None:
-    """Optimizer state is finite (no checkpoint is written from non-finite state) and Adam's second
-    moment is never negative (a negative one means the moments were swapped or damaged)."""
-    if not fqn.startswith(("param/", "exp_avg/", "exp_avg_sq/")) or not tensor.is_floating_point():
+    """Optimizer state (``param/`` and every per-element state of the optimizer table) is finite (no
+    checkpoint is written from non-finite state), and the states that are never negative by construction
+    (Adam's second moment ``exp_avg_sq``, Adagrad's ``sum``, RMSprop's ``square_avg``, Adamax's
+    ``exp_inf``, ...) hold no negative value (one means the states were swapped or damaged)."""
+    kind = fqn.split("/", 1)[0]
+    if (kind != "param" and kind not in state_names()) or not tensor.is_floating_point():
         return
     bad = int((~torch.isfinite(tensor)).sum())
     if bad:
         raise ZerotopoError(f"{where} holds {bad} non-finite values (NaN or Inf); the checkpoint is damaged")
-    if fqn.startswith("exp_avg_sq/") and bool((tensor < 0).any()):
+    if kind in NON_NEGATIVE and bool((tensor < 0).any()):
         raise ZerotopoError(
-            f"{where} holds negative values, impossible for Adam's second moment (swapped with the first "
-            "moment or damaged); the checkpoint is damaged"
+            f"{where} holds negative values, impossible for {NON_NEGATIVE[kind]} (swapped with another "
+            "state or damaged); the checkpoint is damaged"
         )
 
 

@@ -5,10 +5,14 @@ Layout of ``<save>/step_<N>/``:
 - ``__<rank>_0.distcp``: the tensors each rank wrote, and ``dcp_metadata.json``, DCP's description of
   them (JSON, see :mod:`zerotopo.checkpoint.dcpio`). Stored per parameter, as 1-D tensors of its flattened
   elements cut into the pieces the writing ranks held (see [Note: flat shards in DCP]):
-  ``param/<name>`` (the fp32 master weights), ``exp_avg/<name>`` and ``exp_avg_sq/<name>`` (Adam's
-  moments), ``scaler/<key>`` (the fp16 loss scaler) and ``rng/<rank>/torch`` (each rank's RNG state).
-- ``checkpoint.json``: step, samples consumed, optimizer step count, the model config and every
-  parameter's shape, the world size and plan that wrote it, the tokenizer.
+  ``param/<name>`` (the fp32 master weights), ``<state>/<name>`` for each per-element state of the
+  optimizer (AdamW's and Adam's ``exp_avg/`` and ``exp_avg_sq/``, SGD's ``momentum_buffer/``, ...; see
+  :mod:`zerotopo.config.optimizers`), ``scaler/<key>`` (the fp16 loss scaler) and ``rng/<rank>/torch``
+  (each rank's RNG state).
+- ``checkpoint.json``: step, samples consumed, optimizer step count, the optimizer (``{"type", "states",
+  "scalars"}``: its type, per-element state names and scalar states such as NAdam's ``mu_product``;
+  absent in checkpoints of AdamW written before it was recorded), the model config and every parameter's
+  shape, the world size and plan that wrote it, the tokenizer.
 - ``config.json`` (Hugging Face's, for ``zerotopo export-hf``) and the run's tokenizer files.
 
 [Note: atomic save] Ranks write into ``<save>/.step_<N>.tmp-<random>``; once every rank has finished
@@ -78,17 +82,17 @@ def _pieces(unit, chunk: torch.Tensor):
             yield s, a - s.offset, chunk[a - lo : b - lo]
 
 
-def _shard_state(model, optimizer) -> dict[str, Any]:
-    """This rank's shards as DCP entries: views of the optimizer's fp32 buffers, cut per parameter."""
+def _shard_state(model, optimizer, *, weights_only: bool = False) -> dict[str, Any]:
+    """This rank's shards as DCP entries: views of the optimizer's fp32 buffers, cut per parameter
+    (``weights_only``: the master weights alone)."""
     from zerotopo.checkpoint.dcpio import FlatPieces
 
     state: dict[str, Any] = {}
+    kinds = [("param", optimizer.master)]
+    if not weights_only:
+        kinds += list(optimizer.states.items())
     for i, u in enumerate(model.units):
-        for kind, bufs in (
-            ("param", optimizer.master),
-            ("exp_avg", optimizer.exp_avg),
-            ("exp_avg_sq", optimizer.exp_avg_sq),
-        ):
+        for kind, bufs in kinds:
             for s, off, view in _pieces(u, bufs[i]):
                 state.setdefault(f"{kind}/{s.name}", FlatPieces(s.numel)).pieces.append((off, view))
     return state
@@ -156,9 +160,9 @@ def _kept(root: Path) -> str:
 
 
 def check_finite_state(optimizer, *, step: int, root: Path) -> None:
-    """Collective: refuse to save when any rank's master weights or Adam moments hold NaN or Inf."""
+    """Collective: refuse to save when any rank's master weights or optimizer states hold NaN or Inf."""
     bad = torch.zeros(1, dtype=torch.float64, device=optimizer.master[0].device)
-    for bufs in (optimizer.master, optimizer.exp_avg, optimizer.exp_avg_sq):
+    for bufs in (optimizer.master, *optimizer.states.values()):
         for t in bufs:
             bad += (~torch.isfinite(t)).sum()
     dist.all_reduce(bad)
@@ -214,6 +218,11 @@ def _finalize(
         "step": step,
         "consumed_samples": consumed_samples,
         "optimizer_steps": optimizer.step_count,
+        "optimizer": {
+            "type": optimizer.spec.name,
+            "states": list(optimizer.states),
+            "scalars": optimizer.scalar_state(),
+        },
         "world_size": world,
         "plan": plan_name,
         "degrees": plan_label,
@@ -332,24 +341,28 @@ def save_checkpoint(
     return final
 
 
-def settle_optimizer(model, optimizer, *, step: int, zero_moments: bool = False) -> None:
-    """Make the optimizer take the master weights and moments written into its tensors in place (by a
-    checkpoint or a Hugging Face load) as its state at ``step``; ``zero_moments`` starts Adam afresh."""
+def settle_optimizer(
+    model, optimizer, *, step: int, zero_moments: bool = False, scalars: dict[str, float] | None = None
+) -> None:
+    """Make the optimizer take the master weights and states written into its tensors in place (by a
+    checkpoint or a Hugging Face load) as its state at ``step``, with the scalar states ``scalars``;
+    ``zero_moments`` starts the optimizer afresh (every state at its initial value)."""
     group = optimizer.param_groups[0]
+    units = {}
+    for i, u in enumerate(model.units):
+        entry = {"range": u.o_range, "master": optimizer.master[i]}
+        for name, bufs in optimizer.states.items():
+            fresh = optimizer.spec.initial_value(name, group)
+            entry[name] = torch.full_like(bufs[i], fresh) if zero_moments else bufs[i]
+        units[u.name] = entry
     optimizer.load_state_dict(
         {
             "step": step,
+            "optimizer": optimizer.spec.name,
+            "scalars": None if zero_moments else scalars,
             "param_groups": [{k: v for k, v in group.items() if k != "params"}],
             "loss_scaler": None,
-            "units": {
-                u.name: {
-                    "range": u.o_range,
-                    "master": optimizer.master[i],
-                    "exp_avg": torch.zeros_like(m) if zero_moments else m,
-                    "exp_avg_sq": torch.zeros_like(v) if zero_moments else v,
-                }
-                for i, (u, m, v) in enumerate(zip(model.units, optimizer.exp_avg, optimizer.exp_avg_sq))
-            },
+            "units": units,
         }
     )
 
@@ -593,6 +606,7 @@ def open_checkpoint(step_dir: Path) -> Checkpoint:
     if not isinstance(manifest.get("model"), dict) or not isinstance(manifest.get("parameters"), dict):
         raise ZerotopoError(f'{mpath}: "model" and "parameters" must be objects')
     manifest["config"] = _model_config(manifest["model"], mpath)
+    manifest["optimizer"] = _optimizer_entry(manifest.get("optimizer"), mpath)
     md = read_metadata_file(step_dir)
     sizes: dict[str, int] = {}
     for info in md.storage_data.values():
@@ -611,6 +625,66 @@ def open_checkpoint(step_dir: Path) -> Checkpoint:
                 "restore it or load an earlier checkpoint"
             )
     return Checkpoint(step_dir, manifest, md)
+
+
+#: What a manifest without an ``optimizer`` entry holds: AdamW's moments (written before types were recorded).
+_LEGACY_OPTIMIZER = {"type": "AdamW", "states": ["exp_avg", "exp_avg_sq"], "scalars": {}}
+
+
+def _optimizer_entry(entry: Any, mpath: Path) -> dict[str, Any]:
+    """The manifest's ``optimizer`` entry, checked: a type of the table, state names it keeps, finite
+    scalars it has (see :mod:`zerotopo.config.optimizers`)."""
+    from zerotopo.config.optimizers import spec_for
+
+    if entry is None:
+        return dict(_LEGACY_OPTIMIZER)
+    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+        raise ZerotopoError(f'{mpath}: "optimizer" must be an object with a "type"; the manifest is damaged')
+    try:
+        spec = spec_for(entry["type"])
+    except ValueError as exc:
+        raise ZerotopoError(f"{mpath}: optimizer type {short(entry['type'])}: {exc}") from None
+    states, scalars = entry.get("states"), entry.get("scalars") or {}
+    known = {n for n, _ in spec.states}
+    if not isinstance(states, list) or not all(isinstance(n, str) and n in known for n in states):
+        raise ZerotopoError(
+            f"{mpath}: optimizer states {short(states)}: {spec.name} keeps some of {', '.join(sorted(known))}; "
+            "the manifest is damaged"
+        )
+    names = {n for n, _ in spec.scalars}
+    if not isinstance(scalars, dict) or any(
+        k not in names or type(v) not in (int, float) or not math.isfinite(v) for k, v in scalars.items()
+    ):
+        raise ZerotopoError(
+            f"{mpath}: optimizer scalars {short(scalars)} are not {spec.name}'s; the manifest is damaged"
+        )
+    return {"type": spec.name, "states": states, "scalars": dict(scalars)}
+
+
+def saved_optimizer(ckpt: Checkpoint) -> dict[str, Any]:
+    """``{"type", "states", "scalars"}`` of the optimizer that wrote ``ckpt``."""
+    return ckpt.manifest["optimizer"]
+
+
+def check_optimizer(ckpt: Checkpoint, name: str, states: list[str] | tuple[str, ...]) -> None:
+    """The checkpoint holds the state of this run's optimizer ``name`` keeping ``states``; otherwise an
+    error naming both (a weights-only load, ``finetune: true``, starts a fresh optimizer instead)."""
+    from zerotopo.config.optimizers import spec_for
+
+    saved = saved_optimizer(ckpt)
+    ours = spec_for(name).name
+    if saved["type"] != ours:
+        raise ZerotopoError(
+            f"{ckpt.path} holds the optimizer state of {saved['type']}, this run's optimizer is {ours}; "
+            f"resume it with optimizer type {saved['type']}, or set finetune: true to start a fresh {ours} "
+            "from its weights"
+        )
+    if list(saved["states"]) != list(states):
+        raise ZerotopoError(
+            f"{ckpt.path} holds {ours} state {', '.join(saved['states']) or '(none)'}, this run's {ours} keeps "
+            f"{', '.join(states) or '(none)'} (another momentum / centered / amsgrad setting); resume with the "
+            "hyperparameters it was written with, or set finetune: true to start afresh from its weights"
+        )
 
 
 def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
@@ -633,9 +707,8 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
     shapes = parameter_shapes(cfg)
     if ckpt.manifest["parameters"] != shapes:
         raise ZerotopoError(f"{mpath}: parameter shapes differ from the model's; the manifest is damaged")
-    expected = {
-        f"{kind}/{n}": math_prod(s) for n, s in shapes.items() for kind in ("param", "exp_avg", "exp_avg_sq")
-    }
+    kinds = ("param", *saved_optimizer(ckpt)["states"])
+    expected = {f"{kind}/{n}": math_prod(s) for n, s in shapes.items() for kind in kinds}
     stored = ckpt.metadata.state_dict_metadata
     missing = sorted(set(expected) - set(stored))
     if missing:
@@ -730,15 +803,20 @@ def check_identity(
     return f"{ckpt.path} was written with other settings: {'; '.join(diffs)}" if diffs else None
 
 
-def preflight_load(path: str | os.PathLike, cfg: NeoXConfig) -> Checkpoint | None:
+def preflight_load(
+    path: str | os.PathLike, cfg: NeoXConfig, optimizer: tuple[str, tuple[str, ...]] | None = None
+) -> Checkpoint | None:
     """Check what ``load:`` names before any rank starts: None when it holds no checkpoint yet (the run
-    starts from step 0), else the checked checkpoint. Hugging Face directories are checked by
-    :func:`zerotopo.models.hf_load.check_hf_directory`."""
+    starts from step 0), else the checked checkpoint; ``optimizer`` (type, per-element state names): the
+    run's optimizer, which must be the one that wrote it (None: a weights-only load). Hugging Face
+    directories are checked by :func:`zerotopo.models.hf_load.check_hf_directory`."""
     step_dir = find_checkpoint(path)
     if step_dir is None:
         return None
     ckpt = open_checkpoint(step_dir)
     check_compatible(ckpt, cfg)
+    if optimizer is not None:
+        check_optimizer(ckpt, *optimizer)
     return ckpt
 
 
@@ -810,9 +888,11 @@ def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str
 
 
 def load_checkpoint(
-    path: str | os.PathLike, model, optimizer, *, cfg: NeoXConfig, seed: int = 0
+    path: str | os.PathLike, model, optimizer, *, cfg: NeoXConfig, seed: int = 0, weights_only: bool = False
 ) -> ResumeState:
-    """Collective: load the checkpoint ``path`` names into a wrapped model, resharding as needed."""
+    """Collective: load the checkpoint ``path`` names into a wrapped model, resharding as needed.
+    ``weights_only``: the master weights alone, the optimizer starts afresh at step 0 (its type may
+    differ from the one that wrote the checkpoint); otherwise the optimizer must be the writer's."""
     import torch.distributed.checkpoint as dcp
 
     from zerotopo.checkpoint.dcpio import FlatLoadPlanner, SafeReader
@@ -822,8 +902,11 @@ def load_checkpoint(
         raise ZerotopoError(f"no checkpoint at {path}")
     ckpt = open_checkpoint(step_dir)
     check_compatible(ckpt, cfg)
+    if not weights_only:
+        check_optimizer(ckpt, optimizer.spec.name, list(optimizer.states))
     rank, world = dist.get_rank(), dist.get_world_size()
-    state = _shard_state(model, optimizer)  # views: DCP reads straight into the optimizer's buffers
+    # views: DCP reads straight into the optimizer's buffers
+    state = _shard_state(model, optimizer, weights_only=weights_only)
     stored = ckpt.metadata.state_dict_metadata
     scaler_keys = [k for k in stored if k.startswith("scaler/")]
     if model.scaler is not None:
@@ -840,7 +923,13 @@ def load_checkpoint(
             lambda: dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner()),
             f"loading {step_dir}",
         )
-    settle_optimizer(model, optimizer, step=int(ckpt.manifest["optimizer_steps"]))
+    if weights_only:
+        settle_optimizer(model, optimizer, step=0, zero_moments=True)
+    else:
+        saved = saved_optimizer(ckpt)
+        settle_optimizer(
+            model, optimizer, step=int(ckpt.manifest["optimizer_steps"]), scalars=saved["scalars"]
+        )
     if model.scaler is not None and scaler_keys:
         _restore_scaler(model.scaler, {k: state[k] for k in scaler_keys})
     step = ckpt.step

@@ -26,7 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="stored dtype (default fp32)"
     )
     p.add_argument(
-        "--optimizer", action="store_true", help="dcp: also the Adam moments (exp_avg/, exp_avg_sq/)"
+        "--optimizer",
+        action="store_true",
+        help="dcp: also the optimizer's per-element states, as <state>/<name> (AdamW: exp_avg/, exp_avg_sq/; "
+        "SGD: momentum_buffer/; ...: those of the optimizer that wrote the checkpoint)",
     )
 
 

@@ -21,6 +21,13 @@ from zerotopo.config.neox_keys import (  # noqa: F401 - NO_EFFECT_KEYS and REFUS
     REFUSED_UNLESS_DEFAULT,
     refused_value,
 )
+from zerotopo.config.optimizers import (
+    HyperparameterError,
+    canonical,
+    check_hyperparameters,
+    spec_for,
+    supported,
+)
 from zerotopo.data.tokenizers import TOKENIZER_TYPES
 from zerotopo.errors import ConfigError, short
 from zerotopo.models.config import INIT_METHODS, NeoXConfig, mlp_width
@@ -103,19 +110,39 @@ def _key(check: c.Check, default: Any = None, *, neox: str | None = None) -> Any
 
 @dataclass(frozen=True)
 class OptimizerArgs:
-    """The ``optimizer`` block: ``{type: Adam|AdamW, params: {lr, betas, eps, weight_decay}}``."""
+    """The ``optimizer`` block: ``{type: <name>, params: {lr, weight_decay, <the type's others>}}``; the
+    types and what each takes are the table in :mod:`zerotopo.config.optimizers`."""
 
     type: str = "AdamW"
-    """Adam or AdamW. NeoX's ``Adam`` is DeepSpeed's FusedAdam, whose default is decoupled weight decay
-    (AdamW), so the two names are expected to train alike."""
+    """torch's elementwise optimizer to run on the sharded fp32 master weights (any case): AdamW, Adam,
+    SGD, Adagrad, Adadelta, RMSprop, Adamax, NAdam or RAdam. NeoX's ``Adam`` is DeepSpeed's FusedAdam,
+    whose default is decoupled weight decay (AdamW), so the two names train alike. LBFGS, SparseAdam and
+    Adafactor are refused: their state is not per element."""
     lr: float = 6e-4
     """Peak learning rate, reached at the end of warmup."""
     betas: tuple[float, float] = (0.9, 0.95)
-    """Adam's moment decay rates."""
+    """Moment decay rates (AdamW, Adam, Adamax, NAdam, RAdam)."""
     eps: float = 1e-8
-    """Adam's denominator epsilon."""
+    """Denominator epsilon (every type but SGD; this default for all of them)."""
     weight_decay: float | None = None
     """Weight decay from the block; when absent the top-level ``weight_decay`` key applies."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The type's other hyperparameters as the block gives them, checked against the type: ``amsgrad``
+    (AdamW, Adam), ``momentum``, ``dampening``, ``nesterov`` (SGD), ``lr_decay``,
+    ``initial_accumulator_value`` (Adagrad), ``rho`` (Adadelta), ``alpha``, ``momentum``, ``centered``
+    (RMSprop), ``momentum_decay`` (NAdam), ``decoupled_weight_decay`` (NAdam, RAdam); torch's defaults
+    for those not given. A hyperparameter the type does not take is an error naming it."""
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """What the engine's optimizer takes besides ``lr`` and ``weight_decay``: ``betas`` and ``eps``
+        where the type takes them, and the ``options``."""
+        takes = spec_for(self.type).params
+        out = {k: v for k, v in (("betas", self.betas), ("eps", self.eps)) if k in takes}
+        return {**out, **self.options}
+
+    def state_names(self) -> tuple[str, ...]:
+        """The per-element states the type keeps with these hyperparameters (its checkpoint keys)."""
+        return spec_for(self.type).state_names(self.hyperparameters())
 
 
 @dataclass(frozen=True)
@@ -145,12 +172,6 @@ class FP16Args:
         }
 
 
-_OPTIM_CHECKS = {
-    "lr": c.number(0.0, 10.0, lo_open=True),
-    "betas": c.betas,
-    "eps": c.number(0.0, 1.0, lo_open=True),
-    "weight_decay": c.optional(c.number(0.0, 10.0)),
-}
 _FP16_CHECKS = {
     "enabled": c.boolean,
     "fp16": c.boolean,  # NeoX configs repeat ``fp16: true`` inside the block
@@ -259,7 +280,7 @@ class NeoXArgs:
     optimizer: OptimizerArgs = field(default_factory=OptimizerArgs)
     """The ``optimizer`` block."""
     weight_decay: float = _key(c.number(0.0, 10.0), 0.01)
-    """Decoupled weight decay (the optimizer block's ``weight_decay`` wins when given)."""
+    """Weight decay, decoupled for AdamW and Adam (the optimizer block's ``weight_decay`` wins when given)."""
     gradient_clipping: float = _key(c.number(0.0), 1.0)
     """Clip the global gradient norm to this; 0 disables clipping."""
     # --- precision ---------------------------------------------------------------------------------------
@@ -521,9 +542,13 @@ class NeoXArgs:
         out.pop("sources")
         # Nested the way the files write them, so the dict loads back as a config.
         optim = out.pop("optimizer")
+        options = optim.pop("options")
+        for key in ("betas", "eps"):  # written only for the types that take them
+            if key not in spec_for(optim["type"]).params:
+                optim.pop(key)
         out["optimizer"] = {
             "type": optim.pop("type"),
-            "params": {k: v for k, v in optim.items() if v is not None},
+            "params": {**{k: v for k, v in optim.items() if v is not None}, **options},
         }
         out["bf16"] = {"enabled": out.pop("bf16_enabled")}
         out["data_types"] = {"grad_accum_dtype": out.pop("grad_accum_dtype")}
@@ -617,11 +642,26 @@ def _block(
 
 
 def _optimizer(value: Any, sources: Mapping[str, str], unknown: list[str]) -> OptimizerArgs:
-    block = _block(
-        "optimizer", value, {"type": c.choice("Adam", "AdamW"), "params": c.mapping}, sources, unknown
-    )
-    params = _block("optimizer.params", block.get("params", {}), _OPTIM_CHECKS, sources, unknown)
-    return OptimizerArgs(type=block.get("type", "AdamW"), **params)
+    """The ``optimizer`` block: the type from the table, each parameter checked against what it takes."""
+    block = _block("optimizer", value, {"type": _optimizer_type, "params": c.mapping}, sources, unknown)
+    kind = block.get("type", "AdamW")
+    raw = _checked(c.mapping, block.get("params", {}), "optimizer.params", sources, "optimizer")
+    try:
+        params = check_hyperparameters(spec_for(kind), raw)
+    except HyperparameterError as exc:
+        where = f"optimizer.params.{exc.key}"
+        shown = f"{short(raw[exc.key])}: " if exc.key in raw else ""
+        raise ConfigError(f"{shown}{exc}", source=sources.get("optimizer"), key=where) from None
+    fields = {f.name for f in dataclasses.fields(OptimizerArgs)} - {"type", "options"}
+    options = {k: v for k, v in params.items() if k not in fields}
+    return OptimizerArgs(type=kind, options=options, **{k: v for k, v in params.items() if k in fields})
+
+
+def _optimizer_type(value: Any) -> str:
+    """An optimizer type of the table, spelled as the table spells it (``Adam`` stays ``Adam``)."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected one of {supported()}")
+    return canonical(value)
 
 
 def build_args(values: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[NeoXArgs, list[str]]:

@@ -25,6 +25,7 @@ from zerotopo.config.neox import (
     NeoXArgs,
     OptimizerArgs,
 )
+from zerotopo.config.optimizers import SPECS
 
 
 def field_docstrings(cls: type) -> dict[str, str]:
@@ -118,8 +119,11 @@ def _key_tables() -> list[str]:
         "",
         "Written as `optimizer: {type: Adam, params: {lr: 6.0e-4, betas: [0.9, 0.95], eps: 1.0e-8}}`.",
         "",
-        *_table(OptimizerArgs, prefix="optimizer.params.", skip=("type",)),
+        *_table(OptimizerArgs, prefix="optimizer.params.", skip=("type", "options")),
+        "| `optimizer.params.<other>` | torch's | " + field_docstrings(OptimizerArgs)["options"] + " |",
         "| `optimizer.type` | `'AdamW'` | " + field_docstrings(OptimizerArgs)["type"] + " |",
+        "",
+        *_optimizer_types(),
         "",
         "## `fp16` block",
         "",
@@ -147,6 +151,37 @@ def _key_tables() -> list[str]:
         "is reported as unknown, with the key it most likely misspells.",
         "",
     ]
+
+
+def _optimizer_types() -> list[str]:
+    """The optimizer table (:mod:`zerotopo.config.optimizers`): what each type takes and keeps."""
+    rows = [
+        "Each type runs torch's own class on views of the flat fp32 master shards; its per-element states are",
+        "flat buffers sharded like the master weights and stored in checkpoints as `<state>/<parameter>`.",
+        "Weight decay applies to matrices only (biases and norms are not decayed) for every type; it is",
+        "decoupled for AdamW and Adam and torch's L2 term for the others (NAdam and RAdam: decoupled with",
+        "`decoupled_weight_decay: true`). A checkpoint resumes only with the type (and the states) that wrote",
+        "it; `finetune: true` starts a fresh optimizer of any type from its weights. Where torch has a fused",
+        "kernel of the class on the device, it runs (an fp16 overflow then skips the step on the device);",
+        "elsewhere the foreach kernel runs and the host reads the overflow flag. SGD with `momentum` and",
+        "`dampening` takes its momentum buffer from the first gradient, as torch does; under fp16 loss scaling",
+        "it runs the foreach kernel.",
+        "",
+        "| type | torch class | params besides `lr`, `weight_decay` | per-element states | fused kernel |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for spec in SPECS.values():
+        states = ", ".join(f"`{n}`" + (f" (with `{on}`)" if on else "") for n, on in spec.states)
+        scalars = ", ".join(f"`{n}`" for n, _ in spec.scalars)
+        fused = (
+            "CUDA, CPU, torch's others" if spec.fused is None else ", ".join(d.upper() for d in spec.fused)
+        )
+        name = f"{spec.name}, Adam" if spec.name == "AdamW" else spec.name
+        rows.append(
+            f"| {name} | `torch.optim.{spec.torch_class}` | {', '.join(f'`{k}`' for k in spec.params) or '—'} | "
+            f"{states}{f'; scalar {scalars}' if scalars else ''} | {fused or '—'} |"
+        )
+    return rows
 
 
 def _refused_tables() -> list[str]:

@@ -1,7 +1,7 @@
 """The sharding engine: units, hooks, event-ordered collectives and the sharded optimizer."""
 
 from zerotopo.engine.api import Engine, ShardedModule, parallelize
-from zerotopo.engine.optim import LossScaler, ShardedAdamW
+from zerotopo.engine.optim import LossScaler, ShardedAdamW, ShardedOptimizer
 from zerotopo.engine.streams import OrderingError
 from zerotopo.engine.units import default_no_decay
 
@@ -10,6 +10,7 @@ __all__ = [
     "LossScaler",
     "OrderingError",
     "ShardedAdamW",
+    "ShardedOptimizer",
     "ShardedModule",
     "default_no_decay",
     "parallelize",

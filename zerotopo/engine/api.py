@@ -21,7 +21,7 @@ from torch import nn
 
 from zerotopo.comm import collectives as C
 from zerotopo.comm.mesh import Mesh
-from zerotopo.engine.optim import ShardedAdamW, make_scaler
+from zerotopo.engine.optim import ShardedOptimizer, make_scaler, resolve_optimizer
 from zerotopo.engine.runtime import Runtime
 from zerotopo.engine.streams import Sanitizer, Streams, emulated_delay_s
 from zerotopo.engine.units import (
@@ -78,7 +78,8 @@ class ShardedModule(nn.Module):
 
     def memory_report(self) -> dict[str, int]:
         """Bytes this rank holds per model state: ``params``, ``secondary``, ``grads``, ``optim``."""
-        return memory_bytes(self._units, sum(u.secondary_bytes() for u in self._units))
+        secondary = sum(u.secondary_bytes() for u in self._units)
+        return memory_bytes(self._units, secondary, self._optimizer.bytes_per_element)
 
     def unit_numels(self) -> list[int]:
         """Unpadded element counts of the units in forward order (the cost model's input)."""
@@ -88,7 +89,7 @@ class ShardedModule(nn.Module):
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full fp32 master parameters by name (collective: all-gathers over the optimizer group)."""
-        opt: ShardedAdamW = self._optimizer
+        opt: ShardedOptimizer = self._optimizer
         d = self.mesh.degrees
         group = self.mesh.group("optim")
         order = [layout.optim_chunk(i, d) for i in range(d.optim)]
@@ -111,7 +112,7 @@ class ShardedModule(nn.Module):
     @torch.no_grad()
     def load_full_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Load full parameters (every rank passes the same dict): master, shards and secondaries."""
-        opt: ShardedAdamW = self._optimizer
+        opt: ShardedOptimizer = self._optimizer
         for i, u in enumerate(self._units):
             flat = torch.zeros(u.padded, dtype=torch.float32, device=u.device)
             for s in u.slots:
@@ -139,9 +140,11 @@ def parallelize(
     reduce_dtype: torch.dtype | None = None,
     init: Callable[[nn.Module], None] | None = None,
     lr: float = 1e-3,
-    betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-8,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
     weight_decay: float = 0.0,
+    optimizer: str = "AdamW",
+    optimizer_params: dict[str, Any] | None = None,
     no_decay: Callable[[str, torch.Tensor], bool] = default_no_decay,
     max_grad_norm: float | None = None,
     loss_scale: str | float | None = "dynamic",
@@ -150,7 +153,7 @@ def parallelize(
     sanitize: bool = False,
     copy_delay_ms: float | None = None,
     unordered_secondary: bool = False,
-) -> tuple[ShardedModule, ShardedAdamW]:
+) -> tuple[ShardedModule, ShardedOptimizer]:
     """Shard ``module`` by ``mesh.plan`` and return ``(model, optimizer)``.
 
     ``units``: ``(name, module)`` pairs; by default each child of every ``nn.ModuleList`` and every other
@@ -168,6 +171,12 @@ def parallelize(
     gets. An already materialized model is flattened unit by unit the same way (every rank must pass the
     same values).
 
+    Optimizer: ``optimizer`` names torch's class (AdamW, Adam = AdamW as in NeoX, SGD, Adagrad, Adadelta,
+    RMSprop, Adamax, NAdam, RAdam; see :mod:`zerotopo.config.optimizers`), ``optimizer_params`` its
+    hyperparameters other than ``lr`` and ``weight_decay`` (``momentum``, ``nesterov``, ``alpha``, ...);
+    ``betas`` and ``eps`` (default ``(0.9, 0.95)`` and ``1e-8`` for the types that take them) may be
+    given here too. A type or hyperparameter the table does not know is a :class:`ZerotopoError`.
+
     Gradients: ``mesh.plan.grad_dtype`` ``"param"`` keeps the per-micro-batch reduction and the gradient
     shard in ``param_dtype``; ``"fp32"`` or unset keeps the shard in fp32 and reduces in ``reduce_dtype``
     (default fp32). ``loss_scale_options``: :class:`LossScaler` keywords
@@ -179,6 +188,7 @@ def parallelize(
     wait for the secondary partition's copy. No plan or CLI option selects it.
     """
     grad_dtype, reduce_dtype = resolve_grad_dtypes(mesh.plan.grad_dtype, param_dtype, reduce_dtype)
+    resolve_optimizer(optimizer, optimizer_params, betas=betas, eps=eps)  # refused before any unit is built
     if param_dtype not in _DTYPES or reduce_dtype not in _DTYPES:
         raise ZerotopoError(
             f"param_dtype and reduce_dtype must be torch.float32, bfloat16 or float16, got {param_dtype} "
@@ -197,17 +207,18 @@ def parallelize(
         sanitizer=Sanitizer(sanitize), unordered_secondary=unordered_secondary,
     )  # fmt: skip
     scaler = make_scaler(loss_scale, param_dtype, **(loss_scale_options or {}))
-    optimizer = ShardedAdamW(
+    sharded_optimizer = ShardedOptimizer(
         flat_units, mesh, runtime, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-        max_grad_norm=max_grad_norm, scaler=scaler, ledger=ledger,
+        max_grad_norm=max_grad_norm, scaler=scaler, ledger=ledger, optimizer=optimizer,
+        hyperparameters=optimizer_params,
     )  # fmt: skip
     model = ShardedModule(module, flat_units, runtime, mesh)
     model.scaler = scaler
-    model._optimizer = optimizer  # full_state_dict reads the fp32 master shards
+    model._optimizer = sharded_optimizer  # full_state_dict reads the fp32 master shards
     module._zerotopo_wrapped = True
     if dist.is_initialized():
         dist.barrier()
-    return model, optimizer
+    return model, sharded_optimizer
 
 
 def _build_units(
@@ -283,7 +294,9 @@ class Engine:
     loss scale.
     """
 
-    def __init__(self, model: ShardedModule, optimizer: ShardedAdamW, *, accumulation_steps: int = 1) -> None:
+    def __init__(
+        self, model: ShardedModule, optimizer: ShardedOptimizer, *, accumulation_steps: int = 1
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps

@@ -1,5 +1,5 @@
-"""The sharded optimizer: cross-replica gradient reduction, norm and clipping, AdamW on fp32 master
-shards, the post-step parameter all-gather, and fp16 loss scaling.
+"""The sharded optimizer: cross-replica gradient reduction, norm and clipping, a torch optimizer (AdamW
+by default) on fp32 master shards, the post-step parameter all-gather, and fp16 loss scaling.
 
 [Note: step] After the last micro-batch each rank holds, per unit, an fp32 gradient shard summed over
 its gradient group. ``optimizer.step()`` then, per unit in unit order:
@@ -12,18 +12,22 @@ its gradient group. ``optimizer.step()`` then, per unit in unit order:
    count);
 2. once: the global gradient norm (squares summed over this rank's optimizer chunks, all-reduced over
    one ``optim`` group, so each element is counted once), the fp16 overflow flag (max over the world);
-3. clips, runs torch's AdamW on the fp32 master chunk (see [Note: torch's AdamW on the shards]), casts
-   it to the parameter dtype and all-gathers the chunks over ``param_gather`` back into the parameter
-   shard, placed by ``layout.param_gather_order``.
+3. clips, runs the torch optimizer on the fp32 master chunk (see [Note: torch's optimizer on the
+   shards]), casts it to the parameter dtype and all-gathers the chunks over ``param_gather`` back into
+   the parameter shard, placed by ``layout.param_gather_order``.
 
-[Note: torch's AdamW on the shards] Each unit's master chunk is cut into the runs its parameters cover
-(views of the flat chunk, and of the flat moments as the optimizer's state), grouped by weight decay;
-frozen parameters and padding are left out, so they never move. ``torch.optim.AdamW`` runs with
-``fused=True`` where the device supports it (CUDA and the CPU: the fp16 step then passes the overflow
-flag as its ``found_inf``, and the kernel skips the update on the device without the host reading the
-flag, DESIGN.md rule 3) and ``foreach=True`` elsewhere (where the host reads the flag and skips the
-step). The flat ``master``/``exp_avg``/``exp_avg_sq`` lists stay the
-checkpoint's state.
+[Note: torch's optimizer on the shards] Each unit's master chunk is cut into the runs its parameters
+cover (views of the flat chunk), grouped by weight decay; frozen parameters and padding are left out,
+so they never move. The optimizer is torch's own class from the table in
+:mod:`zerotopo.config.optimizers` (AdamW, NeoX's Adam = AdamW, SGD, Adagrad, Adadelta, RMSprop, Adamax,
+NAdam, RAdam: the elementwise ones, see [Note: elementwise optimizers] there); each per-element state
+(``exp_avg``, ``momentum_buffer``, ``sum``, ...) is a flat buffer per unit, laid out as the master
+chunk, and torch's state of each run is a view of it, so the flat ``master`` and ``states`` lists stay
+the checkpoint's state for every type. It runs with ``fused=True`` where torch has a fused kernel of the
+class on the device (AdamW and SGD on CUDA and the CPU, Adagrad on the CPU and CUDA: the fp16 step then
+passes the overflow flag as its ``found_inf``, and the kernel skips the update on the device without
+the host reading the flag, DESIGN.md rule 3) and ``foreach=True`` elsewhere (where the host reads the
+flag and skips the step).
 
 [Note: lazy parameter gather] A sharded unit's (``p > 1``) parameter shard is read only by the unit's
 next all-gather, so the step issues its ``param_gather`` all-gather asynchronously and leaves it in
@@ -36,13 +40,19 @@ are bit-identical either way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from zerotopo.comm import collectives as C
 from zerotopo.comm.mesh import Mesh
+from zerotopo.config.optimizers import spec_for
+from zerotopo.engine.optim_torch import (
+    TorchOnShards,
+    _fused_supported,
+    resolve_optimizer,
+)
 from zerotopo.engine.units import FlatUnit
 from zerotopo.errors import ZerotopoError
 from zerotopo.placement import layout
@@ -69,12 +79,6 @@ def _permute_chunks(buf: torch.Tensor, order: list[int], n: int) -> None:
                 break
             buf[j * n : (j + 1) * n].copy_(buf[src * n : (src + 1) * n])
             j = src
-
-
-def _fused_supported(device: torch.device) -> bool:
-    """Whether torch's fused AdamW (with ``found_inf``) runs on ``device`` (CUDA and the CPU do); other
-    devices take the foreach one."""
-    return device.type in _get_fused_kernels_supported_devices()
 
 
 class LossScaler:
@@ -184,9 +188,12 @@ def make_scaler(
     return LossScaler(float(loss_scale), dynamic=False)
 
 
-class ShardedAdamW:
-    """AdamW over the optimizer shards of every unit; ``param_groups[0]`` holds the hyperparameters
-    (set ``param_groups[0]["lr"]`` for a schedule, as with torch optimizers)."""
+class ShardedOptimizer(TorchOnShards):
+    """A torch elementwise optimizer (the table in :mod:`zerotopo.config.optimizers`) over the optimizer
+    shards of every unit; ``param_groups[0]`` holds the hyperparameters (set ``param_groups[0]["lr"]``
+    for a schedule, as with torch optimizers). ``states[name][i]`` is unit ``i``'s flat buffer of the
+    per-element state ``name`` (Adam's ``exp_avg``, SGD's ``momentum_buffer``, ...), laid out as
+    ``master[i]``."""
 
     def __init__(
         self,
@@ -195,12 +202,14 @@ class ShardedAdamW:
         runtime: Any,
         *,
         lr: float,
-        betas: tuple[float, float],
-        eps: float,
         weight_decay: float,
         max_grad_norm: float | None,
         scaler: LossScaler | None,
         ledger: Any,
+        optimizer: str = "AdamW",
+        hyperparameters: Mapping[str, Any] | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
     ) -> None:
         self.units = units
         self.mesh = mesh
@@ -210,9 +219,8 @@ class ShardedAdamW:
         self.ledger = ledger
         self.max_grad_norm = max_grad_norm
         self.scaler = scaler
-        self.param_groups = [
-            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "params": []}
-        ]
+        self.spec, hyper = resolve_optimizer(optimizer, hyperparameters, betas=betas, eps=eps)
+        self.param_groups = [{"lr": lr, **hyper, "weight_decay": weight_decay, "params": []}]
         # Steps applied: on the host without loss scaling; on the device with it, where a skipped
         # (overflowed) step is known only to the device (see the step property).
         self._host_steps = 0
@@ -222,15 +230,19 @@ class ShardedAdamW:
         self.master = [u.initial_master for u in units]
         for u in units:
             del u.initial_master
-        self.exp_avg = [torch.zeros_like(m) for m in self.master]
-        self.exp_avg_sq = [torch.zeros_like(m) for m in self.master]
+        self.states = {
+            n: [torch.full_like(m, self.spec.initial_value(n, hyper)) for m in self.master]
+            for n in self.spec.state_names(hyper)
+        }
         # A trainable mask (for the gradient norm) only for chunks with frozen parameters or padding,
         # decided once here: a per-step ``train.all()`` would make the host wait on the device.
         trainable = [u.masks()[1].bool() for u in units]
         self.trainable = [None if bool(t.all()) else t for t in trainable]
         self.frozen_runs = [u.runs(lambda s: not s.trainable) for u in units]
-        # torch's AdamW on views of the flat shards (see [Note: torch's AdamW on the shards])
-        self.fused = _fused_supported(mesh.device)
+        # torch's optimizer on views of the flat shards (see [Note: torch's optimizer on the shards])
+        self.fused = _fused_supported(mesh.device, self.spec) and not (
+            scaler is not None and self.spec.first_from_grad(hyper)
+        )
         self.pieces: list[list[tuple[torch.Tensor, int]]] = [[] for _ in units]
         """Per unit: each view the torch optimizer holds and its offset in the master chunk."""
         self.optims = [self._torch_optimizer(i, u) for i, u in enumerate(units)]
@@ -238,44 +250,14 @@ class ShardedAdamW:
         self.lazy_param_gather = True
         """Leave sharded units' post-step all-gathers in flight until their next use (see the note)."""
 
-    def _torch_optimizer(self, i: int, u: FlatUnit) -> torch.optim.AdamW | None:
-        """torch's AdamW over the trainable runs of unit ``i``'s master chunk (views, so the update lands
-        in ``master[i]``), with ``exp_avg``/``exp_avg_sq`` views of the flat moments as its state; one
-        group with weight decay and one without. None when the chunk has nothing trainable."""
-        groups = []
-        for decay in (True, False):
-            runs = u.runs(lambda s, d=decay: s.trainable and s.decay is d)
-            views = [self.master[i][a:b] for a, b in runs]
-            self.pieces[i] += [(v, a) for v, (a, _) in zip(views, runs)]
-            if views:
-                groups.append({"params": views, "decay": decay})
-        if not groups:
-            return None
-        g = self.param_groups[0]
-        kind = {"fused": True} if self.fused else {"foreach": True}
-        opt = torch.optim.AdamW(groups, lr=g["lr"], betas=g["betas"], eps=g["eps"], weight_decay=0.0, **kind)
-        for v, a in self.pieces[i]:
-            opt.state[v] = {
-                "step": self._step_tensor(v.device),
-                "exp_avg": self.exp_avg[i][a : a + v.numel()],
-                "exp_avg_sq": self.exp_avg_sq[i][a : a + v.numel()],
-            }
-        return opt
-
-    def _step_tensor(self, device: torch.device) -> torch.Tensor:
-        """torch's per-parameter step count as its AdamW keeps it (on the device when fused)."""
-        if self.fused:
-            return torch.full((), float(self._host_steps), dtype=torch.float32, device=device)
-        return torch.tensor(float(self._host_steps))
-
     def _apply(self, i: int, grad: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
-        """One AdamW step of unit ``i`` with ``grad`` (its fp32 optimizer chunk of the gradient), the
+        """One step of unit ``i`` with ``grad`` (its fp32 optimizer chunk of the gradient), the
         hyperparameters of ``param_groups[0]``; ``found_inf`` (fused only) skips it on the device."""
         opt = self.optims[i]
         if opt is not None:
-            g = self.param_groups[0]
+            g, hyper = self.param_groups[0], self._hyper()
             for group in opt.param_groups:
-                group.update(lr=g["lr"], betas=g["betas"], eps=g["eps"])
+                group.update(hyper)
                 group["weight_decay"] = g["weight_decay"] if group["decay"] else 0.0
             for v, a in self.pieces[i]:
                 v.grad = grad[a : a + v.numel()]
@@ -283,21 +265,18 @@ class ShardedAdamW:
             opt.step()
             for v, _ in self.pieces[i]:
                 v.grad = None
-        # Frozen parameters never move and keep no moments (torch skips parameters without a gradient).
-        for a, b in self.frozen_runs[i]:
-            self.exp_avg[i][a:b].zero_()
-            self.exp_avg_sq[i][a:b].zero_()
-
-    def _set_torch_steps(self, value: int) -> None:
-        for opt in self.optims:
-            if opt is not None:
-                for st in opt.state.values():
-                    st["step"].fill_(float(value))
+            self._adopt_created(i)
+        # Frozen parameters never move and keep their initial state (torch skips parameters without a
+        # gradient).
+        for name, bufs in self.states.items():
+            fill = self.spec.initial_value(name, self._hyper())
+            for a, b in self.frozen_runs[i]:
+                bufs[i][a:b].fill_(fill)
 
     # -- the step ---------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> dict[str, Any]:
-        """Reduce, clip and apply AdamW; returns ``{"grad_norm", "skipped", "loss_scale"}``.
+        """Reduce, clip and apply the optimizer; returns ``{"grad_norm", "skipped", "loss_scale"}``.
 
         Nothing here makes the host wait on the device (DESIGN.md rule 3): ``grad_norm`` is a 0-d tensor
         on the device (``inf`` when an fp16 overflow skipped the step); with loss scaling ``skipped`` and
@@ -418,25 +397,33 @@ class ShardedAdamW:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shard of the optimizer state (master weights and moments per unit)."""
+        """This rank's shard of the optimizer state (master weights and per-element states per unit)."""
         g = self.param_groups[0]
         return {
             "step": self.step_count,
+            "optimizer": self.spec.name,
+            "scalars": self.scalar_state(),
             "param_groups": [{k: v for k, v in g.items() if k != "params"}],
             "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "units": {
                 u.name: {
                     "range": u.o_range,
                     "master": self.master[i].clone(),
-                    "exp_avg": self.exp_avg[i].clone(),
-                    "exp_avg_sq": self.exp_avg_sq[i].clone(),
+                    **{name: bufs[i].clone() for name, bufs in self.states.items()},
                 }
                 for i, u in enumerate(self.units)
             },
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Load a shard written by :meth:`state_dict` on the same rank, plan and model."""
+        """Load a shard written by :meth:`state_dict` on the same rank, plan, model and optimizer type
+        (a state without ``optimizer`` is AdamW's, as written before the type was recorded)."""
+        saved = spec_for(sd.get("optimizer", "AdamW"))
+        if saved.name != self.spec.name:
+            raise ZerotopoError(
+                f"the optimizer state was written by {saved.name}, this run's optimizer is {self.spec.name}; "
+                f"train with optimizer type {saved.name}, or start a fresh optimizer from the weights only"
+            )
         for i, u in enumerate(self.units):
             if u.name not in sd["units"]:
                 raise ZerotopoError(f"optimizer state has no unit {u.name!r}; it was saved for another model")
@@ -446,13 +433,27 @@ class ShardedAdamW:
                     f"optimizer state of unit {u.name!r} covers elements {tuple(s['range'])}, this rank "
                     f"holds {u.o_range}: load it on the rank and plan that saved it"
                 )
+            missing = [name for name in self.states if name not in s]
+            if missing:
+                raise ZerotopoError(
+                    f"optimizer state of unit {u.name!r} has no {', '.join(missing)}: it was written by "
+                    f"{saved.name} with other hyperparameters (this run keeps {', '.join(self.states)})"
+                )
             self.master[i].copy_(s["master"])
-            self.exp_avg[i].copy_(s["exp_avg"])
-            self.exp_avg_sq[i].copy_(s["exp_avg_sq"])
+            for name, bufs in self.states.items():
+                bufs[i].copy_(s[name])
             self._gather_params(u, self.master[i])
-        self.step_count = int(sd["step"])
         for k, v in sd["param_groups"][0].items():
             self.param_groups[0][k] = tuple(v) if k == "betas" else v
+        self.step_count = int(sd["step"])
+        for i, opt in enumerate(self.optims):
+            if opt is not None:
+                self._bind_states(i, opt)  # step counts, fresh scalars, views (see _bind_states)
+        self._set_scalars(sd.get("scalars") or {})
         if self.scaler is not None and sd.get("loss_scaler"):
             self.scaler.load_state_dict(sd["loss_scaler"])
         self.runtime.invalidate_secondaries()
+
+
+ShardedAdamW = ShardedOptimizer
+"""The name the sharded optimizer had when it ran AdamW only."""

@@ -417,9 +417,12 @@ def materialize_meta(
     return flat, out
 
 
-def memory_bytes(units: list[FlatUnit], secondary_bytes: int) -> dict[str, int]:
-    """Bytes this rank holds per state (the full, gathered buffers are transient and not counted)."""
+def memory_bytes(
+    units: list[FlatUnit], secondary_bytes: int, optim_bytes_per_element: int = 12
+) -> dict[str, int]:
+    """Bytes this rank holds per state (the full, gathered buffers are transient and not counted);
+    ``optim_bytes_per_element``: fp32 master and the optimizer's per-element states (AdamW: 12)."""
     params = sum(u.param_shard.numel() * u.param_shard.element_size() for u in units)
     grads = sum(u.grad_shard.numel() * u.grad_shard.element_size() for u in units)
-    optim = sum((u.o_range[1] - u.o_range[0]) * 12 for u in units)
+    optim = sum((u.o_range[1] - u.o_range[0]) * optim_bytes_per_element for u in units)
     return {"params": params, "secondary": secondary_bytes, "grads": grads, "optim": optim}

@@ -20,8 +20,15 @@ import torch
 from zerotopo.errors import ZerotopoError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-#: What each format holds: the weights; with ``optimizer`` the Adam moments too (DCP only).
-KINDS = ("param", "exp_avg", "exp_avg_sq")
+
+
+def optimizer_kinds(checkpoint: str | os.PathLike) -> tuple[str, ...]:
+    """What a DCP export with ``optimizer`` holds: ``("param", <state>, ...)``, the weights and the
+    per-element states of the optimizer that wrote ``checkpoint`` (its manifest says which: AdamW's
+    ``exp_avg`` and ``exp_avg_sq``, SGD's ``momentum_buffer``, ...)."""
+    from zerotopo.checkpoint.store import open_checkpoint, saved_optimizer
+
+    return ("param", *saved_optimizer(open_checkpoint(_step_dir(checkpoint)))["states"])
 
 
 def _step_dir(checkpoint: str | os.PathLike) -> Path:
@@ -44,7 +51,7 @@ def read_state(
     checkpoint: str | os.PathLike, *, kinds=("param",), dtype: str = "fp32"
 ) -> dict[str, torch.Tensor]:
     """``{name: whole tensor}`` of a checkpoint: the weights under the model's parameter names, and with
-    more ``kinds`` the optimizer's moments as ``exp_avg/<name>`` and ``exp_avg_sq/<name>``."""
+    more ``kinds`` the optimizer's states as ``<state>/<name>`` (``exp_avg/<name>``, ...)."""
     from zerotopo.checkpoint.store import check_compatible, open_checkpoint, read_tensors
 
     if dtype not in DTYPES:
@@ -81,12 +88,16 @@ def export_dcp(
     checkpoint: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "fp32", optimizer: bool = False
 ) -> Path:
     """The checkpoint as a standard DCP directory of whole tensors, as ``dcp.save`` writes it in one
-    process; with ``optimizer`` the Adam moments too. Written beside ``out`` and renamed into place."""
+    process; with ``optimizer`` the optimizer's per-element states too (``<state>/<name>``: AdamW's
+    ``exp_avg``/``exp_avg_sq``, SGD's ``momentum_buffer``, ...). Written beside ``out`` and renamed into
+    place."""
     import torch.distributed.checkpoint as dcp
 
     out = Path(out)
     _fresh_out(out)
-    state = read_state(checkpoint, kinds=KINDS if optimizer else ("param",), dtype=dtype)
+    state = read_state(
+        checkpoint, kinds=optimizer_kinds(checkpoint) if optimizer else ("param",), dtype=dtype
+    )
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     with warnings.catch_warnings():

@@ -253,9 +253,9 @@ def build_model(
         mesh=mesh,
         param_dtype=param_dtype,
         lr=args.lr,
-        betas=tuple(args.optimizer.betas),
-        eps=args.optimizer.eps,
         weight_decay=args.effective_weight_decay,
+        optimizer=args.optimizer.type,
+        optimizer_params=args.optimizer.hyperparameters(),
         max_grad_norm=args.gradient_clipping or None,
         loss_scale=loss_scale,
         loss_scale_options=fp16.scaler_options(),
@@ -599,7 +599,9 @@ def resume(
         notice = check_run_identity(args, job, cfg, open_checkpoint(step_dir))
         if notice and ctx.is_main:
             log.warning(notice)
-        state = load_checkpoint(args.load, model, optimizer, cfg=cfg, seed=args.seed)
+        state = load_checkpoint(
+            args.load, model, optimizer, cfg=cfg, seed=args.seed, weights_only=bool(args.finetune)
+        )
         if args.finetune:
             settle_optimizer(model, optimizer, step=0, zero_moments=True)
             if ctx.is_main:

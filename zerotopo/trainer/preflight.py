@@ -106,6 +106,7 @@ def check_memory(
         micro_batch=micro,
         shape=shape,
         checkpoint_activations=ckpt,
+        optim_bytes_per_param=4 * (1 + len(args.optimizer.state_names())),  # fp32 master + states
     )
     limit = topology.device.memory_gib * 2**30
     if mem.total <= limit:
@@ -220,7 +221,9 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, worl
         check_neox_checkpoint(neox_dir, cfg)
         return
     if args.load and find_checkpoint(args.load) is not None:
-        ckpt = preflight_load(args.load, cfg)
+        # finetune loads the weights alone (a fresh optimizer of any type); a resume needs the writer's
+        run_optimizer = None if args.finetune else (args.optimizer.type, args.optimizer.state_names())
+        ckpt = preflight_load(args.load, cfg, run_optimizer)
         check_run_identity(args, job, cfg, ckpt)
         if world is not None:
             check_resume_position(args, ckpt, world)
