@@ -186,6 +186,8 @@ def test_deepspeed_rows_on_gloo_reduce_gradients_as_all_reduces():
     topo = load_topology("emulated-frontier")
     plan, sched = framework_cost("deepspeed-zero3")
     assert sched.reduce_scatter_all_reduce
+    # under --curves the replay waits the target's (RCCL's) reduce-scatter: priced as one
+    assert not framework_cost("deepspeed-zero3", gloo_reduce=False)[1].reduce_scatter_all_reduce
     opts = CostOptions(micro_batch=1, checkpoint_activations=False)
     shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
 

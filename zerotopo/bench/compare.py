@@ -280,7 +280,9 @@ def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
     return topo, {**measured, "overlap": replace(overlap, host_reduce=True)}
 
 
-def framework_cost(name: str, buckets: dict[str, int] | None = None) -> tuple[Any, Any] | None:
+def framework_cost(
+    name: str, buckets: dict[str, int] | None = None, *, gloo_reduce: bool = True
+) -> tuple[Any, Any] | None:
     """The plan and schedule the cost model prices a framework row with, or None (no model of it).
 
     ``deepspeed-zero3`` is the ``deepspeed-zero3`` cost preset (:mod:`zerotopo.cost.presets`) with the
@@ -289,8 +291,10 @@ def framework_cost(name: str, buckets: dict[str, int] | None = None) -> tuple[An
     ``deepspeed-hpz`` is the ``deepspeed-zeropp`` preset without its quantized collectives (DeepSpeed's
     qwZ/qgZ need CUDA, so the row runs hpZ alone), its secondary copy per node in the parameters' dtype.
     FSDP2 has no cost preset: its rows are measured, not predicted. ``buckets``: the row's scaled
-    DeepSpeed buckets (:func:`zerotopo.bench.regime.deepspeed_buckets`). The rows run on gloo, where
-    DeepSpeed's gradient reduce-scatter is an all-reduce (``ScheduleOptions.reduce_scatter_all_reduce``)."""
+    DeepSpeed buckets (:func:`zerotopo.bench.regime.deepspeed_buckets`). ``gloo_reduce``: the rows run on
+    gloo, where DeepSpeed's gradient reduce-scatter is an all-reduce
+    (``ScheduleOptions.reduce_scatter_all_reduce``); False under ``--curves``, where the replay waits the
+    target's reduce-scatter (RCCL runs a real one) and the links, at their fastest, add next to nothing."""
     from zerotopo.cost.presets import COST_PRESETS
 
     if name == "deepspeed-zero3":
@@ -301,7 +305,7 @@ def framework_cost(name: str, buckets: dict[str, int] | None = None) -> tuple[An
     else:
         return None
     # the rows run on gloo, whose reduce_scatter_tensor (what DeepSpeed calls) is a full all-reduce
-    sched = replace(sched, reduce_scatter_all_reduce=True)
+    sched = replace(sched, reduce_scatter_all_reduce=gloo_reduce)
     if buckets is None:
         return plan, replace(sched, persistence_threshold=0)
     return plan, replace(
@@ -340,7 +344,7 @@ def resolve_rows(
             kind = name.split("-")[0]
             specs.append((name, None))
             meta[name] = {"kind": kind, "quantized": False, "predicted": None, "plan": None}
-            costed = framework_cost(name, opts.deepspeed_buckets)
+            costed = framework_cost(name, opts.deepspeed_buckets, gloo_reduce=opts.curves is None)
             if costed is not None:  # priced on the framework's own schedule
                 plan, sched = costed
                 est = estimate(plan, shape, topo, cost, schedule=sched)
