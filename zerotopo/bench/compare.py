@@ -980,6 +980,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"(default {d.network_mbit:g}: package 800, node 200)",
     )
     p.add_argument("--shape", default="", help="per-tier rate overrides, e.g. package=1000,node=250")
+    _output_arguments(p, d)
+
+
+def _output_arguments(p: argparse.ArgumentParser, d: CompareOptions) -> None:
+    """Where the report goes, and the run's limits and pricing inputs."""
     p.add_argument(
         "--json",
         action="store_true",
