@@ -189,13 +189,7 @@ def parallelize(
     """
     grad_dtype, reduce_dtype = resolve_grad_dtypes(mesh.plan.grad_dtype, param_dtype, reduce_dtype)
     resolve_optimizer(optimizer, optimizer_params, betas=betas, eps=eps)  # refused before any unit is built
-    if param_dtype not in _DTYPES or reduce_dtype not in _DTYPES:
-        raise ZerotopoError(
-            f"param_dtype and reduce_dtype must be torch.float32, bfloat16 or float16, got {param_dtype} "
-            f"and {reduce_dtype}"
-        )
-    if isinstance(module, ShardedModule) or getattr(module, "_zerotopo_wrapped", False):
-        raise ZerotopoError("this module was already parallelized; wrap the original model once")
+    _check_wrappable(module, param_dtype, reduce_dtype)
     _move_buffers(module, mesh.device)
     init_fn = init or getattr(module, "init_unit", None) or reset_by_modules
     flat_units = _build_units(
@@ -219,6 +213,17 @@ def parallelize(
     if dist.is_initialized():
         dist.barrier()
     return model, sharded_optimizer
+
+
+def _check_wrappable(module: nn.Module, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
+    """Refuse dtypes the engine does not run and a module wrapped before."""
+    if param_dtype not in _DTYPES or reduce_dtype not in _DTYPES:
+        raise ZerotopoError(
+            f"param_dtype and reduce_dtype must be torch.float32, bfloat16 or float16, got {param_dtype} "
+            f"and {reduce_dtype}"
+        )
+    if isinstance(module, ShardedModule) or getattr(module, "_zerotopo_wrapped", False):
+        raise ZerotopoError("this module was already parallelized; wrap the original model once")
 
 
 def _build_units(
