@@ -284,3 +284,18 @@ def test_gathered_chunks_are_put_in_place_without_a_second_buffer():
             for pos, sub in enumerate(order):
                 want[sub * n : (sub + 1) * n] = old[pos * n : (pos + 1) * n]
             assert torch.equal(buf, want), order
+
+
+def test_parallelize_refuses_bad_dtypes_and_a_second_wrap_before_building_anything():
+    from types import SimpleNamespace
+
+    from zerotopo.engine import parallelize
+    from zerotopo.errors import ZerotopoError
+
+    mesh = SimpleNamespace(plan=SimpleNamespace(grad_dtype=None))  # nothing past the checks is reached
+    module = torch.nn.Linear(4, 4)
+    with pytest.raises(ZerotopoError, match="param_dtype and reduce_dtype must be"):
+        parallelize(module, mesh=mesh, param_dtype=torch.float64)
+    module._zerotopo_wrapped = True
+    with pytest.raises(ZerotopoError, match="already parallelized"):
+        parallelize(module, mesh=mesh)
