@@ -101,3 +101,33 @@ def test_block_errors_name_the_key(tmp_path, block, key, fragment):
         _load(tmp_path, f"optimizer: {block}\n")
     assert exc.value.key == key and fragment in str(exc.value)
     assert str(tmp_path / "c.yml") in str(exc.value)
+
+
+def test_plan_prices_the_configured_optimizers_states(tmp_path):
+    # zerotopo plan reads optimizer.type as the pre-flight check does: SGD with momentum keeps the fp32
+    # master and one state (8 bytes a parameter), AdamW two states (12)
+    import argparse
+
+    from zerotopo.cli import plan as plan_cli
+
+    import yaml
+
+    from zerotopo.config.model_files import resolve_model_paths
+
+    (tiny,) = resolve_model_paths(["tiny"])
+    config = yaml.safe_load(open(tiny))
+    config["optimizer"] = {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}
+    sgd = tmp_path / "sgd.yml"
+    sgd.write_text(yaml.safe_dump(config))
+
+    def optim_bytes(*models: str) -> int:
+        parser = argparse.ArgumentParser()
+        plan_cli.add_arguments(parser)
+        args = parser.parse_args(
+            ["--model", *models, "--topology", "frontier", "--nodes", "2", "--plans", "zero3"]
+        )
+        (est,), *_ = plan_cli.estimates(args)
+        return est.memory.optim
+
+    adamw = optim_bytes("tiny")
+    assert optim_bytes(str(sgd)) * 12 == adamw * 8

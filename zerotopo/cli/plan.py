@@ -173,6 +173,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
         grad_dtype=args.grad_dtype or neox.grad_dtype,
+        optim_bytes_per_param=neox.optimizer.bytes_per_param(),
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
         unit_layers=unit_layers,
         search_tolerance=0.0 if getattr(args, "exact", False) else MODEL_ERROR,

@@ -144,6 +144,10 @@ class OptimizerArgs:
         """The per-element states the type keeps with these hyperparameters (its checkpoint keys)."""
         return spec_for(self.type).state_names(self.hyperparameters())
 
+    def bytes_per_param(self) -> int:
+        """Optimizer-shard bytes per parameter: the fp32 master and each fp32 per-element state (AdamW 12)."""
+        return 4 * (1 + len(self.state_names()))
+
 
 @dataclass(frozen=True)
 class FP16Args:

@@ -106,7 +106,7 @@ def check_memory(
         micro_batch=micro,
         shape=shape,
         checkpoint_activations=ckpt,
-        optim_bytes_per_param=4 * (1 + len(args.optimizer.state_names())),  # fp32 master + states
+        optim_bytes_per_param=args.optimizer.bytes_per_param(),
     )
     limit = topology.device.memory_gib * 2**30
     if mem.total <= limit:
