@@ -4,6 +4,7 @@ types in any case, each hyperparameter checked against what the type takes."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,14 +109,13 @@ def test_plan_prices_the_configured_optimizers_states(tmp_path):
     # master and one state (8 bytes a parameter), AdamW two states (12)
     import argparse
 
-    from zerotopo.cli import plan as plan_cli
-
     import yaml
 
+    from zerotopo.cli import plan as plan_cli
     from zerotopo.config.model_files import resolve_model_paths
 
     (tiny,) = resolve_model_paths(["tiny"])
-    config = yaml.safe_load(open(tiny))
+    config = yaml.safe_load(Path(tiny).read_text())
     config["optimizer"] = {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}
     sgd = tmp_path / "sgd.yml"
     sgd.write_text(yaml.safe_dump(config))
