@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.engine.shard_steps import grads, step_both
 from zerotopo.config.optimizers import SPECS
 from zerotopo.engine.optim import ShardedOptimizer, _fused_supported, resolve_optimizer
 from zerotopo.engine.units import FlatUnit
@@ -57,11 +58,6 @@ def _bare(name: str, hyper: dict[str, Any], fused: bool, frozen: bool = True):
     return opt, u, mod, full
 
 
-def _grads(u: FlatUnit, step: int) -> torch.Tensor:
-    g = torch.randn(u.padded, generator=torch.Generator().manual_seed(step))
-    return g * u.masks()[1]
-
-
 def _cases():
     for name in HYPER:
         for fused in (False, True):
@@ -81,13 +77,7 @@ def test_flat_shard_update_is_torchs_own(name, fused):
         [{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
         lr=LR, foreach=False, **full,
     )  # fmt: skip
-    for step in range(1, 4):
-        grad = _grads(u, step)
-        opt._host_steps += 1
-        opt._apply(0, grad.clone())
-        for s, r in zip(u.slots, ref_params):
-            r.grad = grad[s.offset : s.offset + s.numel].view(s.shape).clone()
-        ref.step()
+    step_both(opt, u, ref, ref_params, range(1, 4))
     for s, r, t, p in zip(u.slots, ref_params, trainable, mod.parameters()):
         got = opt.master[0][s.offset : s.offset + s.numel].view(s.shape)
         if not t:
@@ -110,7 +100,7 @@ def test_fused_kernels_skip_a_flagged_step_bit_for_bit(name):
     opt, u, _, _ = _bare(name, {k: v for k, v in HYPER[name].items() if k != "dampening"}, True)
     for step in range(1, 3):
         opt._host_steps += 1
-        opt._apply(0, _grads(u, step), torch.zeros(()))
+        opt._apply(0, grads(u, step), torch.zeros(()))
     before = [opt.master[0].clone(), *(b[0].clone() for b in opt.states.values())]
     steps = [st.get("step") for st in opt.optims[0].state.values()]
     opt._apply(0, torch.zeros(u.padded), torch.ones(()))
@@ -159,13 +149,7 @@ def test_scalar_state_carries_over_a_restart():
     ref_params = [p.detach().clone() for p in mod.parameters()]
     ref = torch.optim.NAdam(ref_params, lr=LR, foreach=False, **full)  # no decay here: WD 0 below
     opt.param_groups[0]["weight_decay"] = 0.0
-    for step in range(1, 3):
-        grad = _grads(u, step)
-        opt._host_steps += 1
-        opt._apply(0, grad.clone())
-        for s, r in zip(u.slots, ref_params):
-            r.grad = grad[s.offset : s.offset + s.numel].view(s.shape).clone()
-        ref.step()
+    step_both(opt, u, ref, ref_params, range(1, 3))
     saved = opt.scalar_state()
     assert saved["mu_product"] == pytest.approx(float(ref.state[ref_params[0]]["mu_product"]), rel=1e-7)
     fresh, _, _, _ = _bare("NAdam", HYPER["NAdam"], False, frozen=False)
@@ -177,7 +161,7 @@ def test_scalar_state_carries_over_a_restart():
     fresh._bind_states(0, fresh.optims[0])
     assert fresh.scalar_state() == {"mu_product": 1.0}  # fresh until set
     fresh._set_scalars(saved)
-    grad = _grads(u, 3)
+    grad = grads(u, 3)
     fresh._host_steps += 1
     fresh._apply(0, grad.clone())
     for s, r in zip(u.slots, ref_params):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.engine.cases import TinyLM
+from tests.engine.shard_steps import grads, step_both
 from zerotopo.engine.streams import CopyEngine, OrderingError, Ready, Sanitizer, emulated_delay_s
 from zerotopo.engine.units import FlatUnit, UnitState, assign_params, collect_units
 from zerotopo.errors import ZerotopoError
@@ -190,12 +191,6 @@ def _bare_adamw(fused: bool, frozen: bool):
     return opt, u, mod
 
 
-def _grads(u: FlatUnit, step: int) -> torch.Tensor:
-    """A gradient of the unit's chunk, zero where no trainable parameter is (the engine's flat_grad)."""
-    g = torch.randn(u.padded, generator=torch.Generator().manual_seed(step))
-    return g * u.masks()[1]
-
-
 @pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("fused", [False, True])
 def test_shard_update_is_torch_adamw_with_decay_groups_and_frozen_parameters(fused, frozen):
@@ -210,13 +205,7 @@ def test_shard_update_is_torch_adamw_with_decay_groups_and_frozen_parameters(fus
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
         lr=3e-3, betas=(0.9, 0.95), eps=1e-8, foreach=False,
     )  # fmt: skip
-    for step in range(1, 4):
-        grad = _grads(u, step)
-        opt._host_steps += 1
-        opt._apply(0, grad.clone())
-        for s, r in zip(u.slots, ref_params):
-            r.grad = grad[s.offset : s.offset + s.numel].view(s.shape).clone()
-        ref.step()
+    step_both(opt, u, ref, ref_params, range(1, 4))
     for s, r, t, p in zip(u.slots, ref_params, trainable, mod.parameters()):
         got = opt.master[0][s.offset : s.offset + s.numel].view(s.shape)
         if t:
@@ -236,7 +225,7 @@ def test_fused_update_skips_on_found_inf_bit_for_bit():
     for step in range(1, 3):
         for o in (fused, plain):
             o._host_steps += 1
-            o._apply(0, _grads(u, step), torch.zeros(()) if o is fused else None)
+            o._apply(0, grads(u, step), torch.zeros(()) if o is fused else None)
     for a, b in zip(
         (fused.master, fused.exp_avg, fused.exp_avg_sq), (plain.master, plain.exp_avg, plain.exp_avg_sq)
     ):
