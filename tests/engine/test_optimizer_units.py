@@ -10,12 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.engine.shard_steps import grads, step_both
+from tests.engine.shard_steps import grads, one_unit, step_both
 from zerotopo.config.optimizers import SPECS
 from zerotopo.engine.optim import ShardedOptimizer, _fused_supported, resolve_optimizer
-from zerotopo.engine.units import FlatUnit
 from zerotopo.errors import ZerotopoError
-from zerotopo.placement.plan import Degrees
 
 # Hyperparameters that switch every state of each type on (momentum buffers, centered, amsgrad).
 HYPER: dict[str, dict[str, Any]] = {
@@ -34,14 +32,7 @@ LR, WD = 3e-3, 0.1
 def _bare(name: str, hyper: dict[str, Any], fused: bool, frozen: bool = True):
     """A ShardedOptimizer over one unit's optimizer chunk (world 1), built without a mesh; the unit's
     module is a Linear (decayed) and a LayerNorm (not decayed, its weight frozen with ``frozen``)."""
-    torch.manual_seed(0)
-    mod = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.LayerNorm(3))
-    if frozen:
-        mod[1].weight.requires_grad_(False)
-    u = FlatUnit(
-        "u", mod, list(mod.named_parameters()), index=0, degrees=Degrees(params=1, grads=1, optim=1, world=1),
-        topo_index=0, param_dtype=torch.float32, device=torch.device("cpu"),
-    )  # fmt: skip
+    u, mod = one_unit(frozen)
     opt = object.__new__(ShardedOptimizer)
     opt.spec, full = resolve_optimizer(name, hyper)
     opt.param_groups = [{"lr": LR, **full, "weight_decay": WD, "params": []}]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.engine.cases import TinyLM
-from tests.engine.shard_steps import grads, step_both
+from tests.engine.shard_steps import grads, one_unit, step_both
 from zerotopo.engine.streams import CopyEngine, OrderingError, Ready, Sanitizer, emulated_delay_s
 from zerotopo.engine.units import FlatUnit, UnitState, assign_params, collect_units
 from zerotopo.errors import ZerotopoError
@@ -171,14 +171,7 @@ def _bare_adamw(fused: bool, frozen: bool):
     Returns it and the unit's module (a Linear, decayed, and a LayerNorm, not decayed)."""
     from zerotopo.engine.optim import ShardedAdamW
 
-    torch.manual_seed(0)
-    mod = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.LayerNorm(3))
-    if frozen:
-        mod[1].weight.requires_grad_(False)
-    u = FlatUnit(
-        "u", mod, list(mod.named_parameters()), index=0, degrees=Degrees(params=1, grads=1, optim=1, world=1),
-        topo_index=0, param_dtype=torch.float32, device=torch.device("cpu"),
-    )  # fmt: skip
+    u, mod = one_unit(frozen)
     opt = object.__new__(ShardedAdamW)
     opt.param_groups = [{"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "params": []}]
     opt.master = [u.initial_master]
