@@ -254,8 +254,8 @@ class ShardedOptimizer(TorchOnShards):
         """One step of unit ``i`` with ``grad`` (its fp32 optimizer chunk of the gradient), the
         hyperparameters of ``param_groups[0]``; ``found_inf`` (fused only) skips it on the device."""
         opt = self.optims[i]
+        g, hyper = self.param_groups[0], self._hyper()  # once per unit: the groups, frozen fill, adoption
         if opt is not None:
-            g, hyper = self.param_groups[0], self._hyper()
             for group in opt.param_groups:
                 group.update(hyper)
                 group["weight_decay"] = g["weight_decay"] if group["decay"] else 0.0
@@ -265,13 +265,14 @@ class ShardedOptimizer(TorchOnShards):
             opt.step()
             for v, _ in self.pieces[i]:
                 v.grad = None
-            self._adopt_created(i)
+            self._adopt_created(i, hyper)
         # Frozen parameters never move and keep their initial state (torch skips parameters without a
         # gradient).
-        for name, bufs in self.states.items():
-            fill = self.spec.initial_value(name, self._hyper())
-            for a, b in self.frozen_runs[i]:
-                bufs[i][a:b].fill_(fill)
+        if self.frozen_runs[i]:
+            for name, bufs in self.states.items():
+                fill = self.spec.initial_value(name, hyper)
+                for a, b in self.frozen_runs[i]:
+                    bufs[i][a:b].fill_(fill)
 
     # -- the step ---------------------------------------------------------------------------------------
     @torch.no_grad()

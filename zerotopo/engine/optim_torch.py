@@ -136,10 +136,11 @@ class TorchOnShards:
                 if not (fresh and name in lazy):
                     st[name] = bufs[i][a : a + v.numel()]
 
-    def _adopt_created(self, i: int) -> None:
-        """Copy a state torch created in its first step into the flat buffer and hand torch the view."""
+    def _adopt_created(self, i: int, hyper: dict[str, Any]) -> None:
+        """Copy a state torch created in its first step into the flat buffer and hand torch the view
+        (``hyper``: :meth:`_hyper`, read once per unit by the caller)."""
         opt = self.optims[i]
-        for name in self.spec.first_from_grad(self._hyper()):
+        for name in self.spec.first_from_grad(hyper):
             for v, a in self.pieces[i]:
                 st = opt.state[v]
                 created = st.get(name)
