@@ -96,8 +96,14 @@ def test_json_report_schema(report, tmp_path):
         assert "predicted_step_time_s" in row and "peak_memory_bytes" in row
     assert set(doc["ratios"]) == {f"zerotopo/{n}" for n in DEFAULT_ROWS if n not in ("zerotopo", "no-comm")}
     assert doc["predicted_compute"].startswith("measured by the no-comm row")
+    # the transport's cost was measured on the ranks before the rows, and the predictions priced it
+    tr = doc["transport"]
+    assert tr["us_per_call"] > 0 and tr["us_per_mb"] >= 0 and tr["ranks_per_core"] >= 1
+    assert [p["op"] for p in tr["probe"]] == ["all_gather", "reduce_scatter", "all_reduce"] * 2
+    assert all(p["cpu_s"] > 0 and p["bytes_sent"] > 0 for p in tr["probe"])
     text = format_report(report)
     assert all(name in text for name in DEFAULT_ROWS) and "losses agree" in text
+    assert f"transport (measured first, priced as compute lost): {tr['us_per_call']:g} us per call" in text
     png = tmp_path / "compare.png"
     plot(report, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -245,8 +251,9 @@ def test_predictions_price_the_shipped_table_or_a_calibration_file(tmp_path):
     cfg, seq = model_config(base)
     shape = cfg.shape(seq, name=base.model)
     same, measured = cost_inputs(base, topo)
-    # the CPU ranks reduce on the computing thread, with or without a calibration file
-    assert same is topo and measured == {"overlap": OverlapModel(host_reduce=True)}
+    # the CPU ranks reduce on the computing thread, with or without a calibration file; their slowdown
+    # under communication is the transport's processor time, measured at start and priced per call
+    assert same is topo and measured == {"overlap": OverlapModel(host_reduce=True, compute_slowdown=0.0)}
     _, plain = resolve_rows(base, topo, shape)
     cal = Path(__file__).parents[2] / "docs" / "emulated-frontier-calibration.yaml"
     p = argparse.ArgumentParser()
@@ -255,7 +262,7 @@ def test_predictions_price_the_shipped_table_or_a_calibration_file(tmp_path):
     assert opts.calibration == str(cal)
     ctopo, measured = cost_inputs(opts, topo)
     assert measured["default_bandwidth"] is False and measured["overlap"].concurrent == 1
-    assert measured["overlap"].host_reduce
+    assert measured["overlap"].host_reduce and measured["overlap"].compute_slowdown == 0
     assert ctopo.bandwidth_gbps("package") == pytest.approx(0.064307)
     _, priced = resolve_rows(opts, ctopo, shape, measured)
     for row in ("zerotopo", "zero3"):

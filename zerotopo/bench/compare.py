@@ -30,6 +30,8 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -268,7 +270,10 @@ def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
     """The topology the cost model prices the rows on and the measured inputs of its options: the
     topology file and its shipped table, or ``opts.calibration`` applied (as ``zerotopo plan
     --calibration`` does). The ranks are CPU processes, where the engine (and DeepSpeed) reduce each
-    micro-batch's gradients on the thread that computes: the overlap model says so (``host_reduce``)."""
+    micro-batch's gradients on the thread that computes: the overlap model says so (``host_reduce``).
+    Their compute slows while a collective runs because the transport takes processor time on the same
+    cores: :func:`compare` measures that per call and per byte (:mod:`zerotopo.bench.transport`) and
+    prices it so, in place of the overlap model's slowdown per second in flight (set to 0 here)."""
     from zerotopo.cost.time import OverlapModel
 
     measured: dict[str, Any] = {}
@@ -277,7 +282,7 @@ def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
 
         topo, measured = calibrated(topo, opts.calibration)
     overlap = measured.get("overlap") or OverlapModel()
-    return topo, {**measured, "overlap": replace(overlap, host_reduce=True)}
+    return topo, {**measured, "overlap": replace(overlap, host_reduce=True, compute_slowdown=0.0)}
 
 
 def framework_cost(
@@ -647,21 +652,13 @@ def with_replay(opts: CompareOptions, topo: Any, target: Any, reg: Regime | None
     return replace(opts, replay=replay)
 
 
-def run_ranks(opts: CompareOptions, topo: Any, specs: list) -> tuple[list, dict[str, float], float]:
-    """Every row on the ranks (on the emulated cluster unless ``opts.emulate`` is False): (per-rank
-    results, shaped rates in Mbit/s, wall seconds)."""
-    from zerotopo.launch.spawn import spawn
-
-    env = {"DS_ACCELERATOR": "cpu"}  # DeepSpeed's CPU accelerator (no CUDA here)
-
-    def go(tier_classes: dict[str, str], network: Any = None) -> list:
-        return spawn(_worker, topo.world_size, args=(opts, specs, tier_classes),
-                     ranks_per_node=topo.devices_per_node, env=env, timeout_s=opts.timeout_s,
-                     network=network)  # fmt: skip
-
-    t0 = time.perf_counter()
+@contextmanager
+def cluster(opts: CompareOptions, topo: Any) -> Iterator[tuple[Any, dict[str, str], dict[str, float]]]:
+    """The emulated cluster the ranks run on, unless ``opts.emulate`` is False: (network or None, the
+    links' htb class of each tier, shaped rates in Mbit/s)."""
     if not opts.emulate:
-        return go({}), {}, time.perf_counter() - t0
+        yield None, {}, {}
+        return
     from zerotopo.launch.netem import HOW_TO_SKIP, available, emulated_cluster
 
     ok, why = available()
@@ -675,8 +672,37 @@ def run_ranks(opts: CompareOptions, topo: Any, specs: list) -> tuple[list, dict[
         rates = dict(net.tier_rates_mbit)
         if net.node_uplink_mbit is not None:
             rates["uplink per node"] = net.node_uplink_mbit
-        per_rank = go(dict(net.tier_classes), net)
-    return per_rank, rates, time.perf_counter() - t0
+        yield net, dict(net.tier_classes), rates
+
+
+def _spawn(fn: Any, args: tuple, opts: CompareOptions, topo: Any, network: Any) -> list:
+    from zerotopo.launch.spawn import spawn
+
+    env = {"DS_ACCELERATOR": "cpu"}  # DeepSpeed's CPU accelerator (no CUDA here)
+    return spawn(fn, topo.world_size, args=args, ranks_per_node=topo.devices_per_node, env=env,
+                 timeout_s=opts.timeout_s, network=network)  # fmt: skip
+
+
+def _probe_worker(rank: int, world: int, opts: CompareOptions) -> list:
+    from zerotopo.bench.transport import probe
+    from zerotopo.comm.mesh import build_mesh
+    from zerotopo.placement.plan import get_preset
+    from zerotopo.placement.topology import load_topology
+
+    mesh = build_mesh(load_topology(opts.topology), get_preset("zero3"), topo_index=rank)
+    return probe(mesh.group("grads"), world)
+
+
+def measure_transport(opts: CompareOptions, topo: Any, network: Any) -> Any:
+    """The ranks' transport cost on the links the rows will use (:mod:`zerotopo.bench.transport`)."""
+    from zerotopo.bench.transport import fit
+
+    return fit(_spawn(_probe_worker, (opts,), opts, topo, network), topo.world_size)
+
+
+def with_transport(topo: Any, transport: Any) -> Any:
+    """``topo`` with the device's transport cost set to ``transport``'s."""
+    return replace(topo, device=replace(topo.device, **transport.device_fields()))
 
 
 def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
@@ -699,8 +725,13 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
 
         cost_topo = emulated_topology(cost_topo, opts.network_mbit, cost_topo.device.peak_tflops * 1e12)
         measured = {**measured, "default_bandwidth": False}  # the shipped table holds the comm-bound rates
-    specs, meta = resolve_rows(opts, cost_topo, shape, measured)
-    per_rank, rates, wall = run_ranks(opts, topo, specs)
+    t0 = time.perf_counter()
+    with cluster(opts, topo) as (network, tier_classes, rates):
+        transport = measure_transport(opts, topo, network)
+        cost_topo = with_transport(cost_topo, transport)
+        specs, meta = resolve_rows(opts, cost_topo, shape, measured)
+        per_rank = _spawn(_worker, (opts, specs, tier_classes), opts, topo, network)
+    wall = time.perf_counter() - t0
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
     rows = assemble(opts, per_rank, meta, tokens)
     compute = repredict(rows, meta, opts, cost_topo, shape, measured)
@@ -715,7 +746,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     report.update(wall_s=wall, predicted_compute=compute, reference=reference, losses_agree=void is None,
                   cost_inputs=(opts.calibration or f"topologies/{topo.name}.yaml and its default bandwidth table")
                   + (", tiers at the regime's link rates" if reg is not None else ""),
-                  void=void)  # fmt: skip
+                  void=void, transport=transport.to_dict())  # fmt: skip
     report.update(_verdicts(rows))
     report["regime"] = _regime_report(opts, target, reg, rows)
     report["rows"] = rows
@@ -829,6 +860,12 @@ def format_report(report: dict[str, Any]) -> str:
     if regime:
         lines += _regime_lines(report, regime)
     lines.append(f"predictions: compute {report['predicted_compute']}")
+    tr = report.get("transport")
+    if tr:
+        lines.append(
+            f"transport (measured first, priced as compute lost): {tr['us_per_call']:g} us per call, "
+            f"{tr['us_per_mb']:g} us per MB sent ({tr['ranks_per_core']:g} ranks per core)"
+        )
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
     if report["planner_pick"]:

@@ -24,6 +24,9 @@ when :attr:`OverlapModel.concurrent` is 1):
 - the block quantizer is compute: a quantized collective's quantizer time (:func:`quantizer_time`)
   lengthens its stream's call *and* the next compute (CPU ranks quantize on the calling thread, a
   device on the SMs its kernels share with the compute), counted in the slowdown;
+- on CPU ranks the transport is compute too: each call of a collective that overlaps the compute also
+  lengthens the next compute by :func:`transport_time` (the device's measured processor time per call
+  and per MB sent, :mod:`zerotopo.bench.transport`; none on a GPU), counted in the slowdown;
 - micro-batches follow each other; in the last one a unit's cross-replica reduction (its
   ``last_reduce``, when the schedule runs it in the backward) is issued when its reduction ends, on a
   third stream when :attr:`OverlapModel.concurrent` is 3 or more, else after it on the reduction
@@ -173,6 +176,15 @@ def quantizer_time(c: Collective, topology: Topology) -> float:
     return 0.0
 
 
+def transport_time(c: Collective, topology: Topology) -> float:
+    """Compute seconds one rank loses to the transport of one call of ``c``: the device's
+    ``comm_cpu_us_per_call`` plus ``comm_cpu_us_per_mb`` per MB the rank sends (CPU ranks, whose
+    transport runs on the cores the compute runs on: :mod:`zerotopo.bench.transport`); 0 on a device
+    without them."""
+    dev = topology.device
+    return (dev.comm_cpu_us_per_call + dev.comm_cpu_us_per_mb * c.bytes_sent / 1e6) * 1e-6
+
+
 def quantizer_bytes(c: Collective, value_bytes: int = 4) -> float:
     """Device-memory bytes the Triton quantizer kernels move in one call of ``c``, for values of
     ``value_bytes`` (fp32 by default: the schedule does not carry the parameters' type; bf16 moves less).
@@ -278,10 +290,10 @@ def _key(c: Collective) -> tuple[str, str, str, str]:
 class _Streams:
     """The compute stream and the communication streams of one simulated micro-batch."""
 
-    def __init__(self, overlap: OverlapModel, time_of: Callable[[Collective], float], quant_of) -> None:
+    def __init__(self, overlap: OverlapModel, time_of: Callable[[Collective], float], debt_of) -> None:
         self.overlap = overlap
         self.time_of = time_of
-        self.quant_of = quant_of
+        self.debt_of = debt_of
         self.free = {"gather": 0.0, "reduce": 0.0, "replica": 0.0}
         self.stream = {
             1: {"gather": "gather", "reduce": "gather", "replica": "gather"},
@@ -290,7 +302,7 @@ class _Streams:
         self.comm: list[tuple[float, float, Collective]] = []
         self.busy: list[tuple[float, float]] = []
         self.slow = 0.0
-        self.debt = 0.0  # quantizer seconds the compute stream still owes (see collective time)
+        self.debt = 0.0  # quantizer and transport seconds the compute stream still owes (module note)
         self.tier_of: dict[str, str] = {}
 
     def run(self, kind: str, at: float, colls) -> float:
@@ -301,9 +313,8 @@ class _Streams:
         start = max(at, self.free[s])
         for c in colls:
             d = self.time_of(c)
-            self.debt += self.quant_of(
-                c
-            )  # the quantizer is compute: it takes the cores/SMs the compute runs on
+            # the quantizer (and a CPU rank's transport) is compute: it takes the cores/SMs the compute runs on
+            self.debt += self.debt_of(c)
             # the other stream busy on the same tier: the two share its links while both run
             for o, until in self.free.items():
                 if o != s and until > start and self.tier_of.get(o) == c.tier:
@@ -366,12 +377,12 @@ def _simulate(
     overlap: OverlapModel,
     first: bool,
     last: bool,
-    quant_of=lambda c: 0.0,
+    debt_of=lambda c: 0.0,
 ):
     """One micro-batch (see the module note; ``first``: the step's first, with the units'
     ``first_forward``; ``last``: its last, with their ``last_reduce``): (end, slowdown, comm intervals,
     compute intervals)."""
-    st = _Streams(overlap, time_of, quant_of)
+    st = _Streams(overlap, time_of, debt_of)
     units = schedule.units
     # the previous step's parameter all-gathers, in flight from the start (the first micro-batch only)
     params_at = [st.run("replica", 0.0, u.first_forward) if first else 0.0 for u in units]
@@ -466,7 +477,7 @@ def _with_window(schedule: StepSchedule, window: int | None) -> StepSchedule:
     return replace(schedule, units=units)
 
 
-def _micro_batches(schedule: StepSchedule, fwd, bwd, time_of, overlap: OverlapModel, quant_of):
+def _micro_batches(schedule: StepSchedule, fwd, bwd, time_of, overlap: OverlapModel, debt_of):
     """Simulate the step's micro-batches (the middle ones are alike; the first also waits for the
     units' ``first_forward``, the last runs their ``last_reduce``): (seconds, slowdown, {id: [collective,
     calls, seconds, exposed]})."""
@@ -482,7 +493,7 @@ def _micro_batches(schedule: StepSchedule, fwd, bwd, time_of, overlap: OverlapMo
     for weight, first, last in runs:
         if weight == 0:
             continue
-        end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap, first, last, quant_of)
+        end, slow, comm, busy = _simulate(schedule, fwd, bwd, time_of, overlap, first, last, debt_of)
         micro_time += weight * end
         slow_total += weight * slow
         exposed = _exposure(comm, busy, end)
@@ -563,7 +574,12 @@ def step_time(
     fwd, bwd = _compute_split(schedule, compute / M, checkpoint_activations, runtime)
     time_of = _timer(topology, table, runtime)
     micro_time, slow_total, by_obj = _micro_batches(
-        schedule, fwd, bwd, time_of, overlap, lambda c: quantizer_time(c, topology)
+        schedule,
+        fwd,
+        bwd,
+        time_of,
+        overlap,
+        lambda c: quantizer_time(c, topology) + transport_time(c, topology),
     )
     host_wait = M * (sum(fwd) + sum(bwd)) - compute  # compute time the host work added
     shares, step_end = _shares(schedule, by_obj, time_of, overlap)

@@ -46,6 +46,8 @@ _MAX_VALUE = {
     "peak_tflops": 1e7,
     "quant_gbps": 1e7,
     "memory_bandwidth_gbps": 1e7,
+    "comm_cpu_us_per_call": 1e9,
+    "comm_cpu_us_per_mb": 1e9,
 }
 
 
@@ -94,6 +96,12 @@ class Device:
     memory_bandwidth_gbps: float = 0.0
     """Peak memory (HBM) bandwidth of one device, GB/s. Without a measured ``quant_gbps`` the cost model
     prices the quantizer's kernels by the bytes they move at this rate (a roofline). 0: unknown."""
+    comm_cpu_us_per_call: float = 0.0
+    """Compute microseconds one rank loses to the transport of each collective call it makes: CPU ranks,
+    whose transport is processor work on the cores the compute runs on (:mod:`zerotopo.bench.transport`
+    measures it). 0: none (a GPU's NIC and communication kernels run beside the compute)."""
+    comm_cpu_us_per_mb: float = 0.0
+    """As :attr:`comm_cpu_us_per_call`, per MB (10^6 bytes) the rank sends."""
 
 
 @dataclass(frozen=True)
@@ -236,8 +244,16 @@ _DEVICE_KEYS = {
     "quant_gbps": float,
     "host_reduce": bool,
     "memory_bandwidth_gbps": float,
+    "comm_cpu_us_per_call": float,
+    "comm_cpu_us_per_mb": float,
 }
-_DEVICE_OPTIONAL = ("quant_gbps", "host_reduce", "memory_bandwidth_gbps")
+_DEVICE_OPTIONAL = (
+    "quant_gbps",
+    "host_reduce",
+    "memory_bandwidth_gbps",
+    "comm_cpu_us_per_call",
+    "comm_cpu_us_per_mb",
+)
 _TIER_KEYS = {"name": str, "fanout": int, "bandwidth_gbps": float, "latency_us": float}
 _NETWORK_KEYS = {"name": str, "injection_gbps": float, "latency_us": float}
 
