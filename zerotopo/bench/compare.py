@@ -173,12 +173,13 @@ def _worker(
 
     from zerotopo.bench.measure import PeakMemory, link_tier_bytes
     from zerotopo.bench.precision import arithmetic
-    from zerotopo.bench.rows import build_row, prepare_row, warm_up
+    from zerotopo.bench.rows import build_groups, build_row, prepare_row, warm_up
     from zerotopo.placement.topology import load_topology
 
     topo = load_topology(opts.topology)
     cfg, seq = model_config(opts)
     out = []
+    meshes = build_groups(specs, topo, rank)  # every row's groups, before any row runs
     waited: dict[str, float] = {}
     if opts.replay is not None:
         from zerotopo.bench.replay import install
@@ -194,7 +195,7 @@ def _worker(
         waited0 = sum(waited.values())
         memory = PeakMemory()
         t_setup = time.perf_counter()
-        row = build_row(name, plan, cfg, topo, rank, opts)
+        row = build_row(name, plan, cfg, topo, rank, opts, meshes.get(name))
         setup_s = time.perf_counter() - t_setup
         times, losses, cpu = [], [], []
         sent0: dict[str, int] = {}
@@ -232,6 +233,7 @@ def _worker(
                 "peak_memory_bytes": peak,
                 "setup_s": setup_s,
                 "replay_wait_s": (sum(waited.values()) - waited0) / (opts.warmup + opts.steps),
+                "process_groups": len(getattr(dist.distributed_c10d._world, "pg_map", ())),
             }
         )
         del row
@@ -510,6 +512,9 @@ def assemble(
                 "setup_s": r0["setup_s"],
                 "predicted_memory_bytes": m.get("predicted_memory_bytes"),
                 "replay_wait_s_per_step": r0.get("replay_wait_s"),
+                # process groups alive on rank 0 in each run: every row's are built before the first
+                # (rows.build_groups), so each run of each row shares the same idle groups
+                "process_groups": [per_rank[0][i].get("process_groups") for i in runs[source]],
                 # processor time of one step summed over the ranks (all of a rank's threads): on a machine
                 # with fewer cores than ranks, what the step costs the cores, apart from waiting
                 "cpu_s_per_step": sum(statistics.median(r["cpu_s"]) for r in ranks if r.get("cpu_s")),
