@@ -3,8 +3,8 @@
 Every row trains the same GPT-NeoX (:func:`zerotopo.bench.rows.build_model`, one seed) on the same
 synthetic token sequences (:func:`batches`: rank, step and micro-batch decide them), with the same
 micro-batch size, micro-batches per step, dtype (:mod:`.precision`), AdamW settings and step count, on the same
-ranks. The rows run one after the other inside the same rank processes, so they share the machine and
-its emulated network (:func:`zerotopo.launch.netem.emulated_cluster`: one namespace per rank, every tier a
+ranks. The rows run one after the other, each run of each row in rank processes of its own
+(:func:`run_rows`), on the same machine and the same emulated network (:func:`zerotopo.launch.netem.emulated_cluster`: one namespace per rank, every tier a
 shaped link). Per row, rank 0's JSON carries:
 
 - ``step_time_s`` (median of the timed steps, barrier to barrier) and ``tokens_per_s``;
@@ -167,26 +167,31 @@ def batches(opts: CompareOptions, vocab: int, seq: int, rank: int, step: int) ->
 
 
 def _worker(
-    rank: int, world: int, opts: CompareOptions, specs: list[tuple[str, Any]], tier_classes: dict[str, str]
+    rank: int,
+    world: int,
+    opts: CompareOptions,
+    runs: list[tuple[int, str, Any]],
+    tier_classes: dict[str, str],
 ) -> list[dict[str, Any]]:
+    """Each of ``runs`` (repeat, row name, plan) on this rank: its warm-up and timed steps, and what was
+    measured of them."""
     import torch.distributed as dist
 
     from zerotopo.bench.measure import PeakMemory, link_tier_bytes
     from zerotopo.bench.precision import arithmetic
-    from zerotopo.bench.rows import build_groups, build_row, prepare_row, warm_up
+    from zerotopo.bench.rows import build_row, prepare_row, warm_up
     from zerotopo.placement.topology import load_topology
 
     topo = load_topology(opts.topology)
     cfg, seq = model_config(opts)
     out = []
-    meshes = build_groups(specs, topo, rank)  # every row's groups, before any row runs
     waited: dict[str, float] = {}
     if opts.replay is not None:
         from zerotopo.bench.replay import install
 
         waited = install(opts.replay)
     warm_up(cfg)
-    for repeat, (name, plan) in ((k, x) for k in range(opts.repeat) for x in specs):
+    for repeat, name, plan in runs:
         try:
             prepare_row(name)
         except ImportError as exc:  # the same on every rank, before any collective of the row
@@ -195,7 +200,7 @@ def _worker(
         waited0 = sum(waited.values())
         memory = PeakMemory()
         t_setup = time.perf_counter()
-        row = build_row(name, plan, cfg, topo, rank, opts, meshes.get(name))
+        row = build_row(name, plan, cfg, topo, rank, opts)
         setup_s = time.perf_counter() - t_setup
         times, losses, cpu = [], [], []
         sent0: dict[str, int] = {}
@@ -512,8 +517,7 @@ def assemble(
                 "setup_s": r0["setup_s"],
                 "predicted_memory_bytes": m.get("predicted_memory_bytes"),
                 "replay_wait_s_per_step": r0.get("replay_wait_s"),
-                # process groups alive on rank 0 in each run: every row's are built before the first
-                # (rows.build_groups), so each run of each row shares the same idle groups
+                # process groups alive on rank 0 in each run (its own: each run has fresh processes)
                 "process_groups": [per_rank[0][i].get("process_groups") for i in runs[source]],
                 # processor time of one step summed over the ranks (all of a rank's threads): on a machine
                 # with fewer cores than ranks, what the step costs the cores, apart from waiting
@@ -688,6 +692,29 @@ def _spawn(fn: Any, args: tuple, opts: CompareOptions, topo: Any, network: Any) 
                  timeout_s=opts.timeout_s, network=network)  # fmt: skip
 
 
+def run_rows(
+    opts: CompareOptions, topo: Any, specs: list[tuple[str, Any]], tier_classes: dict[str, str], network: Any
+) -> list[list[dict[str, Any]]]:
+    """Every run of every row, interleaved (every row, then every row again), each in rank processes of
+    its own: {rank: its results in run order}.
+
+    A run's processes hold its own process groups alone. Rows run one after another in the same
+    processes would carry every earlier row's groups, and an idle gloo group keeps a network loop
+    thread that wakes every 10 ms: after 21 engine meshes a rank idled at 7-9% of a core (0.3% with
+    one), so each row ran slower than the one before it and each run slower than the last (the first
+    run was every row's fastest). Nor does a row inherit what an earlier one left in the process
+    (allocator state, a library's patches)."""
+    per_rank: list[list[dict[str, Any]]] = [[] for _ in range(topo.world_size)]
+    total = opts.repeat * len(specs)
+    for k in range(opts.repeat):
+        for i, (name, plan) in enumerate(specs):
+            print(f"run {k * len(specs) + i + 1}/{total}: {name}", file=sys.stderr, flush=True)
+            results = _spawn(_worker, (opts, [(k, name, plan)], tier_classes), opts, topo, network)
+            for mine, got in zip(per_rank, results):
+                mine.extend(got)
+    return per_rank
+
+
 def _probe_worker(rank: int, world: int, opts: CompareOptions) -> list:
     from zerotopo.bench.transport import probe
     from zerotopo.comm.mesh import build_mesh
@@ -735,7 +762,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         transport = measure_transport(opts, topo, network)
         cost_topo = with_transport(cost_topo, transport)
         specs, meta = resolve_rows(opts, cost_topo, shape, measured)
-        per_rank = _spawn(_worker, (opts, specs, tier_classes), opts, topo, network)
+        per_rank = run_rows(opts, topo, specs, tier_classes, network)
     wall = time.perf_counter() - t0
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
     rows = assemble(opts, per_rank, meta, tokens)

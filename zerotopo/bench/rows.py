@@ -57,15 +57,12 @@ def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def zerotopo_row(
-    cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float, dtype: str = "fp32", mesh: Any = None
-) -> Row:
-    """The engine under ``plan``; ``bf16``: weights gathered and gradients reduced in bf16 (fp32 shard);
-    ``mesh``: the plan's groups, built once (:func:`build_groups`), else built here."""
+def zerotopo_row(cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float, dtype: str = "fp32") -> Row:
+    """The engine under ``plan``; ``bf16``: weights gathered and gradients reduced in bf16 (fp32 shard)."""
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
 
-    mesh = mesh or build_mesh(topo, plan, topo_index=rank)
+    mesh = build_mesh(topo, plan, topo_index=rank)
     wire = torch_dtype(dtype)
     model, opt = parallelize(build_model(cfg), mesh=mesh, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0,
                              param_dtype=wire, reduce_dtype=wire)  # fmt: skip
@@ -162,14 +159,14 @@ def fsdp2_mesh(topo: Any, hpz: bool) -> Any:
     return init_device_mesh("cpu", (topo.nodes, topo.devices_per_node), mesh_dim_names=("replicate", "shard"))
 
 
-def fsdp2_row(cfg: NeoXConfig, topo: Any, hpz: bool, lr: float, dtype: str = "fp32", mesh: Any = None) -> Row:
+def fsdp2_row(cfg: NeoXConfig, topo: Any, hpz: bool, lr: float, dtype: str = "fp32") -> Row:
     """FSDP2 (HSDP or hpZ-like resharding); ``bf16``: its mixed-precision policy gathers and reduces in
-    bf16 (fp32 sharded parameters); ``mesh``: :func:`fsdp2_mesh`, built once, else built here."""
+    bf16 (fp32 sharded parameters)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     node = topo.devices_per_node
     model = build_model(cfg)
-    mesh = mesh or fsdp2_mesh(topo, hpz)
+    mesh = fsdp2_mesh(topo, hpz)
     kwargs: dict[str, Any] = {"mesh": mesh}
     if hpz:
         kwargs["reshard_after_forward"] = node
@@ -197,43 +194,6 @@ def fsdp2_row(cfg: NeoXConfig, topo: Any, hpz: bool, lr: float, dtype: str = "fp
 
     degrees = f"p=W secondary={node} (reshard_after_forward)" if hpz else f"p={node} g={node} o={node}"
     return Row(step, info={"degrees": degrees})
-
-
-def build_groups(specs: list[tuple[str, Any]], topo: Any, rank: int) -> dict[str, Any]:
-    """Every row's process groups, built once on every rank before the first timed row and reused by
-    every run of it: {row name: its mesh} for the zerotopo and FSDP2 rows (rows of one plan share one),
-    and DeepSpeed's world clone and hpZ's per-node group made where DeepSpeed looks them up (it reuses
-    groups it finds). FSDP2's hpZ-style row is the exception: ``fully_shard`` builds a new post-forward
-    mesh (three groups) on every call, so each of its runs adds groups the rows after it carry.
-
-    Built row by row, the groups of the rows already run would tax every row after them: each gloo
-    group keeps a network loop thread that wakes every 10 ms while idle (and two worker threads), and
-    after 21 engine meshes a rank spent 7-9% of a core on them (0.3% with one), so the repeats would
-    run slower than the first run and the rows late in the order slower than the early ones. Built
-    first, every row in every run shares the same idle groups."""
-    from zerotopo.comm.mesh import build_mesh
-
-    out: dict[str, Any] = {}
-    by_plan: dict[str, Any] = {}
-    for name, plan in specs:
-        if plan is not None:
-            label = plan.label(topo)
-            if label not in by_plan:
-                by_plan[label] = build_mesh(topo, plan, topo_index=rank)
-            out[name] = by_plan[label]
-        elif name.startswith("fsdp2-"):
-            out[name] = fsdp2_mesh(topo, hpz=name == "fsdp2-hpz")
-        elif name.startswith("deepspeed-"):
-            try:
-                prepare_row(name)
-            except ImportError:  # the row reports it when its turn comes
-                continue
-            from deepspeed.utils import groups
-
-            groups._clone_world_group()  # DeepSpeed's data-parallel group, made on first use
-            if name == "deepspeed-hpz" and groups._get_zero_param_intra_parallel_group() is None:
-                groups._create_zero_param_parallel_group(topo.devices_per_node)
-    return out
 
 
 def prepare_row(name: str) -> None:
@@ -288,21 +248,18 @@ def floor_row(cfg: NeoXConfig, lr: float, dtype: str = "fp32") -> Row:
     return Row(step, info={"degrees": "replica per rank, no sync"})
 
 
-def build_row(
-    name: str, plan: Any, cfg: NeoXConfig, topo: Any, rank: int, opts: Any, mesh: Any = None
-) -> Row:
-    """The row called ``name`` (``plan``: the zerotopo plan of a zerotopo row, else None; ``mesh``: its
-    groups from :func:`build_groups`, else built here)."""
+def build_row(name: str, plan: Any, cfg: NeoXConfig, topo: Any, rank: int, opts: Any) -> Row:
+    """The row called ``name`` (``plan``: the zerotopo plan of a zerotopo row, else None)."""
     dt = opts.dtype
     if name == FLOOR_ROW:
         return floor_row(cfg, opts.lr, dt)
     if plan is not None:
-        return zerotopo_row(cfg, topo, plan, rank, opts.lr, dt, mesh)
+        return zerotopo_row(cfg, topo, plan, rank, opts.lr, dt)
     if name in ("deepspeed-zero3", "deepspeed-hpz"):
         hpz = name == "deepspeed-hpz"
         return deepspeed_row(
             cfg, topo, hpz, opts.batch, opts.micro_batches, opts.lr, opts.deepspeed_buckets, dt
         )
     if name in ("fsdp2-hsdp", "fsdp2-hpz"):
-        return fsdp2_row(cfg, topo, name == "fsdp2-hpz", opts.lr, dt, mesh)
+        return fsdp2_row(cfg, topo, name == "fsdp2-hpz", opts.lr, dt)
     raise ValueError(f"unknown benchmark row {name!r}")
