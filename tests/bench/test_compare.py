@@ -101,7 +101,9 @@ def test_json_report_schema(report, tmp_path):
     groups = {r["name"]: r["process_groups"] for r in doc["rows"]}
     assert all(len(g) == report["repeat"] for g in groups.values())
     assert groups["no-comm"] == [1] * report["repeat"]
-    assert all(1 < n < 8 for name, g in groups.items() if name not in ("no-comm", "deepspeed-zero3") for n in g)
+    assert all(
+        1 < n < 8 for name, g in groups.items() if name not in ("no-comm", "deepspeed-zero3") for n in g
+    )
     # the transport's cost was measured on the ranks before the rows, and the predictions priced it
     tr = doc["transport"]
     assert tr["us_per_call"] > 0 and tr["us_per_mb"] >= 0 and tr["ranks_per_core"] >= 1
