@@ -1068,7 +1068,12 @@ def _output_arguments(p: argparse.ArgumentParser, d: CompareOptions) -> None:
     p.add_argument(
         "--profile", metavar="DIR", help="profile one extra step per row on rank 0 (torch.profiler) into DIR"
     )
-    p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds before the ranks are killed")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=d.timeout_s,
+        help="seconds one run's ranks may take before they are killed",
+    )
     p.add_argument(
         "--calibration",
         metavar="FILE",
