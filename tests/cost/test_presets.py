@@ -206,3 +206,33 @@ def test_deepspeed_rows_on_gloo_reduce_gradients_as_all_reduces():
     # the engine's plans keep their reduce-scatter (its own ring on gloo)
     engine = estimate(get_preset("zero3"), shape, topo, opts)
     assert {c.op for u in engine.schedule.units for c in u.reduce} == {"reduce_scatter"}
+
+
+def test_the_bench_prices_deepspeed_zero3_without_backward_gathers():
+    # DeepSpeed's coordinator keeps what its prefetcher fetched until the parameter's last use, so on the
+    # bench it gathers every parameter once, in the forward: its row is priced so; hpZ (whose backward
+    # reads the secondary copy) and the 20B preset keep the backward gather
+    from dataclasses import replace
+
+    from zerotopo.bench.compare import framework_cost
+    from zerotopo.cost.planner import estimate
+
+    topo = load_topology("emulated-frontier")
+    opts = CostOptions(micro_batch=1, checkpoint_activations=False)
+    shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
+    plan, sched = framework_cost("deepspeed-zero3")
+    assert not sched.backward_gather and resolve("deepspeed-zero3")[1].backward_gather
+    assert framework_cost("deepspeed-hpz")[1].backward_gather
+
+    def gathers(s):
+        est = estimate(plan, shape, topo, opts, schedule=s)
+        units = est.schedule.units
+        return [c for u in units for c in u.forward], [c for u in units for c in u.backward], est
+
+    (fwd, bwd, est), (fwd_re, bwd_re, est_re) = gathers(sched), gathers(replace(sched, backward_gather=True))
+    assert bwd == [] and len(bwd_re) == len(fwd_re) - 1 > 0  # the last forward unit is never re-gathered
+    assert fwd == fwd_re  # the forward's gathers and the reductions are the same
+    assert [c for u in est.schedule.units for c in u.reduce] == [
+        c for u in est_re.schedule.units for c in u.reduce
+    ]
+    assert est.time.step_time_s < est_re.time.step_time_s

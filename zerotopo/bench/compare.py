@@ -197,7 +197,6 @@ def _worker(
         except ImportError as exc:  # the same on every rank, before any collective of the row
             out.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        waited0 = sum(waited.values())
         memory = PeakMemory()
         t_setup = time.perf_counter()
         row = build_row(name, plan, cfg, topo, rank, opts)
@@ -209,6 +208,7 @@ def _worker(
             dist.barrier()
             if step == opts.warmup:
                 sent0 = link_tier_bytes(tier_classes)
+                waited0 = sum(waited.values())  # the timed steps' waits (a warm-up step can differ)
             t0, c0 = time.perf_counter(), time.process_time()
             with arithmetic(opts.dtype):
                 loss = row.step(data)
@@ -237,7 +237,7 @@ def _worker(
                 "tier_bytes": {t: (sent1[t] - sent0.get(t, 0)) / opts.steps for t in sent1},
                 "peak_memory_bytes": peak,
                 "setup_s": setup_s,
-                "replay_wait_s": (sum(waited.values()) - waited0) / (opts.warmup + opts.steps),
+                "replay_wait_s": (sum(waited.values()) - waited0) / opts.steps,
                 "process_groups": len(getattr(dist.distributed_c10d._world, "pg_map", ())),
             }
         )
@@ -299,7 +299,13 @@ def framework_cost(
 
     ``deepspeed-zero3`` is the ``deepspeed-zero3`` cost preset (:mod:`zerotopo.cost.presets`) with the
     row's settings (:func:`zerotopo.bench.rows.deepspeed_row`): no parameter kept whole
-    (``stage3_param_persistence_threshold: 0``), DeepSpeed's default prefetch and reduce buckets.
+    (``stage3_param_persistence_threshold: 0``), DeepSpeed's default prefetch and reduce buckets; and no
+    gather in the backward (``ScheduleOptions.backward_gather``): DeepSpeed's coordinator keeps a
+    parameter its prefetcher fetched until that parameter's last use in the recorded trace
+    (``__params_to_release``), and traced on the bench's 8 ranks with the row's settings (and again with
+    ``stage3_max_live_parameters`` scaled by the layer ratio to 3.9e6), from the second step on it gathers
+    every parameter once, in the forward. The cost preset keeps the backward gather: whether DeepSpeed
+    skips it for a 20B model was not traced.
     ``deepspeed-hpz`` is the ``deepspeed-zeropp`` preset without its quantized collectives (DeepSpeed's
     qwZ/qgZ need CUDA, so the row runs hpZ alone), its secondary copy per node in the parameters' dtype.
     FSDP2 has no cost preset: its rows are measured, not predicted. ``buckets``: the row's scaled
@@ -311,6 +317,7 @@ def framework_cost(
 
     if name == "deepspeed-zero3":
         plan, sched = COST_PRESETS[name]
+        sched = replace(sched, backward_gather=False)
     elif name == "deepspeed-hpz":
         plan, sched = COST_PRESETS["deepspeed-zeropp"]
         plan = replace(plan, name=name, quantize_weights=False, quantize_grads=False)

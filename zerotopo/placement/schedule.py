@@ -180,6 +180,11 @@ class ScheduleOptions:
     message, an all-reduce's ``2(d-1)/d`` each, where a ring reduce-scatter sends 7.0; DeepSpeed on CPU
     ranks). The engine runs its own ring there ([Note: gloo reduce-scatter] in
     :mod:`zerotopo.comm.collectives`), so its schedules keep False."""
+    backward_gather: bool = True
+    """A sharded unit is gathered again before its backward; False: the forward's gathered weights stay
+    until the backward (DeepSpeed stage 3 on the bench: its coordinator keeps every parameter its
+    prefetcher fetched until the parameter's last use, so after the first step nothing is gathered in
+    the backward; :func:`zerotopo.bench.compare.framework_cost`)."""
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -697,7 +702,8 @@ def _unit_steps(
         is_last = i == len(units) - 1
         fwd = b.gather("forward", "params", d.params, b.codecs.gather, G) if d.params > 1 else ()
         # the last forward unit still holds its weights; with p == 1 every unit does
-        bwd = b.gather("backward", bwd_kind, bwd_size, bwd_codec, G) if not is_last and d.params > 1 else ()
+        regather = not is_last and d.params > 1 and options.backward_gather
+        bwd = b.gather("backward", bwd_kind, bwd_size, bwd_codec, G) if regather else ()
         last = (bucket_replicas[i] if bucket_replicas else b.replica(N)) if b.in_bwd else ()
         first = b.param_gather(N) if b.in_fwd else ()
         steps.append(
