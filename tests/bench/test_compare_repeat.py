@@ -15,6 +15,7 @@ from zerotopo.bench.compare import (
     format_report,
     options_from_args,
     ratios,
+    run_order,
 )
 from zerotopo.errors import ConfigError
 
@@ -59,3 +60,15 @@ def test_repeat_flag():
     assert options_from_args(p.parse_args(["--repeat", "5"])).repeat == 5
     with pytest.raises(ConfigError, match="--repeat"):
         options_from_args(p.parse_args(["--repeat", "0"]))
+
+
+def test_every_repeat_starts_further_on_so_no_row_always_runs_first():
+    order = run_order(10, 3)
+    assert len(order) == 30 and sorted(order) == [(k, i) for k in range(3) for i in range(10)]
+    assert [k for k, _ in order] == sorted(k for k, _ in order)  # every row, then every row again
+    positions = {i: [n % 10 for n, (_, j) in enumerate(order) if j == i] for i in range(10)}
+    # each repeat opens with another row, and every row's mean place lies within 1.5 of the middle
+    # (4.5; run first every time, a row would sit at 0 and the last at 9)
+    assert len({order[10 * k][1] for k in range(3)}) == 3
+    assert all(abs(sum(ps) / 3 - 4.5) <= 1.5 for ps in positions.values()), positions
+    assert run_order(3, 1) == [(0, 0), (0, 1), (0, 2)]  # one repeat: the rows in their order

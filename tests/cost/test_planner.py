@@ -10,9 +10,11 @@ from zerotopo.cost.comm import comm_per_step, schedule_of
 from zerotopo.cost.memory import memory_per_device
 from zerotopo.cost.planner import (
     AUTO_TOP,
+    TIE,
     CostOptions,
     best_plan,
     is_tier_aligned,
+    pick,
     placement,
     plan_candidates,
 )
@@ -185,3 +187,23 @@ def test_planner_chooses_the_unit_size():
         assert chosen.to_json(topo)["unit_layers"] == chosen.unit_layers
     # DeepSpeed's per-module schedule has no unit size to choose
     assert plan_candidates(SHAPE, topo, plans=["deepspeed-zero3"], options=free)[0].unit_layers is None
+
+
+def test_the_pick_takes_the_smallest_plan_within_the_tie():
+    # `zerotopo plan`'s recommendation and the bench's planner row pick alike: among the plans within
+    # TIE of the fastest, the one needing least memory; a plan just outside the tie loses to the fastest
+    from dataclasses import replace
+
+    topo = _quad(1)
+    ests = sorted(plan_candidates(SHAPE, topo, plans="auto"), key=lambda e: e.time.step_time_s)
+    fast, small = ests[0], min(ests, key=lambda e: e.memory.total)
+    assert small.memory.total < fast.memory.total
+    t = fast.time.step_time_s
+
+    def at(e, step):
+        return replace(e, time=replace(e.time, step_time_s=step))
+
+    assert pick([fast, at(small, t * (1 + TIE / 2))]).plan == small.plan
+    assert pick([fast, at(small, t * (1 + 2 * TIE))]).plan == fast.plan
+    # another step measure (the bench's, with its replayed waits) decides instead of the prediction
+    assert pick([fast, small], lambda e: 1.0 if e is small else 2.0).plan == small.plan

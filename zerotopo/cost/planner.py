@@ -12,7 +12,7 @@ device memory are kept but marked, and the list is sorted fits first, then by st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from zerotopo.cost.bandwidth import BandwidthTable, default_table
@@ -629,6 +629,16 @@ def secondary_alternative(
     return alt, why
 
 
+def pick(estimates: list[PlanEstimate], step: Callable[[PlanEstimate], float] | None = None) -> PlanEstimate:
+    """The plan the planner recommends among ``estimates``: of those whose step (``step``, default the
+    predicted step) lies within :data:`TIE` of the fastest, the one needing least memory (the model
+    cannot tell them apart)."""
+    step = step or (lambda e: e.time.step_time_s)
+    fastest = min(step(e) for e in estimates)
+    near = [e for e in estimates if step(e) <= fastest * (1 + TIE)]
+    return min(near, key=lambda e: (e.memory.total, step(e)))
+
+
 def recommendation(
     estimates: list[PlanEstimate], shape: ModelShape, topology: Topology, options: CostOptions
 ) -> str:
@@ -645,9 +655,7 @@ def recommendation(
     # the DeepSpeed cost presets price another framework's schedule: recommend a plan the engine runs
     runnable = [c for c in cands if c.plan.name not in COST_PRESETS] or cands
     fastest = min(runnable, key=_sort_key)
-    # plans within TIE of the fastest are as fast as the model can tell: take the one needing least memory
-    near = [c for c in runnable if c.time.step_time_s <= fastest.time.step_time_s * (1 + TIE)]
-    best = min(near, key=lambda c: (c.memory.total, c.time.step_time_s))
+    best = pick(runnable)
     runner = sorted((c for c in cands if c is not best and c.name != best.name), key=_sort_key)
     reason = (
         f"fastest plan that fits: {best.time.step_time_s:.3f} s per step, {best.memory.total / GIB:.1f} GiB per device"
