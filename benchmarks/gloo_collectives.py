@@ -5,12 +5,13 @@ model's figure for each.
 
 8 ranks of the ``emulated-frontier`` topology (2 nodes of 4), each node's ranks behind one shared uplink
 (``--network-mbit`` per rank, 4x that per node, inner tiers at Frontier's ratios): torch's gloo
-``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``all_reduce``, and the engine's all-gather and
-ring reduce-scatter (zerotopo.comm.collectives), on bf16 messages of 0.44 MB and 3.92 MB (a DeepSpeed
+``all_gather_single``, ``reduce_scatter_single`` (what DeepSpeed calls by their deprecated names,
+``all_gather_into_tensor`` and ``reduce_scatter_tensor``) and ``all_reduce``, and the engine's all-gather
+and ring reduce-scatter (zerotopo.comm.collectives), on bf16 messages of 0.44 MB and 3.92 MB (a DeepSpeed
 prefetch bucket and reduce bucket of ``bench compare``'s default regime). Prints the median of 3 timed
 calls (barrier to barrier) and the cost model's time on the regime's links (gloo's reduce-scatter priced
 as an all-reduce). gloo runs
-``reduce_scatter_tensor`` as a full all-reduce, which is why the engine runs its own ring on gloo and why
+the reduce-scatter as a full all-reduce, which is why the engine runs its own ring on gloo and why
 ``bench compare`` prices DeepSpeed's gradient reductions as all-reduces.
 """
 
@@ -25,20 +26,21 @@ RANKS_PER_NODE = 4
 
 
 def _ops(n: int, world: int, group) -> dict:
-    """The calls timed on a message of ``n`` bf16 elements."""
+    """The calls timed on a message of ``n`` bf16 elements: torch's on the default group, the engine's
+    (those ``bench compare``'s transport probe times) on ``group``."""
     import torch
     import torch.distributed as dist
 
+    from zerotopo.bench.transport import engine_ops
     from zerotopo.comm import collectives as C
 
     x = torch.ones(n, dtype=torch.bfloat16)
     shard, full = torch.empty(n // world, dtype=x.dtype), torch.empty(n, dtype=x.dtype)
     return {
-        "gloo all_gather": lambda: dist.all_gather_into_tensor(full, x[: n // world]),
-        "gloo reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, x),
+        "gloo all_gather": lambda: C.ALL_GATHER(full, x[: n // world]),
+        "gloo reduce_scatter": lambda: C.REDUCE_SCATTER(shard, x),
         "gloo all_reduce": lambda: dist.all_reduce(x),
-        "engine all_gather": lambda: C.all_gather(full, x[: n // world], group),
-        "engine reduce_scatter": lambda: C.reduce_scatter(shard, x, group),
+        **{f"engine {op}": call for op, (call, _) in engine_ops(n, world, group).items()},
     }
 
 
@@ -71,7 +73,9 @@ def _model_seconds(name: str, n: int, world: int, topo) -> float:
     from zerotopo.placement.schedule import Collective
 
     # gloo's reduce-scatter is priced as the all-reduce it runs (as bench compare prices DeepSpeed's)
-    op = "all_gather" if "gather" in name else "reduce_scatter" if name.startswith("engine") else "all_reduce"
+    kind, op = name.split(" ", 1)
+    if (kind, op) == ("gloo", "reduce_scatter"):
+        op = "all_reduce"
     sent = {"all_reduce": volume.all_reduce_bytes, "all_gather": volume.all_gather_bytes,
             "reduce_scatter": volume.reduce_scatter_bytes}[op](n, world, 2)  # fmt: skip
     nodes = world // RANKS_PER_NODE

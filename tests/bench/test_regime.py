@@ -23,3 +23,28 @@ def test_measured_ratio_from_the_rows():
     assert measured_ratio(rows) == pytest.approx(0.6)
     assert measured_ratio(rows[:1]) is None
     assert measured_ratio([{"name": "zero3", "step_time_s": None}, rows[0]]) is None
+
+
+def test_the_compute_rate_is_measured_with_every_rank_computing_at_once(monkeypatch):
+    # the rate is the model's FLOPs over the median of the passes the spawned ranks time together
+    from pathlib import Path
+
+    from zerotopo.bench import compare as C
+    from zerotopo.placement.topology import load_topology
+
+    mini = str(Path(__file__).with_name("mini-frontier.yaml"))
+    topo = load_topology(mini)
+    opts = C.CompareOptions(topology=mini, model="tiny", emulate=False)
+    cfg, seq = C.model_config(opts)
+    flops = cfg.shape(seq).step_flops(2, checkpoint_activations=cfg.checkpoint_activations)
+    rate = C.measure_compute(opts, topo, cfg, seq, 2)  # 4 real ranks of the tiny model
+    assert 1e6 < rate < 1e13
+    seen = {}
+
+    def fake(fn, args, opts_, topo_, network):
+        seen.update(fn=fn, args=args, network=network)
+        return [[0.5, 2.0, 1.0]] + [[9.0, 9.0, 9.0]] * (topo_.world_size - 1)  # barrier to barrier
+
+    monkeypatch.setattr(C, "_spawn", fake)
+    assert C.measure_compute(opts, topo, cfg, seq, 2) == pytest.approx(flops / 1.0)
+    assert seen["fn"] is C._compute_worker and seen["network"] is None  # before the links exist

@@ -53,7 +53,10 @@ def test_error_within_half_a_step(values, block, bits, dtype):
     torch.testing.assert_close(q.scales, absmax / QMAX[bits], rtol=0, atol=0)
     x_hat = dequantize(q, out=torch.empty(x.numel(), dtype=torch.float32))
     err = (x_hat - xf).abs()
-    assert torch.all(err <= scale / 2 * (1 + 1e-6) + 1e-30), (err - scale / 2).max()
+    # half a step, plus the fp32 rounding of code x scale itself (up to half an ulp of the result: at a
+    # tie such as 3706 in a block whose absmax is 7412, 63.5 steps, that rounding alone passes 1e-6)
+    ulp = x_hat.abs() * torch.finfo(torch.float32).eps
+    assert torch.all(err <= scale / 2 * (1 + 1e-6) + ulp + 1e-30), (err - scale / 2).max()
     assert torch.all(codes(q).abs() <= QMAX[bits])
     # Back in the input's dtype: the bound plus that dtype's rounding of the result.
     back = dequantize(q)

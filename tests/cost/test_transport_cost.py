@@ -73,6 +73,32 @@ def test_each_overlapped_call_lengthens_the_compute_by_its_transport(preset):
     )
 
 
+def test_a_device_with_transport_figures_is_not_also_slowed_per_second_in_flight():
+    # the transport figures replace the GPU's interference figure: with the default overlap model (a
+    # slowdown of 0.189), a device declaring them is priced as with a slowdown of 0 in the simulation and
+    # in the planner's bound, so `zerotopo plan` charges the processor time once; without them the
+    # slowdown applies
+    from zerotopo.cost.planner import plan_candidates
+
+    topo = load_topology("emulated-frontier")
+    shape = _shape()
+    gpu_like = replace(_opts(), overlap=OverlapModel(host_reduce=True))
+    no_slowdown = _opts()
+    for charged in (_with(topo, PER_CALL_US, PER_MB_US), _with(topo, 0.0, PER_MB_US)):
+        a = estimate(get_preset("zero3"), shape, charged, gpu_like).time
+        b = estimate(get_preset("zero3"), shape, charged, no_slowdown).time
+        assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-12)
+    plain = estimate(get_preset("zero3"), shape, topo, gpu_like).time
+    assert plain.step_time_s > estimate(get_preset("zero3"), shape, topo, no_slowdown).time.step_time_s
+    # the planner's pruned search over such a device returns the plans the full costing ranks first
+    charged = _with(topo, PER_CALL_US, PER_MB_US)
+    found = plan_candidates(shape, charged, plans="auto", options=gpu_like)
+    best = min(found, key=lambda e: e.time.step_time_s)
+    assert best.time.step_time_s == pytest.approx(
+        estimate(best.plan, shape, charged, no_slowdown).time.step_time_s, rel=1e-12
+    )
+
+
 def test_topology_files_declare_the_transport_figures():
     raw = {
         "name": "t",

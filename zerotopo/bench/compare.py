@@ -175,6 +175,8 @@ def _worker(
 ) -> list[dict[str, Any]]:
     """Each of ``runs`` (repeat, row name, plan) on this rank: its warm-up and timed steps, and what was
     measured of them."""
+    import warnings
+
     import torch.distributed as dist
 
     from zerotopo.bench.measure import PeakMemory, link_tier_bytes
@@ -182,6 +184,12 @@ def _worker(
     from zerotopo.bench.rows import build_row, prepare_row, warm_up
     from zerotopo.placement.topology import load_topology
 
+    # DeepSpeed and FSDP2 call torch's all_gather_into_tensor / reduce_scatter_tensor, deprecated in
+    # torch 2.13 for the *_single names (the engine's): each rank of each run warned once per call site,
+    # hundreds of lines on the terminal that no user of the bench can act on
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
+    )
     topo = load_topology(opts.topology)
     cfg, seq = model_config(opts)
     out = []
@@ -596,7 +604,7 @@ def apply_regime(opts: CompareOptions, topo: Any, target: Any) -> tuple[CompareO
         opts = replace(opts, vocab=R.derived_vocab(cfg.shape(seq).layer_params(), cfg.hidden_size))
     cfg, seq = model_config(opts)
     batch = max(1, -(-R.MIN_TOKENS // seq))
-    flops = R.measure_flops_per_rank(cfg, seq, batch, topo.world_size, opts.dtype)
+    flops = measure_compute(opts, topo, cfg, seq, batch)
     cost_topo, measured = cost_inputs(opts, topo)
     target_bytes = R.target_zero3_memory()
 
@@ -653,14 +661,8 @@ def with_replay(opts: CompareOptions, topo: Any, target: Any, reg: Regime | None
     regime's, else measured now)."""
     if opts.curves is None:
         return opts
-    from zerotopo.bench import regime as R
-
     cfg, seq = model_config(opts)
-    flops = (
-        reg.flops_per_rank
-        if reg
-        else R.measure_flops_per_rank(cfg, seq, opts.batch, topo.world_size, opts.dtype)
-    )
+    flops = reg.flops_per_rank if reg else measure_compute(opts, topo, cfg, seq, opts.batch)
     factor = reg.replay_factor if reg else 1.0
     replay = make_replay(
         opts.curves, cfg.shape(seq), opts.batch, opts.checkpoint, flops, target, topo, factor
@@ -729,6 +731,30 @@ def run_rows(
         for mine, got in zip(per_rank, results):
             mine.extend(got)
     return per_rank
+
+
+def _compute_worker(rank: int, world: int, cfg: Any, seq: int, batch: int, dtype: str) -> list[float]:
+    from zerotopo.bench.regime import compute_seconds
+
+    return compute_seconds(cfg, seq, batch, COMPUTE_PASSES, dtype)
+
+
+#: Timed forward and backward passes of :func:`measure_compute` (after one untimed).
+COMPUTE_PASSES = 3
+
+
+def measure_compute(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: int) -> float:
+    """FLOP/s one rank computes while every rank of the job computes: the ranks spawned as the rows'
+    are (no links shaped, no collective but barriers), each timing :data:`COMPUTE_PASSES` forward and
+    backward passes of the bench model (:func:`zerotopo.bench.regime.compute_seconds`); the median pass.
+    One process timing the model alone and scaling by cores over ranks read 1.1-1.5x the rate the
+    ranks then computed at in the compute floor (8 ranks on this project's 2-core VM: processes
+    contending for cores lose more than their share), so the regime's links came out too fast for its
+    compute and the measured R fell short of the target."""
+    print(f"measuring the compute rate: {topo.world_size} ranks at once", file=sys.stderr, flush=True)
+    seconds = _spawn(_compute_worker, (cfg, seq, batch, opts.dtype), opts, topo, None)[0]
+    flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
+    return flops / statistics.median(seconds)
 
 
 def _probe_worker(rank: int, world: int, opts: CompareOptions) -> list:

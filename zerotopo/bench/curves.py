@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from zerotopo.bench import collectives as bench
+from zerotopo.comm.collectives import ALL_GATHER
 from zerotopo.comm.mesh import GroupHandle, build_mesh
 from zerotopo.errors import ConfigError
 from zerotopo.placement.plan import get_preset
@@ -90,7 +91,7 @@ def _overlap(g: GroupHandle, other: GroupHandle, size: int, device: torch.device
     dist.barrier()
     alone = _matmul_seconds(n, reps, device)
     dist.barrier()
-    work = dist.all_gather_into_tensor(full, shard, group=g.pg, async_op=True)
+    work = ALL_GATHER(full, shard, group=g.pg, async_op=True)
     busy = _matmul_seconds(n, reps, device)
     work.wait()
     slowdown = bench._slowest(max(0.0, busy / alone - 1.0), device)
@@ -102,13 +103,13 @@ def _overlap(g: GroupHandle, other: GroupHandle, size: int, device: torch.device
     def both(together: bool) -> float:
         dist.barrier()
         t0 = time.perf_counter()
-        w1 = dist.all_gather_into_tensor(full, shard, group=g.pg, async_op=together)
+        w1 = ALL_GATHER(full, shard, group=g.pg, async_op=together)
         if together:
-            w2 = dist.all_gather_into_tensor(full2, shard2, group=other.pg, async_op=True)
+            w2 = ALL_GATHER(full2, shard2, group=other.pg, async_op=True)
             w1.wait()
             w2.wait()
         else:
-            dist.all_gather_into_tensor(full2, shard2, group=other.pg)
+            ALL_GATHER(full2, shard2, group=other.pg)
         bench._sync(device)
         return bench._slowest(time.perf_counter() - t0, device)
 

@@ -126,7 +126,8 @@ class Regime:
     predicted_R: float
     """The cost model's ZeRO-3 R of the emulation at the chosen link rate."""
     flops_per_rank: float
-    """This machine's compute rate per rank, FLOP/s (:func:`measure_flops_per_rank`)."""
+    """This machine's compute rate per rank, FLOP/s, with every rank computing at once
+    (:func:`zerotopo.bench.compare.measure_compute`)."""
     batch: int
     seq: int
     micro_batches: int
@@ -144,34 +145,31 @@ class Regime:
         return self.batch * self.seq
 
 
-def measure_flops_per_rank(cfg: Any, seq: int, batch: int, ranks: int, dtype: str = "fp32") -> float:
-    """FLOP/s one rank computes: one forward and backward of the bench model on a ``batch`` x ``seq``
-    micro-batch in this process on one thread (the ranks run one thread each), after one untimed pass,
-    times the share of the cores a rank gets when ``ranks`` ranks compute at once; ``dtype`` as the rows
-    run it (:mod:`zerotopo.bench.precision`)."""
-    import os
+def compute_seconds(cfg: Any, seq: int, batch: int, passes: int, dtype: str = "fp32") -> list[float]:
+    """Seconds of each of ``passes`` forward and backward passes of the bench model on a ``batch`` x
+    ``seq`` micro-batch, after one untimed one, in this process (a rank of ``bench compare``: every rank
+    of the job runs it at once, barrier to barrier, so the ranks share the cores as the rows' do);
+    ``dtype`` as the rows run it (:mod:`zerotopo.bench.precision`)."""
     import time
 
     import torch
+    import torch.distributed as dist
 
     from zerotopo.bench.precision import arithmetic, torch_dtype
     from zerotopo.bench.rows import build_model
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = build_model(cfg).to(torch_dtype(dtype))
-        x = torch.zeros(batch, seq, dtype=torch.long)
-        best = float("inf")
-        for _ in range(2):
-            t0 = time.perf_counter()
-            with arithmetic(dtype):
-                model(x).float().sum().backward()
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
-    return flops / best * min(1.0, (os.cpu_count() or 1) / ranks)
+    model = build_model(cfg).to(torch_dtype(dtype))
+    x = torch.zeros(batch, seq, dtype=torch.long)
+    out = []
+    for i in range(passes + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        with arithmetic(dtype):
+            model(x).float().sum().backward()
+        dist.barrier()  # the slowest rank's pass, as a row's step is timed
+        if i:
+            out.append(time.perf_counter() - t0)
+    return out
 
 
 def emulated_topology(topo: Any, network_mbit: float, flops_per_rank: float) -> Any:

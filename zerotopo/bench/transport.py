@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -66,26 +67,33 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def probe(group: Any, world: int) -> list[tuple[str, int, float]]:
-    """On every rank of ``group`` (the whole job, a :class:`zerotopo.comm.mesh.GroupHandle`): (op, bytes
-    this rank sent per call, median processor seconds per call) for each op and size of the probe."""
+def engine_ops(n: int, world: int, group: Any) -> dict[str, tuple[Callable[[], Any], int]]:
+    """The engine's all-gather, reduce-scatter and all-reduce of one bf16 message of ``n`` elements (a
+    multiple of ``world``) over ``group`` (a :class:`zerotopo.comm.mesh.GroupHandle` of ``world`` ranks):
+    op -> (the call, bytes one rank sends per call)."""
     import torch
-    import torch.distributed as dist
 
     from zerotopo.comm import collectives as C
     from zerotopo.placement import volume
 
+    x = torch.ones(n, dtype=torch.bfloat16)
+    shard, full = torch.empty(n // world, dtype=x.dtype), torch.empty(n, dtype=x.dtype)
+    size = x.element_size()
+    return {
+        "all_gather": (partial(C.all_gather, full, x[: n // world], group), volume.all_gather_bytes(n, world, size)),
+        "reduce_scatter": (partial(C.reduce_scatter, shard, x, group), volume.reduce_scatter_bytes(n, world, size)),
+        "all_reduce": (partial(C.all_reduce, x, group), volume.all_reduce_bytes(n, world, size)),
+    }  # fmt: skip
+
+
+def probe(group: Any, world: int) -> list[tuple[str, int, float]]:
+    """On every rank of ``group`` (the whole job, a :class:`zerotopo.comm.mesh.GroupHandle`): (op, bytes
+    this rank sent per call, median processor seconds per call) for each op and size of the probe."""
+    import torch.distributed as dist
+
     out = []
     for n in SIZES:
-        n -= n % world
-        x = torch.ones(n, dtype=torch.bfloat16)
-        shard, full = torch.empty(n // world, dtype=x.dtype), torch.empty(n, dtype=x.dtype)
-        ops = {
-            "all_gather": (partial(C.all_gather, full, x[: n // world], group), volume.all_gather_bytes),
-            "reduce_scatter": (partial(C.reduce_scatter, shard, x, group), volume.reduce_scatter_bytes),
-            "all_reduce": (partial(C.all_reduce, x, group), volume.all_reduce_bytes),
-        }
-        for op, (call, sent) in ops.items():
+        for op, (call, sent) in engine_ops(n - n % world, world, group).items():
             cpu = []
             for i in range(CALLS + 1):
                 dist.barrier()
@@ -93,7 +101,7 @@ def probe(group: Any, world: int) -> list[tuple[str, int, float]]:
                 call()
                 if i:
                     cpu.append(time.process_time() - c0)
-            out.append((op, sent(n, world, x.element_size()), statistics.median(cpu)))
+            out.append((op, sent, statistics.median(cpu)))
     dist.barrier()
     return out
 

@@ -41,8 +41,8 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.R
 # (backend, op, dtype) found unsupported; dtype None: the op itself.
 _UNSUPPORTED: set[tuple[str, str, torch.dtype | None]] = set()
 # One collective API name across torch versions (the *_single names replace the older ones).
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 Finish = Callable[[], None]
 Observer = Callable[[str, Any, int, int], None]
@@ -286,7 +286,7 @@ def issue_all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> tuple[
     d = group.size
 
     def native(recv: torch.Tensor) -> Any:
-        return _ALL_GATHER(recv, inp_f, group=group.pg, async_op=True)
+        return ALL_GATHER(recv, inp_f, group=group.pg, async_op=True)
 
     def fallback(recv: torch.Tensor) -> Any:
         return dist.all_gather(
@@ -354,7 +354,7 @@ def reduce_scatter(
             ):
                 _ring_reduce_scatter(out_f, send, group, owned=send.data_ptr() != inp2.data_ptr())
                 return None, []
-            return _REDUCE_SCATTER(out_f, send, op=red, group=group.pg, async_op=True), []
+            return REDUCE_SCATTER(out_f, send, op=red, group=group.pg, async_op=True), []
 
         def fallback() -> tuple[Any, list[Finish]]:
             buf = send.to(torch.float32, copy=True)  # all_reduce works in place: never on the caller's input

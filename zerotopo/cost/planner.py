@@ -24,6 +24,7 @@ from zerotopo.cost.time import (
     OverlapModel,
     StepTime,
     collective_time,
+    device_overlap,
     quantizer_time,
     step_time,
 )
@@ -417,7 +418,7 @@ def _lower_bound(
     # stream busy for B seconds in a micro-batch spends each second either beside compute, slowing it by
     # sigma, or beside the quantizer passes and the slowdown itself (at most Q + the slowdown), or while
     # neither runs (added whole): the micro-batch lasts at least compute + max(Q, (sigma B + Q)/(1 + sigma))
-    sigma = o.overlap.compute_slowdown
+    sigma = device_overlap(o.overlap, topology).compute_slowdown
     q = sum(k * (total(u.forward, 2) + total(u.backward, 2) + total(u.reduce, 2)) for k, u in zip(w, units))
     slowed = compute + max(q, (sigma * comm + q) / (1 + sigma))
     if weights is None:

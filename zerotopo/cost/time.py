@@ -176,6 +176,20 @@ def quantizer_time(c: Collective, topology: Topology) -> float:
     return 0.0
 
 
+def device_overlap(overlap: OverlapModel, topology: Topology) -> OverlapModel:
+    """``overlap`` as the device amends it: a device whose ranks reduce on the computing thread
+    (``host_reduce``) says so; a device with transport figures (``comm_cpu_us_per_call`` or ``_per_mb``,
+    CPU ranks) prices what the collectives take from the compute per call and per byte
+    (:func:`transport_time`), in place of the slowdown per second in flight (a GPU's interference), so
+    its ``compute_slowdown`` is 0."""
+    dev = topology.device
+    if dev.host_reduce and not overlap.host_reduce:
+        overlap = replace(overlap, host_reduce=True)
+    if (dev.comm_cpu_us_per_call or dev.comm_cpu_us_per_mb) and overlap.compute_slowdown:
+        overlap = replace(overlap, compute_slowdown=0.0)
+    return overlap
+
+
 def transport_time(c: Collective, topology: Topology) -> float:
     """Compute seconds one rank loses to the transport of one call of ``c``: the device's
     ``comm_cpu_us_per_call`` plus ``comm_cpu_us_per_mb`` per MB the rank sends (CPU ranks, whose
@@ -562,9 +576,7 @@ def step_time(
     (:class:`RuntimeCosts`; none by default); ``optimizer``: the rank's optimizer shard, whose step is
     priced as memory traffic (:func:`optimizer_time`; none by default)."""
     rate = _compute_rate(topology, efficiency, achieved_tflops)
-    overlap = overlap or OverlapModel()
-    if topology.device.host_reduce and not overlap.host_reduce:  # the machine says its ranks reduce so
-        overlap = replace(overlap, host_reduce=True)
+    overlap = device_overlap(overlap or OverlapModel(), topology)
     runtime = runtime or RuntimeCosts()
     schedule = _with_window(schedule, runtime.fetch_window)
     M = schedule.micro_batches
