@@ -288,7 +288,9 @@ def cost_inputs(opts: CompareOptions, topo: Any) -> tuple[Any, dict[str, Any]]:
     micro-batch's gradients on the thread that computes: the overlap model says so (``host_reduce``).
     Their compute slows while a collective runs because the transport takes processor time on the same
     cores: :func:`compare` measures that per call and per byte (:mod:`zerotopo.bench.transport`) and
-    prices it so, in place of the overlap model's slowdown per second in flight (set to 0 here)."""
+    prices it so, in place of the overlap model's slowdown per second in flight (set to 0 here: the
+    topology carries the transport figures only once they are measured, after the regime is derived
+    from this overlap; from then on :func:`zerotopo.cost.time.device_overlap` would set it anyway)."""
     from zerotopo.cost.time import OverlapModel
 
     measured: dict[str, Any] = {}
@@ -750,7 +752,8 @@ def measure_compute(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: 
     One process timing the model alone and scaling by cores over ranks read 1.1-1.5x the rate the
     ranks then computed at in the compute floor (8 ranks on this project's 2-core VM: processes
     contending for cores lose more than their share), so the regime's links came out too fast for its
-    compute and the measured R fell short of the target."""
+    compute and the measured R fell short of the target. This reading still drifts from the floor's
+    (1.25x and 0.99x in two runs): it is one reading at start (docs/bench.md, "Compute rate")."""
     print(f"measuring the compute rate: {topo.world_size} ranks at once", file=sys.stderr, flush=True)
     seconds = _spawn(_compute_worker, (cfg, seq, batch, opts.dtype), opts, topo, None)[0]
     flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
