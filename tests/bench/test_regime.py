@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerotopo.bench.regime import measured_ratio, target_regime
+from zerotopo.bench.regime import measured_ratio, measured_ratios, target_regime
 
 
 def test_target_regime_is_the_cost_models_zero3_ratio_at_48_frontier_nodes():
@@ -25,8 +25,22 @@ def test_measured_ratio_from_the_rows():
     assert measured_ratio([{"name": "zero3", "step_time_s": None}, rows[0]]) is None
 
 
-def test_the_compute_rate_is_measured_with_every_rank_computing_at_once(monkeypatch):
-    # the rate is the model's FLOPs over the median of the passes the spawned ranks time together
+def test_measured_ratio_pairs_the_runs_of_each_repeat():
+    # the machine ran 20% slower in the second repeat: each repeat's zero3 against that repeat's floor
+    # gives 0.2 every time, where the rows' medians (5.0 and 6.6) would give 0.32
+    rows = [
+        {"name": "no-comm", "step_time_s": 5.0, "repeat_step_times_s": [5.0, 6.0, 4.9]},
+        {"name": "zero3", "step_time_s": 6.6, "repeat_step_times_s": [6.0, 7.2, 5.88]},
+    ]
+    assert measured_ratios(rows) == pytest.approx([0.2, 0.2, 0.2])
+    assert measured_ratio(rows) == pytest.approx(0.2)
+    rows[1]["repeat_step_times_s"] = [6.0, 9.0, 5.39]
+    assert measured_ratio(rows) == pytest.approx(0.2)  # the median pair, not the mean
+    assert measured_ratios(rows) == pytest.approx([0.2, 0.5, 0.1])
+
+
+def test_the_compute_rate_is_the_compute_floors_step(monkeypatch):
+    # the rate is the model's FLOPs over the median step of the no-comm row, spawned as the rows are
     from pathlib import Path
 
     from zerotopo.bench import compare as C
@@ -43,8 +57,18 @@ def test_the_compute_rate_is_measured_with_every_rank_computing_at_once(monkeypa
 
     def fake(fn, args, opts_, topo_, network):
         seen.update(fn=fn, args=args, network=network)
-        return [[0.5, 2.0, 1.0]] + [[9.0, 9.0, 9.0]] * (topo_.world_size - 1)  # barrier to barrier
+        return [[{"name": "no-comm", "step_times_s": [0.5, 2.0, 1.0]}]] + [[{"step_times_s": [9.0]}]] * 3
 
     monkeypatch.setattr(C, "_spawn", fake)
     assert C.measure_compute(opts, topo, cfg, seq, 2) == pytest.approx(flops / 1.0)
-    assert seen["fn"] is C._compute_worker and seen["network"] is None  # before the links exist
+    assert seen["fn"] is C._worker and seen["network"] is None  # before the links exist
+    floor, runs, _ = seen["args"]
+    assert runs == [(0, "no-comm", None)]
+    assert (floor.batch, floor.seq, floor.micro_batches, floor.steps) == (2, seq, 1, C.COMPUTE_STEPS)
+
+    def failed(fn, args, opts_, topo_, network):
+        return [[{"name": "no-comm", "error": "ImportError: boom"}]] * 4
+
+    monkeypatch.setattr(C, "_spawn", failed)
+    with pytest.raises(C.ZerotopoError, match="no-comm row failed.*boom"):
+        C.measure_compute(opts, topo, cfg, seq, 2)

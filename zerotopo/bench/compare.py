@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zerotopo.bench import FLOOR_ROW, FRAMEWORK_ROWS, PRECISIONS, wire_bytes
-from zerotopo.bench.regime import REGIMES, Regime, fits, measured_ratio, target_regime
+from zerotopo.bench.regime import REGIMES, Regime, fits, measured_ratio, measured_ratios, target_regime
 from zerotopo.bench.replay import CURVES, Replay
 from zerotopo.errors import ConfigError, ZerotopoError
 
@@ -606,7 +606,6 @@ def apply_regime(opts: CompareOptions, topo: Any, target: Any) -> tuple[CompareO
         opts = replace(opts, vocab=R.derived_vocab(cfg.shape(seq).layer_params(), cfg.hidden_size))
     cfg, seq = model_config(opts)
     batch = max(1, -(-R.MIN_TOKENS // seq))
-    flops = measure_compute(opts, topo, cfg, seq, batch)
     cost_topo, measured = cost_inputs(opts, topo)
     target_bytes = R.target_zero3_memory()
 
@@ -617,6 +616,10 @@ def apply_regime(opts: CompareOptions, topo: Any, target: Any) -> tuple[CompareO
         shape = replace(cfg, checkpoint_activations=checkpoint).shape(seq)
         need = estimate(resolve("zero3")[0], shape, cost_topo, cost(checkpoint)).memory.total
         return R.memory_cap(need, target_bytes), need
+
+    flops = measure_compute(
+        opts, topo, replace(cfg, checkpoint_activations=R.checkpointing(cap_of)), seq, batch
+    )
 
     def replayed(checkpoint: bool) -> float:
         # zero3's replayed waits over its compute at the measured rate (the links do not change either)
@@ -735,29 +738,27 @@ def run_rows(
     return per_rank
 
 
-def _compute_worker(rank: int, world: int, cfg: Any, seq: int, batch: int, dtype: str) -> list[float]:
-    from zerotopo.bench.regime import compute_seconds
-
-    return compute_seconds(cfg, seq, batch, COMPUTE_PASSES, dtype)
-
-
-#: Timed forward and backward passes of :func:`measure_compute` (after one untimed).
-COMPUTE_PASSES = 3
+#: Timed steps of :func:`measure_compute`'s floor run (after one warm-up step).
+COMPUTE_STEPS = 3
 
 
 def measure_compute(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: int) -> float:
-    """FLOP/s one rank computes while every rank of the job computes: the ranks spawned as the rows'
-    are (no links shaped, no collective but barriers), each timing :data:`COMPUTE_PASSES` forward and
-    backward passes of the bench model (:func:`zerotopo.bench.regime.compute_seconds`); the median pass.
-    One process timing the model alone and scaling by cores over ranks read 1.1-1.5x the rate the
-    ranks then computed at in the compute floor (8 ranks on this project's 2-core VM: processes
-    contending for cores lose more than their share), so the regime's links came out too fast for its
-    compute and the measured R fell short of the target. This reading still drifts from the floor's
-    (1.25x and 0.99x in two runs): it is one reading at start (docs/bench.md, "Compute rate")."""
-    print(f"measuring the compute rate: {topo.world_size} ranks at once", file=sys.stderr, flush=True)
-    seconds = _spawn(_compute_worker, (cfg, seq, batch, opts.dtype), opts, topo, None)[0]
+    """FLOP/s per rank of the compute floor: the ``no-comm`` row run once at start, its ranks spawned as
+    the rows' are (no links shaped), one warm-up and :data:`COMPUTE_STEPS` timed steps of ``batch`` x
+    ``seq`` tokens (one micro-batch, ``cfg``'s checkpointing, the run's dtype); the model's FLOPs over
+    the median step. It is the figure :func:`repredict` prices the rows at after the run (the floor
+    row's), so the regime is derived at the rate it is priced at. Forward and backward passes alone
+    (what this timed before) leave out the floor's optimizer step, data and row overhead: they read
+    1.25x and 0.99x the floor's rate in the two runs behind the README."""
+    print(f"measuring the compute rate: the {FLOOR_ROW} row on {topo.world_size} ranks", file=sys.stderr,
+          flush=True)  # fmt: skip
+    floor = replace(opts, batch=batch, seq=seq, micro_batches=1, warmup=1, steps=COMPUTE_STEPS,
+                    checkpoint=cfg.checkpoint_activations, replay=None, profile_dir=None)  # fmt: skip
+    run = _spawn(_worker, (floor, [(0, FLOOR_ROW, None)], {}), opts, topo, None)[0][0]
+    if "error" in run:
+        raise ZerotopoError(f"the {FLOOR_ROW} row failed while measuring the compute rate: {run['error']}")
     flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
-    return flops / statistics.median(seconds)
+    return flops / statistics.median(run["step_times_s"])
 
 
 def _probe_worker(rank: int, world: int, opts: CompareOptions) -> list:
@@ -874,6 +875,7 @@ def _regime_report(opts: CompareOptions, target: Any, reg: Regime | None, rows: 
         "target_R": target.zero3,
         "target_R_deepspeed_zero3": target.deepspeed_zero3,
         "measured_R": measured_ratio(rows),
+        "measured_R_repeats": measured_ratios(rows),
     }
     if reg is not None:
         out.update(predicted_R=reg.predicted_R, flops_per_rank=reg.flops_per_rank,
@@ -958,6 +960,12 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _repeats(ratios: list[float]) -> str:
+    if len(ratios) < 2:
+        return ""
+    return f" (median of the repeats' {min(ratios):.2f}-{max(ratios):.2f})"
+
+
 def _regime_lines(report: dict[str, Any], regime: dict[str, Any]) -> list[str]:
     got = regime["measured_R"]
     lines = [
@@ -966,6 +974,7 @@ def _regime_lines(report: dict[str, Any], regime: dict[str, Any]) -> list[str]:
         + (f"emulation predicted {regime['predicted_R']:.2f}, " if "predicted_R" in regime else "")
         + "measured "
         + ("- (needs the no-comm and zero3 rows)" if got is None else f"{got:.2f}")
+        + _repeats(regime.get("measured_R_repeats") or [])
     ]
     cap = report.get("memory_cap_bytes")
     lines.append(

@@ -11,6 +11,7 @@ difference is the row's communication time).
 from __future__ import annotations
 
 import functools
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,13 +93,27 @@ def derived_vocab(layer_params: int, hidden: int, model: str = TARGET_MODEL) -> 
     return max(128, round(want / 128) * 128)
 
 
-def measured_ratio(rows: list[dict[str, Any]]) -> float | None:
-    """The ``zero3`` row's communication time over the ``no-comm`` row's step (None without both)."""
-    by = {r["name"]: r.get("step_time_s") for r in rows}
+def measured_ratios(rows: list[dict[str, Any]]) -> list[float]:
+    """The ``zero3`` row's communication time over the ``no-comm`` row's step in each repeat: each
+    repeat's zero3 run against the same repeat's floor run (the medians of their steps), so a drift of
+    the machine between repeats cancels; a row without per-repeat figures counts as one repeat of its
+    step time. Empty without both rows."""
+    by = {r["name"]: r for r in rows}
     floor, zero3 = by.get("no-comm"), by.get("zero3")
-    if not floor or not zero3:
-        return None
-    return (zero3 - floor) / floor
+    if not floor or not zero3 or not floor.get("step_time_s") or not zero3.get("step_time_s"):
+        return []
+    fs = floor.get("repeat_step_times_s") or [floor["step_time_s"]]
+    zs = zero3.get("repeat_step_times_s") or [zero3["step_time_s"]]
+    return [(z - f) / f for f, z in zip(fs, zs)]
+
+
+def measured_ratio(rows: list[dict[str, Any]]) -> float | None:
+    """The measured R: the median of :func:`measured_ratios` (None without the ``zero3`` and ``no-comm``
+    rows). On this project's 2-core VM the repeats' R spread 0.05-0.22 around a median of 0.12 in one run:
+    the median of the pairs, not the difference of the two rows' medians (0.33 where the pairs' median
+    was 0.25 in another), is the figure that drift between repeats does not move."""
+    ratios = measured_ratios(rows)
+    return statistics.median(ratios) if ratios else None
 
 
 # -- the emulation that matches it ------------------------------------------------------------------
@@ -143,33 +158,6 @@ class Regime:
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.batch * self.seq
-
-
-def compute_seconds(cfg: Any, seq: int, batch: int, passes: int, dtype: str = "fp32") -> list[float]:
-    """Seconds of each of ``passes`` forward and backward passes of the bench model on a ``batch`` x
-    ``seq`` micro-batch, after one untimed one, in this process (a rank of ``bench compare``: every rank
-    of the job runs it at once, barrier to barrier, so the ranks share the cores as the rows' do);
-    ``dtype`` as the rows run it (:mod:`zerotopo.bench.precision`)."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    from zerotopo.bench.precision import arithmetic, torch_dtype
-    from zerotopo.bench.rows import build_model
-
-    model = build_model(cfg).to(torch_dtype(dtype))
-    x = torch.zeros(batch, seq, dtype=torch.long)
-    out = []
-    for i in range(passes + 1):
-        dist.barrier()
-        t0 = time.perf_counter()
-        with arithmetic(dtype):
-            model(x).float().sum().backward()
-        dist.barrier()  # the slowest rank's pass, as a row's step is timed
-        if i:
-            out.append(time.perf_counter() - t0)
-    return out
 
 
 def emulated_topology(topo: Any, network_mbit: float, flops_per_rank: float) -> Any:
@@ -248,10 +236,8 @@ def derive(
 
     batch = max(1, math.ceil(MIN_TOKENS / seq))
     shape = cfg.shape(seq, name="bench")
-    cap, need = memory_cap(False)
-    checkpoint = need > cap
-    if checkpoint:
-        cap, _ = memory_cap(True)
+    checkpoint = checkpointing(memory_cap)
+    cap, _ = memory_cap(checkpoint)
 
     def rate_of(mbit: float) -> float:
         topology = emulated_topology(topo, mbit, flops_per_rank)
@@ -266,6 +252,13 @@ def derive(
         predicted = links + factor * offset
     return Regime("frontier-20b", target_R, predicted, flops_per_rank, batch, seq, 1, checkpoint,
                   round(mbit, 1), cap, layer_ratio(shape), factor)  # fmt: skip
+
+
+def checkpointing(memory_cap: Any) -> bool:
+    """Whether the regime checkpoints activations: only when zero3's memory without it would pass the cap
+    (``memory_cap(checkpoint) -> (cap, zero3 bytes)``, as :func:`derive` takes it)."""
+    cap, need = memory_cap(False)
+    return need > cap
 
 
 def layer_ratio(shape: Any, model: str = TARGET_MODEL) -> float:
