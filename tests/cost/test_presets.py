@@ -236,3 +236,10 @@ def test_the_bench_prices_deepspeed_zero3_without_backward_gathers():
         c for u in est_re.schedule.units for c in u.reduce
     ]
     assert est.time.step_time_s < est_re.time.step_time_s
+    # what it does not gather again it holds: every unit's gathered weights at the peak, where the
+    # backward gather holds the unit in use and those prefetched
+    param_bytes = opts.param_bytes
+    full = sum(u.unit.numel for u in est.schedule.units) * param_bytes
+    assert est.memory.buffers - est_re.memory.buffers > 0
+    assert est.memory.buffers >= full
+    assert est_re.memory.buffers < full

@@ -109,7 +109,7 @@ def measured_ratios(rows: list[dict[str, Any]]) -> list[float]:
 
 def measured_ratio(rows: list[dict[str, Any]]) -> float | None:
     """The measured R: the median of :func:`measured_ratios` (None without the ``zero3`` and ``no-comm``
-    rows). On this project's 2-core VM the repeats' R spread 0.05-0.22 around a median of 0.12 in one run:
+    rows). On this project's 2-core VM the repeats' R spread 0.05-0.21 around a median of 0.12 in one run:
     the median of the pairs, not the difference of the two rows' medians (0.33 where the pairs' median
     was 0.25 in another), is the figure that drift between repeats does not move."""
     ratios = measured_ratios(rows)

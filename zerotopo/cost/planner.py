@@ -264,6 +264,7 @@ def _fit(
         o.micro_batch,
         shape,
         o.checkpoint_activations,
+        hold_gathered=not sched.backward_gather,
     )
     limit = options.memory_limit_bytes
     if limit is None:
