@@ -992,7 +992,8 @@ def _regime_lines(report: dict[str, Any], regime: dict[str, Any]) -> list[str]:
         rp = regime["replay"]
         lines.append(
             f"curve replay {rp['curves']}: messages x{rp['message_scale']:.0f}, times x{rp['time_scale']:.3g} "
-            "(not in the predictions)"
+            f"(of which x{rp.get('factor', 1.0):.2f} meets the target R; the predictions include each schedule's "
+            "replayed waits)"
         )
     return lines
 
