@@ -749,7 +749,7 @@ def measure_compute(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: 
     the median step. It is the figure :func:`repredict` prices the rows at after the run (the floor
     row's), so the regime is derived at the rate it is priced at. Forward and backward passes alone
     (what this timed before) leave out the floor's optimizer step, data and row overhead: they read
-    1.25x and 0.99x the floor's rate in the two runs behind the README."""
+    1.25x and 0.99x the floor's later rate in two earlier runs (docs/bench.md, "Compute rate")."""
     print(f"measuring the compute rate: the {FLOOR_ROW} row on {topo.world_size} ranks", file=sys.stderr,
           flush=True)  # fmt: skip
     floor = replace(opts, batch=batch, seq=seq, micro_batches=1, warmup=1, steps=COMPUTE_STEPS,

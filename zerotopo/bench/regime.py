@@ -5,7 +5,8 @@ regime users run"), so ``bench compare`` states R twice: the target's, from the 
 workload the benchmark stands for (NeoX-20B on 48 Frontier nodes at its configured micro-batch, the
 shipped RCCL curves), and the one it measured (the ``zero3`` row's step beyond the ``no-comm`` row's,
 over the ``no-comm`` row's: CPU ranks run their collectives on the thread that computes, so that
-difference is the row's communication time).
+difference is the row's communication time; per repeat, the median over the repeats,
+:func:`measured_ratio`).
 """
 
 from __future__ import annotations
@@ -141,8 +142,8 @@ class Regime:
     predicted_R: float
     """The cost model's ZeRO-3 R of the emulation at the chosen link rate."""
     flops_per_rank: float
-    """This machine's compute rate per rank, FLOP/s, with every rank computing at once
-    (:func:`zerotopo.bench.compare.measure_compute`)."""
+    """This machine's compute rate per rank, FLOP/s: the compute floor's, the ``no-comm`` row run on
+    every rank at start (:func:`zerotopo.bench.compare.measure_compute`)."""
     batch: int
     seq: int
     micro_batches: int
