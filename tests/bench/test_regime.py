@@ -72,3 +72,14 @@ def test_the_compute_rate_is_the_compute_floors_step(monkeypatch):
     monkeypatch.setattr(C, "_spawn", failed)
     with pytest.raises(C.ZerotopoError, match="no-comm row failed.*boom"):
         C.measure_compute(opts, topo, cfg, seq, 2)
+
+
+def test_the_report_prints_the_repeats_range_of_the_measured_ratio():
+    from zerotopo.bench.compare import _regime_lines
+
+    regime = {"name": "frontier-20b", "target": "t", "target_R": 0.2, "target_R_deepspeed_zero3": 1.1,
+              "measured_R": 0.15, "measured_R_repeats": [-0.17, 0.22, 0.15]}  # fmt: skip
+    line = _regime_lines({}, regime)[0]
+    assert "measured 0.15 (median of the repeats, -0.17 to 0.22)" in line
+    regime["measured_R_repeats"] = [0.15]
+    assert "repeats" not in _regime_lines({}, regime)[0]

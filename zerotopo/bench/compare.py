@@ -963,7 +963,7 @@ def format_report(report: dict[str, Any]) -> str:
 def _repeats(ratios: list[float]) -> str:
     if len(ratios) < 2:
         return ""
-    return f" (median of the repeats' {min(ratios):.2f}-{max(ratios):.2f})"
+    return f" (median of the repeats, {min(ratios):.2f} to {max(ratios):.2f})"
 
 
 def _regime_lines(report: dict[str, Any], regime: dict[str, Any]) -> list[str]:
