@@ -45,7 +45,7 @@ def test_compare_json_is_the_only_stdout(tmp_path):
         pass
     cmd = [sys.executable, "-m", "zerotopo", "bench", "compare", "--json", "--regime", "comm-bound", "--no-emulate", "--topology",
            MINI, "--model", "tiny", "--rows", ",".join(rows), "--steps", "1", "--warmup", "0",
-           "--batch", "1", "--micro-batches", "1", "--seq", "16", "--log", str(log)]  # fmt: skip
+           "--batch", "1", "--micro-batches", "1", "--seq", "16", "--repeat", "1", "--log", str(log)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)  # nothing but the JSON
