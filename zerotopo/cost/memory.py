@@ -90,12 +90,8 @@ def memory_per_device(
     micro_batch: int = 1,
     shape: ModelShape | None = None,
     checkpoint_activations: bool = True,
-    hold_gathered: bool = False,
 ) -> MemoryBreakdown:
     """Memory one device holds for ``plan`` (see the module note); ``shape`` adds activations.
-    ``hold_gathered``: the schedule gathers each unit once, in the forward, and keeps it until its
-    backward (``ScheduleOptions.backward_gather`` False, DeepSpeed stage 3 as traced on the bench), so
-    every unit's gathered weights are held at the peak, not the unit in use and those prefetched.
 
     ``grad_bytes`` follows ``plan.grad_dtype`` when not given: 4 for fp32 gradient shards (``fp32`` or
     unset), ``param_bytes`` for ``param`` (the 2 bytes the papers' tables count).
@@ -107,9 +103,7 @@ def memory_per_device(
         grad_bytes = param_bytes if getattr(plan, "grad_dtype", None) == "param" else 4
     widths = (param_bytes, grad_bytes, optim_bytes_per_param)
     activations = (micro_batch, shape, checkpoint_activations)
-    return _memory(
-        unit_numels, plan, plan.degrees(topology), *widths, padded, *activations, hold_gathered=hold_gathered
-    )
+    return _memory(unit_numels, plan, plan.degrees(topology), *widths, padded, *activations)
 
 
 def _memory(
@@ -157,7 +151,9 @@ def _memory(
     # gathered weights of the unit in use plus those prefetched; the unit's gradient as autograd leaves it
     # (parameter width) and as the flat reduce-scatter input (gradient width) exist together while it is
     # flattened (on gloo the ring's staged copy then replaces autograd's, freed by then)
-    # (every unit's, gathered in the forward and held to its backward, under ``hold_gathered``)
+    # (every unit's under ``hold_gathered``: a schedule without backward gathers,
+    # ``ScheduleOptions.backward_gather`` False as DeepSpeed stage 3 ran on the bench, keeps what it
+    # gathered in the forward until the unit's backward)
     held = total(lambda x: x) if hold_gathered else largest * (1 + plan.prefetch)
     buffers = (held * param_bytes if gathers else 0) + largest * (param_bytes + grad_bytes)
     # the block quantizer's wire buffers of the largest unit (its fused kernels need no more than these):
