@@ -83,3 +83,28 @@ def test_the_report_prints_the_repeats_range_of_the_measured_ratio():
     assert "measured 0.15 (median of the repeats, -0.17 to 0.22)" in line
     regime["measured_R_repeats"] = [0.15]
     assert "repeats" not in _regime_lines({}, regime)[0]
+
+
+def test_predictions_are_priced_at_the_median_of_every_floor_run_the_start_one_included():
+    # the floor's three repeats read 5.45, 4.67 and 4.45 s and the start run 5.38 s: the rate is the
+    # model's FLOPs over 5.025 s (the median of four), not over 4.67 s (the repeats' median)
+    from pathlib import Path
+
+    from zerotopo.bench import compare as C
+    from zerotopo.placement.topology import load_topology
+
+    mini = str(Path(__file__).with_name("mini-frontier.yaml"))
+    topo = load_topology(mini)
+    opts = C.CompareOptions(topology=mini, model="tiny", emulate=False)
+    cfg, seq = C.model_config(opts)
+    shape = cfg.shape(seq)
+    flops = shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint)
+    floor = {"name": "no-comm", "kind": "floor", "step_time_s": 4.67, "repeat_step_times_s": [5.45, 4.67, 4.45]}
+    assert C.floor_steps(floor, 5.38) == [5.45, 4.67, 4.45, 5.38]
+    assert C.floor_steps(floor) == [5.45, 4.67, 4.45]
+    assert C.floor_steps({"step_time_s": 3.0}) == [3.0]
+    meta = {"no-comm": {}}
+    said = C.repredict([floor], meta, opts, topo, shape, None, 5.38)
+    assert f"{flops / 5.025 / 1e9:.3f} GFLOPS per rank (median of its 4 runs, the start's included)" in said
+    said = C.repredict([floor], meta, opts, topo, shape)
+    assert f"{flops / 4.67 / 1e9:.3f} GFLOPS per rank (median of its runs)" in said

@@ -450,10 +450,14 @@ def repredict(
     topo: Any,
     shape: Any,
     measured_inputs: dict[str, Any] | None = None,
+    start_step_s: float | None = None,
 ) -> str:
     """With a ``no-comm`` row, price the zerotopo rows again at the compute rate it measured (the
     topology's ``peak_tflops`` is a guess for CPU ranks sharing cores): the device's peak becomes the
-    floor's FLOPs per second at efficiency 1. Returns which compute figure the predictions use."""
+    floor's FLOPs per second at efficiency 1. ``start_step_s``: the floor's median step in the run
+    :func:`measure_compute` made at start, with the same settings; the rate is then the model's FLOPs
+    over the median of every run of the floor, that one and the row's repeats (:func:`floor_step`).
+    Returns which compute figure the predictions use."""
     from dataclasses import replace as dc_replace
 
     from zerotopo.cost.planner import CostOptions, estimate
@@ -462,7 +466,8 @@ def repredict(
     if floor is None:
         return f"topology file: {topo.device.peak_tflops:g} TFLOPS at efficiency 0.5"
     flops = shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint)
-    tflops = flops / floor["step_time_s"] / 1e12
+    runs = floor_steps(floor, start_step_s)
+    tflops = flops / statistics.median(runs) / 1e12
     measured = dc_replace(topo, device=dc_replace(topo.device, peak_tflops=tflops))
     cost = CostOptions(micro_batch=opts.batch, grad_accum=opts.micro_batches, **wire_bytes(opts.dtype),
                        checkpoint_activations=opts.checkpoint, efficiency=1.0, memory_limit_bytes=opts.memory_cap_bytes,
@@ -473,7 +478,17 @@ def repredict(
         if plan is not None and r.get("step_time_s"):
             est = estimate(plan, shape, measured, cost, schedule=m.get("schedule_object"))
             r["predicted_step_time_s"] = predicted_step(est, opts)
-    return f"measured by the no-comm row: {tflops * 1e3:.3f} GFLOPS per rank"
+    where = f"median of its {len(runs)} runs, the start's included" if start_step_s else "median of its runs"
+    return f"measured by the no-comm row: {tflops * 1e3:.3f} GFLOPS per rank ({where})"
+
+
+def floor_steps(floor: dict[str, Any], start_step_s: float | None = None) -> list[float]:
+    """The ``no-comm`` row's step in each of its runs (each run's median step), with the run at start
+    when given. On this project's 2-core VM a run's floor step moved by up to 20% from one repeat to the
+    next (4.45-5.45 s in one run, 4.84-6.83 s in another), and every prediction moves with it: four runs
+    of the same settings give a steadier median than three."""
+    runs = list(floor.get("repeat_step_times_s") or [floor["step_time_s"]])
+    return runs + ([start_step_s] if start_step_s else [])
 
 
 def _mean_dict(dicts: list[dict[str, float]]) -> dict[str, float]:
@@ -746,8 +761,8 @@ def measure_compute(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: 
     """FLOP/s per rank of the compute floor: the ``no-comm`` row run once at start, its ranks spawned as
     the rows' are (no links shaped), one warm-up and :data:`COMPUTE_STEPS` timed steps of ``batch`` x
     ``seq`` tokens (one micro-batch, ``cfg``'s checkpointing, the run's dtype); the model's FLOPs over
-    the median step. It is the figure :func:`repredict` prices the rows at after the run (the floor
-    row's), so the regime is derived at the rate it is priced at. Forward and backward passes alone
+    the median step. The run counts as one of the floor's when :func:`repredict` prices the rows after
+    the run (at the median of the floor's runs), so the regime is derived at a rate the pricing shares. Forward and backward passes alone
     (what this timed before) leave out the floor's optimizer step, data and row overhead: they read
     1.25x and 0.99x the floor's later rate in two earlier runs (docs/bench.md, "Compute rate")."""
     print(f"measuring the compute rate: the {FLOOR_ROW} row on {topo.world_size} ranks", file=sys.stderr,
@@ -812,7 +827,10 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     wall = time.perf_counter() - t0
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
     rows = assemble(opts, per_rank, meta, tokens)
-    compute = repredict(rows, meta, opts, cost_topo, shape, measured)
+    start = None
+    if reg is not None:  # measure_compute's run: the regime's batch, checkpointing and one micro-batch
+        start = shape.step_flops(reg.batch, checkpoint_activations=reg.checkpoint_activations) / reg.flops_per_rank
+    compute = repredict(rows, meta, opts, cost_topo, shape, measured, start)
     reference, void = check_losses(rows)
     for r in rows:
         if r.get("predicted_step_time_s") and r.get("step_time_s"):
