@@ -99,7 +99,12 @@ def test_predictions_are_priced_at_the_median_of_every_floor_run_the_start_one_i
     cfg, seq = C.model_config(opts)
     shape = cfg.shape(seq)
     flops = shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint)
-    floor = {"name": "no-comm", "kind": "floor", "step_time_s": 4.67, "repeat_step_times_s": [5.45, 4.67, 4.45]}
+    floor = {
+        "name": "no-comm",
+        "kind": "floor",
+        "step_time_s": 4.67,
+        "repeat_step_times_s": [5.45, 4.67, 4.45],
+    }
     assert C.floor_steps(floor, 5.38) == [5.45, 4.67, 4.45, 5.38]
     assert C.floor_steps(floor) == [5.45, 4.67, 4.45]
     assert C.floor_steps({"step_time_s": 3.0}) == [3.0]

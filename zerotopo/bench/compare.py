@@ -829,7 +829,10 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     rows = assemble(opts, per_rank, meta, tokens)
     start = None
     if reg is not None:  # measure_compute's run: the regime's batch, checkpointing and one micro-batch
-        start = shape.step_flops(reg.batch, checkpoint_activations=reg.checkpoint_activations) / reg.flops_per_rank
+        start = (
+            shape.step_flops(reg.batch, checkpoint_activations=reg.checkpoint_activations)
+            / reg.flops_per_rank
+        )
     compute = repredict(rows, meta, opts, cost_topo, shape, measured, start)
     reference, void = check_losses(rows)
     for r in rows:
