@@ -1,0 +1,99 @@
+"""How ranks start: forks of a fork server that imported torch once, each with the launcher's
+environment, working directory and standard streams as they are at the start (as a spawned rank has
+them), and none outliving a launcher that is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.proc import alive
+from zerotopo.errors import ZerotopoError
+from zerotopo.launch.spawn import spawn
+
+pytestmark = pytest.mark.slow  # each test spawns ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "ZEROTOPO_TEST_START_MARK"
+
+
+def _seen(rank, world, name):
+    import torch.distributed as dist
+
+    print(f"rank {rank} out", flush=True)
+    print(f"rank {rank} err", file=sys.stderr, flush=True)
+    dist.barrier()
+    return os.environ.get(name), os.getcwd(), os.environ["RANK"]
+
+
+def test_a_rank_gets_the_launchers_environment_directory_and_streams_as_they_are_now(
+    monkeypatch, tmp_path, capfd
+):
+    monkeypatch.setenv(MARK, "before")
+    spawn(_seen, 2, args=(MARK,), timeout_s=120)  # the fork server runs from here on, with "before"
+    capfd.readouterr()
+    monkeypatch.setenv(MARK, "after")
+    monkeypatch.chdir(tmp_path)
+    assert spawn(_seen, 2, args=(MARK,), timeout_s=120) == [
+        ("after", str(tmp_path), "0"),
+        ("after", str(tmp_path), "1"),
+    ]
+    out, err = capfd.readouterr()
+    assert "rank 0 out" in out and "rank 1 out" in out, out
+    assert "rank 0 err" in err and "rank 1 err" in err, err
+    monkeypatch.delenv(MARK)
+    assert [r[0] for r in spawn(_seen, 2, args=(MARK,), timeout_s=120)] == [None, None]
+
+
+def test_the_start_method_can_be_spawn_and_a_wrong_one_is_named(monkeypatch):
+    monkeypatch.setenv("ZEROTOPO_START_METHOD", "spawn")
+    monkeypatch.setenv(MARK, "spawned")
+    assert [r[0] for r in spawn(_seen, 2, args=(MARK,), timeout_s=120)] == ["spawned", "spawned"]
+    monkeypatch.setenv("ZEROTOPO_START_METHOD", "fork")
+    with pytest.raises(
+        ZerotopoError, match="ZEROTOPO_START_METHOD='fork' is not a start method; use forkserver or spawn"
+    ):
+        spawn(_seen, 2, args=(MARK,), timeout_s=120)
+
+
+LAUNCHER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {root!r})
+    from tests.test_spawn_start import _sleeper
+    from zerotopo.launch.spawn import spawn
+
+    if __name__ == "__main__":
+        spawn(_sleeper, 2, args=({pids!r},), timeout_s=600)
+    """
+)
+
+
+def _sleeper(rank, world, pid_dir):
+    with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_no_rank_outlives_a_killed_launcher(tmp_path):
+    script = tmp_path / "launch.py"
+    script.write_text(LAUNCHER.format(root=str(ROOT), pids=str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 2, proc.stderr.read() if proc.poll() is not None else "ranks did not start"
+    proc.send_signal(signal.SIGKILL)  # no handler runs: the ranks must go by themselves
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in pids)
