@@ -6,8 +6,8 @@ one :class:`SpawnError` naming the rank that failed first and how: its message f
 (:class:`~zerotopo.errors.ZerotopoError`), its exception and the path of a log file holding every rank's
 traceback for a bug, or the signal or exit code of a rank that died. The other ranks (which would block in
 a collective) are then stopped; a rank that hangs past ``timeout_s`` is killed and reported. SIGINT and
-SIGTERM to the parent stop every rank, and a rank dies with its parent (``PR_SET_PDEATHSIG``), so no rank
-outlives the launcher. Ranks of an emulated node share ``ZEROTOPO_EMULATED_NODE`` so the mesh's start-up
+SIGTERM to the parent stop every rank, and a rank dies with the launcher however it ends (:func:`_die_with`),
+so no rank outlives it. Ranks of an emulated node share ``ZEROTOPO_EMULATED_NODE`` so the mesh's start-up
 check sees them as one host.
 
 Ranks start as forks of a fork server that has imported torch once (``forkserver`` with
