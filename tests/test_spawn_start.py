@@ -1,6 +1,7 @@
-"""How ranks start: forks of a fork server that imported torch once, each with the launcher's
-environment, working directory and standard streams as they are at the start (as a spawned rank has
-them), and none outliving a launcher that is killed."""
+"""How ranks start: new interpreters by default; under ``ZEROTOPO_START_METHOD=forkserver`` forks of a
+fork server that imported torch once, each with the launcher's environment, working directory and
+standard streams as they are at the start (as a spawned rank has them); none outliving a launcher that
+is killed, either way."""
 
 from __future__ import annotations
 
@@ -33,9 +34,10 @@ def _seen(rank, world, name):
     return os.environ.get(name), os.getcwd(), os.environ["RANK"]
 
 
-def test_a_rank_gets_the_launchers_environment_directory_and_streams_as_they_are_now(
+def test_a_forked_rank_gets_the_launchers_environment_directory_and_streams_as_they_are_now(
     monkeypatch, tmp_path, capfd
 ):
+    monkeypatch.setenv("ZEROTOPO_START_METHOD", "forkserver")
     monkeypatch.setenv(MARK, "before")
     spawn(_seen, 2, args=(MARK,), timeout_s=120)  # the fork server runs from here on, with "before"
     capfd.readouterr()
@@ -52,15 +54,20 @@ def test_a_rank_gets_the_launchers_environment_directory_and_streams_as_they_are
     assert [r[0] for r in spawn(_seen, 2, args=(MARK,), timeout_s=120)] == [None, None]
 
 
-def test_the_start_method_can_be_spawn_and_a_wrong_one_is_named(monkeypatch):
-    monkeypatch.setenv("ZEROTOPO_START_METHOD", "spawn")
-    monkeypatch.setenv(MARK, "spawned")
-    assert [r[0] for r in spawn(_seen, 2, args=(MARK,), timeout_s=120)] == ["spawned", "spawned"]
+def _parent(rank, world):
+    return os.getppid()
+
+
+def test_ranks_are_new_interpreters_by_default_and_a_wrong_method_is_named(monkeypatch):
+    monkeypatch.delenv("ZEROTOPO_START_METHOD", raising=False)
+    assert spawn(_parent, 2, timeout_s=120) == [os.getpid()] * 2  # the launcher's children
+    monkeypatch.setenv("ZEROTOPO_START_METHOD", "forkserver")
+    assert os.getpid() not in spawn(_parent, 2, timeout_s=120)  # the fork server's
     monkeypatch.setenv("ZEROTOPO_START_METHOD", "fork")
     with pytest.raises(
-        ZerotopoError, match="ZEROTOPO_START_METHOD='fork' is not a start method; use forkserver or spawn"
+        ZerotopoError, match="ZEROTOPO_START_METHOD='fork' is not a start method; use spawn or forkserver"
     ):
-        spawn(_seen, 2, args=(MARK,), timeout_s=120)
+        spawn(_parent, 2, timeout_s=120)
 
 
 LAUNCHER = textwrap.dedent(
@@ -82,10 +89,14 @@ def _sleeper(rank, world, pid_dir):
     time.sleep(600)
 
 
-def test_no_rank_outlives_a_killed_launcher(tmp_path):
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_no_rank_outlives_a_killed_launcher(tmp_path, method):
     script = tmp_path / "launch.py"
     script.write_text(LAUNCHER.format(root=str(ROOT), pids=str(tmp_path)))
-    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    env = {**os.environ, "ZEROTOPO_START_METHOD": method}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -12,8 +12,11 @@ HOOKS = Path(__file__).resolve().parent
 
 
 def inject_save_fault(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
-    """Ranks started after this call die at ``spec`` (``<step>:write`` or ``<step>:rename``)."""
+    """Ranks started after this call die at ``spec`` (``<step>:write`` or ``<step>:rename``). The hook
+    loads when an interpreter starts, so the ranks start as new interpreters (``ZEROTOPO_START_METHOD``),
+    not as forks of a fork server that started before the hook was on the path."""
     monkeypatch.setenv(FAULT_ENV, spec)
+    monkeypatch.setenv("ZEROTOPO_START_METHOD", "spawn")
     path = os.environ.get("PYTHONPATH", "")
     root = str(HOOKS.parents[2])  # the ranks must still import this checkout's zerotopo
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(HOOKS), root, path) if p))

@@ -1,8 +1,9 @@
 """Fault injection into the saves of the ranks a test starts, kept out of the package.
 
 A test puts this directory first on ``PYTHONPATH`` and sets :data:`FAULT_ENV` (see
-``tests/trainer/save_faults/__init__.py``); every rank the local launcher spawns is a fresh interpreter,
-which imports this module at start-up and patches the checkpoint writer:
+``tests/trainer/save_faults/__init__.py``); every interpreter that starts then imports this module and
+patches the checkpoint writer: a rank spawned as a new interpreter, or the fork server a new launcher
+process starts, whose forked ranks inherit the patch:
 
 - ``<step>:write`` kills rank 0 once its shards of ``step`` are written, before any rename;
 - ``<step>:rename`` kills rank 0 after ``step_<step>`` is renamed into place, before ``latest`` moves.
