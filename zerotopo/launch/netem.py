@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zerotopo.errors import ZerotopoError
+from zerotopo.launch.spawn import pid_alive
 
 if TYPE_CHECKING:
     from zerotopo.placement.topology import Topology
@@ -210,16 +211,6 @@ def _kill(pids: list[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _delete(namespaces: list[str]) -> None:
     """Kill everything inside ``namespaces`` and delete them (a namespace with a live process in it
     stays alive after ``ip netns del``, so the processes go first)."""
@@ -238,7 +229,7 @@ def remove_stale() -> list[str]:
     stale = []
     for ns in our_namespaces():
         m = re.match(rf"{PREFIX}(\d+)-", ns)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             stale.append(ns)
     _delete(stale)
     return stale

@@ -124,14 +124,15 @@ def _die_with(launcher: int) -> None:
 
             select.select([fd], [], [])
         else:
-            while _alive(launcher):
+            while pid_alive(launcher):
                 time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="zerotopo-launcher-watch", daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
