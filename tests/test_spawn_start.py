@@ -59,12 +59,6 @@ def _parent(rank, world):
 
 
 def test_ranks_are_new_interpreters_by_default_and_a_wrong_method_is_named(monkeypatch):
-    from zerotopo.launch import spawn as S
-
-    shipped = subprocess.run([sys.executable, "-c", "import zerotopo.launch.spawn as s; print(s.DEFAULT_START_METHOD)"],
-                             capture_output=True, text=True, check=True, cwd=ROOT)  # fmt: skip
-    assert shipped.stdout.strip() == "spawn"  # this suite's conftest starts its own ranks as forks
-    monkeypatch.setattr(S, "DEFAULT_START_METHOD", "spawn")
     monkeypatch.delenv("ZEROTOPO_START_METHOD", raising=False)
     assert spawn(_parent, 2, timeout_s=120) == [os.getpid()] * 2  # the launcher's children
     monkeypatch.setenv("ZEROTOPO_START_METHOD", "forkserver")

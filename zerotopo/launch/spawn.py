@@ -53,18 +53,15 @@ COLLATERAL = ("Connection closed", "Connection reset", "Broken pipe", "Timed out
 
 #: Modules the fork server imports before it forks any rank.
 PRELOAD = ("torch", "torch.distributed", "zerotopo.launch.spawn")
-#: ``ZEROTOPO_START_METHOD``: how ranks start (``spawn`` or ``forkserver``).
+#: ``ZEROTOPO_START_METHOD``: how ranks start (``spawn``, the default, or ``forkserver``).
 START_METHODS = ("spawn", "forkserver")
-#: The start method when ``ZEROTOPO_START_METHOD`` is unset (a program embedding the launcher, such as
-#: the test suite for the ranks it starts in its own process, may set it).
-DEFAULT_START_METHOD = "spawn"
 
 
 def _context() -> Any:
     """The multiprocessing context ranks start from (see the module docstring)."""
     import torch.multiprocessing as mp
 
-    method = os.environ.get("ZEROTOPO_START_METHOD", DEFAULT_START_METHOD)
+    method = os.environ.get("ZEROTOPO_START_METHOD", "spawn")
     if method not in START_METHODS:
         raise ZerotopoError(
             f"ZEROTOPO_START_METHOD={method!r} is not a start method; use {' or '.join(START_METHODS)}"
