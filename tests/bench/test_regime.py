@@ -109,7 +109,7 @@ def test_predictions_are_priced_at_the_median_of_every_floor_run_the_start_one_i
     assert C.floor_steps(floor) == [5.45, 4.67, 4.45]
     assert C.floor_steps({"step_time_s": 3.0}) == [3.0]
     meta = {"no-comm": {}}
-    said = C.repredict([floor], meta, opts, topo, shape, None, 5.38)
+    said = C.repredict([floor], meta, opts, topo, shape, None, flops / 5.38)  # the start run's rate
     assert f"{flops / 5.025 / 1e9:.3f} GFLOPS per rank (median of its 4 runs, the start's included)" in said
     said = C.repredict([floor], meta, opts, topo, shape)
     assert f"{flops / 4.67 / 1e9:.3f} GFLOPS per rank (median of its runs)" in said

@@ -450,13 +450,13 @@ def repredict(
     topo: Any,
     shape: Any,
     measured_inputs: dict[str, Any] | None = None,
-    start_step_s: float | None = None,
+    start_flops_per_rank: float | None = None,
 ) -> str:
     """With a ``no-comm`` row, price the zerotopo rows again at the compute rate it measured (the
     topology's ``peak_tflops`` is a guess for CPU ranks sharing cores): the device's peak becomes the
-    floor's FLOPs per second at efficiency 1. ``start_step_s``: the floor's median step in the run
+    floor's FLOPs per second at efficiency 1. ``start_flops_per_rank``: the rate of the floor run
     :func:`measure_compute` made at start, with the same settings; the rate is then the model's FLOPs
-    over the median of every run of the floor, that one and the row's repeats (:func:`floor_step`).
+    over the median of every run of the floor, that one and the row's repeats (:func:`floor_steps`).
     Returns which compute figure the predictions use."""
     from dataclasses import replace as dc_replace
 
@@ -466,7 +466,7 @@ def repredict(
     if floor is None:
         return f"topology file: {topo.device.peak_tflops:g} TFLOPS at efficiency 0.5"
     flops = shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint)
-    runs = floor_steps(floor, start_step_s)
+    runs = floor_steps(floor, flops / start_flops_per_rank if start_flops_per_rank else None)
     tflops = flops / statistics.median(runs) / 1e12
     measured = dc_replace(topo, device=dc_replace(topo.device, peak_tflops=tflops))
     cost = CostOptions(micro_batch=opts.batch, grad_accum=opts.micro_batches, **wire_bytes(opts.dtype),
@@ -478,7 +478,11 @@ def repredict(
         if plan is not None and r.get("step_time_s"):
             est = estimate(plan, shape, measured, cost, schedule=m.get("schedule_object"))
             r["predicted_step_time_s"] = predicted_step(est, opts)
-    where = f"median of its {len(runs)} runs, the start's included" if start_step_s else "median of its runs"
+    where = (
+        f"median of its {len(runs)} runs, the start's included"
+        if start_flops_per_rank
+        else "median of its runs"
+    )
     return f"measured by the no-comm row: {tflops * 1e3:.3f} GFLOPS per rank ({where})"
 
 
@@ -762,8 +766,8 @@ def measure_compute(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: 
     the rows' are (no links shaped), one warm-up and :data:`COMPUTE_STEPS` timed steps of ``batch`` x
     ``seq`` tokens (one micro-batch, ``cfg``'s checkpointing, the run's dtype); the model's FLOPs over
     the median step. The run counts as one of the floor's when :func:`repredict` prices the rows after
-    the run (at the median of the floor's runs), so the regime is derived at a rate the pricing shares. Forward and backward passes alone
-    (what this timed before) leave out the floor's optimizer step, data and row overhead: they read
+    the run (at the median of the floor's runs), so the regime is derived at a rate the pricing
+    shares. Forward and backward passes alone (what this timed before) leave out the floor's optimizer step, data and row overhead: they read
     1.25x and 0.99x the floor's later rate in two earlier runs (docs/bench.md, "Compute rate")."""
     print(f"measuring the compute rate: the {FLOOR_ROW} row on {topo.world_size} ranks", file=sys.stderr,
           flush=True)  # fmt: skip
@@ -827,13 +831,8 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     wall = time.perf_counter() - t0
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
     rows = assemble(opts, per_rank, meta, tokens)
-    start = None
-    if reg is not None:  # measure_compute's run: the regime's batch, checkpointing and one micro-batch
-        start = (
-            shape.step_flops(reg.batch, checkpoint_activations=reg.checkpoint_activations)
-            / reg.flops_per_rank
-        )
-    compute = repredict(rows, meta, opts, cost_topo, shape, measured, start)
+    # the regime's start run used the rows' batch, checkpointing and one micro-batch (apply_regime)
+    compute = repredict(rows, meta, opts, cost_topo, shape, measured, reg.flops_per_rank if reg else None)
     reference, void = check_losses(rows)
     for r in rows:
         if r.get("predicted_step_time_s") and r.get("step_time_s"):

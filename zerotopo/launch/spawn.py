@@ -155,14 +155,14 @@ def _rank_main(
     threads: int,
     netns: tuple[str, ...] | None,
     master_addr: str,
-    stdio: tuple[Any, Any] | None = None,
-    launcher: int | None = None,
+    stdio: tuple[Any, Any] | None,
+    launcher: int,
 ) -> None:
     import signal
 
     # The launcher alone handles Ctrl-C and stops every rank: a rank never prints a traceback for it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with(launcher or os.getppid())
+    _die_with(launcher)
     if stdio is not None:
         _inherit(env, stdio)
     else:
