@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-device",
         action="store_true",
-        help="skip the device rates (device.compute_tflops: matmul rate; device.quant_gbps: quantizer rate)",
+        help="skip the device rates (device.compute_tflops: matmul rate; device.quant_gbps: quantizer rate; "
+        "device.quantizer: its rates by input dtype, code and pass)",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="write the table to FILE (YAML)")
 

@@ -16,7 +16,8 @@ Optional sections (see docs/cost-model.md): ``bandwidth:`` measured curves by co
 and group span (:mod:`zerotopo.cost.bandwidth`; they replace the topology's shipped table) and
 ``overlap:`` the overlap parameters (:class:`zerotopo.cost.time.OverlapModel`), ``device:`` this machine's
 measured rates (:mod:`zerotopo.cost.rates`: ``compute_tflops``, the compute rate that replaces peak ×
-efficiency, and ``quant_gbps``, the block quantizer's rate that replaces the topology's). At least one
+efficiency, ``quant_gbps``, the block quantizer's rate that replaces the topology's, and ``quantizer``,
+its rates by input dtype, code and pass, :mod:`zerotopo.cost.quantrates`, which price ahead of both). At least one
 of ``tiers``, ``bandwidth``, ``overlap`` and ``device`` is required.
 
 Every tier bandwidth is GB/s per device, one direction, measured with every device of the machine
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from zerotopo.cost.bandwidth import BandwidthTable, curves_from_list
+from zerotopo.cost.quantrates import rates_from_mapping
 from zerotopo.cost.time import OverlapModel, overlap_from_mapping
 from zerotopo.errors import ConfigError, short
 from zerotopo.placement import numbers
@@ -42,7 +44,7 @@ from zerotopo.placement.yamlio import load_yaml_file
 
 _TOP_REQUIRED = ("topology",)
 _TOP_OPTIONAL = ("nodes", "date", "command", "notes", "tiers", "bandwidth", "overlap", "device")
-_DEVICE_KEYS = ("compute_tflops", "quant_gbps")
+_DEVICE_KEYS = ("compute_tflops", "quant_gbps", "quantizer")
 _TIER_KEYS = ("bandwidth_gbps", "latency_us")
 
 
@@ -133,7 +135,7 @@ def calibration_from_mapping(raw: Any, source: str = "<calibration>") -> dict[st
     return out
 
 
-def _device_rates(raw: Any, source: str) -> dict[str, float]:
+def _device_rates(raw: Any, source: str) -> dict[str, Any]:
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError(
             f"expected a mapping with {' and/or '.join(_DEVICE_KEYS)}, found {short(raw)}",
@@ -145,7 +147,12 @@ def _device_rates(raw: Any, source: str) -> dict[str, float]:
             raise ConfigError(
                 f"unknown key; expected {', '.join(_DEVICE_KEYS)}", source=source, key=f"device.{k}"
             )
-    return {k: _number(raw[k], source, f"device.{k}", positive=True) for k in _DEVICE_KEYS if k in raw}
+    out: dict[str, Any] = {
+        k: _number(raw[k], source, f"device.{k}", positive=True) for k in _DEVICE_KEYS[:2] if k in raw
+    }
+    if "quantizer" in raw:
+        out["quantizer"] = rates_from_mapping(raw["quantizer"], source)
+    return out
 
 
 def load_calibration(path: str | Path) -> dict[str, Any]:
@@ -192,6 +199,8 @@ def apply_calibration(topology: Topology, table: Mapping[str, Any]) -> Topology:
     device = topology.device
     if "quant_gbps" in table.get("device", {}):
         device = replace(device, quant_gbps=table["device"]["quant_gbps"])
+    if "quantizer" in table.get("device", {}):
+        device = replace(device, quant_rates=table["device"]["quantizer"])
     return replace(topology, tiers=tuple(tiers), network=network, device=device)
 
 

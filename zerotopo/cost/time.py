@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zerotopo.cost.bandwidth import BandwidthTable
+from zerotopo.cost.quantrates import passes_time
 from zerotopo.errors import ConfigError
 from zerotopo.placement import volume
 from zerotopo.placement.schedule import Collective, StepSchedule
@@ -163,12 +164,19 @@ class StepTime:
 
 
 def quantizer_time(c: Collective, topology: Topology) -> float:
-    """Seconds the block quantizer takes in one call of ``c`` on one rank: at the device's measured
-    ``quant_gbps`` when the topology gives one, else the kernels' bytes moved (:func:`quantizer_bytes`)
-    at its ``memory_bandwidth_gbps`` (a roofline); 0 for plain codecs or when neither is known."""
+    """Seconds the block quantizer takes in one call of ``c`` on one rank, priced by the input dtype of
+    its values (``c.value_bytes``) and by pass: at the device's measured rates for that dtype and code
+    (``quant_rates``, :func:`zerotopo.cost.quantrates.passes_time`) when it has them, else at its
+    measured ``quant_gbps`` (one rate of fp32 values for every pass), else the kernels' bytes moved
+    (:func:`quantizer_bytes`, fp32 values) at its ``memory_bandwidth_gbps`` (a roofline); 0 for plain
+    codecs or when none is known."""
     dev = topology.device
     if not c.quant_numel:
         return 0.0
+    if dev.quant_rates:
+        t = passes_time(dev.quant_rates, c.dtype, c.value_bytes, c.group_size, c.quant_numel)
+        if t is not None:
+            return t
     if dev.quant_gbps > 0:
         return c.quant_numel * 4 / (dev.quant_gbps * 1e9)
     if dev.memory_bandwidth_gbps > 0:
@@ -201,7 +209,8 @@ def transport_time(c: Collective, topology: Topology) -> float:
 
 def quantizer_bytes(c: Collective, value_bytes: int = 4) -> float:
     """Device-memory bytes the Triton quantizer kernels move in one call of ``c``, for values of
-    ``value_bytes`` (fp32 by default: the schedule does not carry the parameters' type; bf16 moves less).
+    ``value_bytes`` (fp32 by default, as :func:`quantizer_time`'s roofline prices every collective; a
+    collective's own width is ``c.value_bytes``).
 
     int8 gather over ``d`` ranks (``quant_numel = n + n/d``; a whole-unit secondary has ``d = 1``):
     quantize this rank's ``n/d`` values, dequantize the gathered ``n``. int4 reduce-scatter hop over

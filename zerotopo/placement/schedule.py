@@ -88,6 +88,9 @@ class Collective:
     """Values the block quantizer passes over on one rank per call (quantize what it sends, dequantize what
     it receives); 0 for the plain codecs. :func:`zerotopo.cost.time.collective_time` charges it at the
     device's ``quant_gbps``."""
+    value_bytes: int = field(default=4, compare=False)
+    """Width of the values the quantizer takes in and gives back (the gathered weights' for an int8
+    gather, the reduced gradients' for an int4 reduce-scatter): its passes are priced by it."""
 
     @property
     def total_bytes(self) -> int:
@@ -483,6 +486,7 @@ class _Collectives:
         self.topology, self.plan, self.d, self.options = topology, plan, d, options
         self.block, self.w = plan.quant_block, d.world
         self.param_bytes, self.grad_shard_bytes = widths["param_bytes"], widths["grad_shard_bytes"]
+        self.reduce_bytes = widths["reduce_bytes"]
         self.codecs = plan_codecs(plan, **widths, secondary_param_width=options.secondary_param_dtype)
         if d.secondary is not None:
             self.bwd = ("secondary", d.secondary, self.codecs.secondary)
@@ -497,7 +501,7 @@ class _Collectives:
         self.in_fwd = options.param_gather_in_forward and d.params > 1
         # what each kind of collective depends on besides its arguments (the topology owns the memo)
         self.context = {
-            "gather": (self.w, self.block),
+            "gather": (self.w, self.block, self.param_bytes),
             "reduce": (
                 self.w,
                 self.block,
@@ -529,8 +533,10 @@ class _Collectives:
 
     def coll(self, phase, op, kind, size, nbytes, dtype, message, *, overlappable=True, where=None, quant=0):
         tier, nodes, rpn = where or self.span(kind)
+        # the quantizer takes the gathered weights' values (int8) or the reduced gradients' (int4)
+        values = (self.reduce_bytes if dtype == "int4" else self.param_bytes) if quant else 4
         return Collective(
-            phase, op, kind, size, tier, nbytes, 1, dtype, message, overlappable, nodes, rpn, quant
+            phase, op, kind, size, tier, nbytes, 1, dtype, message, overlappable, nodes, rpn, quant, values
         )
 
     def _cached(self, name: str, build: Any, *args: Any) -> tuple[Collective, ...]:

@@ -102,6 +102,10 @@ class Device:
     measures it). 0: none (a GPU's NIC and communication kernels run beside the compute)."""
     comm_cpu_us_per_mb: float = 0.0
     """As :attr:`comm_cpu_us_per_call`, per MB (10^6 bytes) the rank sends."""
+    quant_rates: tuple[tuple[str, str, str, float], ...] = ()
+    """The quantizer's measured rates by input dtype, code and pass, ``(dtype, code, pass, G values/s)``
+    rows (:mod:`zerotopo.cost.quantrates`; a calibration table's ``device.quantizer``): they price a
+    collective's passes ahead of :attr:`quant_gbps` and the roofline. Empty: not measured."""
 
 
 @dataclass(frozen=True)
