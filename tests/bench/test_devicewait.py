@@ -18,7 +18,7 @@ from zerotopo.placement import volume
 CFG = NeoXConfig(
     vocab_size=64, hidden_size=16, num_layers=2, num_attention_heads=2, max_position_embeddings=8
 )
-FORWARD = {"embedding": 0.002, "layer": 0.01, "head": 0.004}
+FORWARD = {"embedding": 0.01, "layer": 0.03, "head": 0.02}
 
 
 def _step(model, optim=None) -> None:
@@ -28,23 +28,36 @@ def _step(model, optim=None) -> None:
         optim.step()
 
 
+def _paid(waited: Waited, kind: str, device_s: float) -> None:
+    """A kind's device time was paid: slept what the arithmetic left of it (nothing when the arithmetic
+    took longer, as under a loaded machine)."""
+    slept, work = waited.waited_s[kind], waited.arithmetic_s[kind]
+    assert slept + work == pytest.approx(max(device_s, work), rel=1e-6, abs=1e-9)
+
+
 def test_every_unit_waits_its_forward_and_backward():
     clock = DeviceClock(dilation=1.0, scale=1.0, forward_s=FORWARD)
     waited = Waited()
     model = build_model(CFG)
+    _step(model)  # warm: the first step's start-up work is not a unit's arithmetic
     handles = install_units(model, clock, waited)
     t0 = time.perf_counter()
     _step(model)
     wall = time.perf_counter() - t0
-    device = FORWARD["embedding"] + 2 * FORWARD["layer"] + FORWARD["head"]  # one forward of two layers
-    expected = 3 * device  # forward once, backward twice
-    total = sum(waited.waited_s.values()) + sum(waited.arithmetic_s.values())
-    assert total == pytest.approx(expected, rel=1e-6)
-    assert wall >= 0.9 * sum(waited.waited_s.values())  # the waits are slept
     assert set(waited.waited_s) == {f"{k} {p}" for k in FORWARD for p in ("forward", "backward")}
-    assert waited.arithmetic_s["layer backward"] + waited.waited_s["layer backward"] == pytest.approx(
-        2 * 2 * FORWARD["layer"]
-    )
+    assert wall >= 0.9 * sum(waited.waited_s.values())  # the waits are slept
+    # one micro-batch: each unit's forward once, its backward (twice the forward) once; two layers
+    for kind, t in FORWARD.items():
+        n = 2 if kind == "layer" else 1
+        waited.waited_s[f"{kind} forward"] /= n
+        waited.arithmetic_s[f"{kind} forward"] /= n
+        _paid(waited, f"{kind} forward", t)
+    head_and_embedding = ("embedding backward", "head backward")
+    for kind in head_and_embedding:
+        _paid(waited, kind, 2 * FORWARD[kind.split()[0]])
+    assert waited.waited_s["layer backward"] + waited.arithmetic_s["layer backward"] >= 2 * 2 * FORWARD[
+        "layer"
+    ] * (1 - 1e-6)
     for h in handles:
         h.remove()
     before = dict(waited.waited_s)
@@ -57,10 +70,12 @@ def test_a_recomputed_layer_waits_its_forward_again():
     clock = DeviceClock(dilation=1.0, scale=1.0, forward_s=FORWARD, recompute=True)
     waited = Waited()
     model = build_model(cfg)
+    _step(model)
     install_units(model, clock, waited)
     _step(model)
     layer = waited.arithmetic_s["layer backward"] + waited.waited_s["layer backward"]
-    assert layer == pytest.approx(2 * 3 * FORWARD["layer"])
+    assert layer >= 2 * 3 * FORWARD["layer"] * (1 - 1e-6)  # two layers, each its forward again
+    assert waited.waited_s["layer backward"] > waited.waited_s["layer forward"] * 2
 
 
 def test_the_optimizer_step_waits_its_shards_bytes():
@@ -74,9 +89,7 @@ def test_the_optimizer_step_waits_its_shards_bytes():
     finally:
         for h in handles:
             h.remove()
-    numel = sum(p.numel() for p in model.parameters())
-    total = waited.waited_s["optimizer"] + waited.arithmetic_s["optimizer"]
-    assert total == pytest.approx(clock.optimizer_wait(numel))
+    _paid(waited, "optimizer", clock.optimizer_wait(sum(p.numel() for p in model.parameters())))
 
 
 def test_quantizer_passes_wait_their_bytes_moved():
@@ -92,7 +105,7 @@ def test_quantizer_passes_wait_their_bytes_moved():
         undo()
     payload = volume.int8_payload(4096, 256)
     moved = volume.quantize_traffic(4096, payload, 4) + volume.dequantize_traffic(4096, payload, 4)
-    assert waited.waited_s["quantizer"] + waited.arithmetic_s["quantizer"] == pytest.approx(moved / 1e6)
+    _paid(waited, "quantizer", moved / 1e6)
     assert waited.nested_s == pytest.approx(waited.arithmetic_s["quantizer"])
 
 

@@ -112,6 +112,15 @@ class CompareOptions:
     repeat: int = 1
     """Runs of every row (interleaved: all rows, then all rows again); a row's step time is the median of
     its runs' medians, reported with their min and max (``--repeat``, default :data:`DEFAULT_REPEAT`)."""
+    nodes: int | None = None
+    """Emulated nodes (default: the topology file's)."""
+    device_clock: Any = None
+    """The :class:`zerotopo.bench.clock.DeviceClock` the ranks wait on (``--regime device-clock``; set by
+    :func:`compare`)."""
+    delays_ms: dict[str, float] = field(default_factory=dict)
+    """One-way delay per tier's shaped link, ms (the device clock's latencies x D)."""
+    workload: Any = None
+    """The :class:`zerotopo.bench.clocked.Workload` the run stands for (``bench scale``), or None."""
 
 
 # -- model and data ---------------------------------------------------------------------------------
@@ -190,7 +199,7 @@ def _worker(
     warnings.filterwarnings(
         "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
     )
-    topo = load_topology(opts.topology)
+    topo = load_topology(opts.topology, nodes=opts.nodes)
     cfg, seq = model_config(opts)
     out = []
     waited: dict[str, float] = {}
@@ -198,7 +207,8 @@ def _worker(
         from zerotopo.bench.replay import install
 
         waited = install(opts.replay)
-    warm_up(cfg)
+    warm_up(cfg)  # before the clock: start-up allocations are not device time
+    hook, on_clock = _clock_hook(opts.device_clock)
     for repeat, name, plan in runs:
         try:
             prepare_row(name)
@@ -207,7 +217,7 @@ def _worker(
             continue
         memory = PeakMemory()
         t_setup = time.perf_counter()
-        row = build_row(name, plan, cfg, topo, rank, opts)
+        row = build_row(name, plan, cfg, topo, rank, opts, hook)
         setup_s = time.perf_counter() - t_setup
         times, losses, cpu = [], [], []
         sent0: dict[str, int] = {}
@@ -217,6 +227,7 @@ def _worker(
             if step == opts.warmup:
                 sent0 = link_tier_bytes(tier_classes)
                 waited0 = sum(waited.values())  # the timed steps' waits (a warm-up step can differ)
+                clock0 = on_clock()
             t0, c0 = time.perf_counter(), time.process_time()
             with arithmetic(opts.dtype):
                 loss = row.step(data)
@@ -227,6 +238,7 @@ def _worker(
                 cpu.append(c1 - c0)
             losses.append(loss)
         sent1 = link_tier_bytes(tier_classes)
+        clock1 = on_clock()
         peak = memory.peak_bytes()
         if opts.profile_dir and repeat == 0:
             with arithmetic(opts.dtype):
@@ -246,11 +258,25 @@ def _worker(
                 "peak_memory_bytes": peak,
                 "setup_s": setup_s,
                 "replay_wait_s": (sum(waited.values()) - waited0) / opts.steps,
+                "clock_waited_s": (clock1[0] - clock0[0]) / opts.steps,
+                "clock_arithmetic_s": (clock1[1] - clock0[1]) / opts.steps,
                 "process_groups": len(getattr(dist.distributed_c10d._world, "pg_map", ())),
             }
         )
         del row
     return out
+
+
+def _clock_hook(clock: Any) -> tuple[Any, Any]:
+    """(the model hook of each row, ``() -> (seconds waited, seconds of arithmetic)`` so far) on the
+    device clock (:mod:`zerotopo.bench.devicewait`, installed in this process now); without a clock, no
+    hook and zeros."""
+    if clock is None:
+        return None, lambda: (0.0, 0.0)
+    from zerotopo.bench.devicewait import install, install_units
+
+    totals = install(clock)
+    return (lambda model: install_units(model, clock, totals)), totals.totals
 
 
 def profile_step(row: Any, data: list, directory: str, name: str, rank: int) -> None:
@@ -553,6 +579,7 @@ def assemble(
                 "setup_s": r0["setup_s"],
                 "predicted_memory_bytes": m.get("predicted_memory_bytes"),
                 "replay_wait_s_per_step": r0.get("replay_wait_s"),
+                **_clock_figures(ranks),
                 # process groups alive on rank 0 in each run (its own: each run has fresh processes)
                 "process_groups": [per_rank[0][i].get("process_groups") for i in runs[source]],
                 # processor time of one step summed over the ranks (all of a rank's threads): on a machine
@@ -562,6 +589,18 @@ def assemble(
         )
         rows.append(row)
     return rows
+
+
+def _clock_figures(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A row's device-clock figures, means over ranks: seconds slept per step, seconds of real arithmetic
+    per step, and the arithmetic's share of the device time (slept plus arithmetic); empty off the
+    clock."""
+    slept = [r.get("clock_waited_s") or 0.0 for r in ranks]
+    work = [r.get("clock_arithmetic_s") or 0.0 for r in ranks]
+    if not any(slept) and not any(work):
+        return {}
+    s, w = sum(slept) / len(ranks), sum(work) / len(ranks)
+    return {"clock_slept_s_per_step": s, "clock_arithmetic_s_per_step": w, "arithmetic_fraction": w / (s + w)}
 
 
 def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
@@ -614,7 +653,7 @@ def apply_regime(opts: CompareOptions, topo: Any, target: Any) -> tuple[CompareO
     (``frontier-20b``: this machine's compute rate measured now; a built-in model gets the target's
     embedding-to-layer proportion, :func:`~zerotopo.bench.regime.derived_vocab`, unless ``--vocab``
     says otherwise), and the derivation; ``comm-bound``: ``opts`` unchanged, None."""
-    if opts.regime == "comm-bound":
+    if opts.regime in ("comm-bound", "device-clock"):
         return opts, None
     from zerotopo.bench import regime as R
     from zerotopo.cost.planner import CostOptions, estimate
@@ -709,8 +748,9 @@ def cluster(opts: CompareOptions, topo: Any) -> Iterator[tuple[Any, dict[str, st
             f"cannot emulate the cluster here ({why}); {HOW_TO_SKIP}: zerotopo bench compare --no-emulate"
         )
     with emulated_cluster(
-        topo, network_mbit=opts.network_mbit, rates=opts.rates, node_uplink=opts.node_uplink
-    ) as net:
+        topo, network_mbit=opts.network_mbit, rates=opts.rates, delays_ms=opts.delays_ms,
+        node_uplink=opts.node_uplink,
+    ) as net:  # fmt: skip
         rates = dict(net.tier_rates_mbit)
         if net.node_uplink_mbit is not None:
             rates["uplink per node"] = net.node_uplink_mbit
@@ -757,6 +797,11 @@ def run_rows(
     return per_rank
 
 
+#: Bench sequences per micro-batch per rank and their length under ``--regime device-clock`` (unless
+#: given): the target's device time does not depend on them, the real arithmetic does.
+CLOCK_BATCH = 1
+CLOCK_SEQ = 64
+
 #: Timed steps of :func:`measure_compute`'s floor run (after one warm-up step).
 COMPUTE_STEPS = 3
 
@@ -786,7 +831,7 @@ def _probe_worker(rank: int, world: int, opts: CompareOptions) -> list:
     from zerotopo.placement.plan import get_preset
     from zerotopo.placement.topology import load_topology
 
-    mesh = build_mesh(load_topology(opts.topology), get_preset("zero3"), topo_index=rank)
+    mesh = build_mesh(load_topology(opts.topology, nodes=opts.nodes), get_preset("zero3"), topo_index=rank)
     return probe(mesh.group("grads"), world)
 
 
@@ -808,14 +853,21 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     from zerotopo.placement.topology import load_topology
 
     _check(opts)
-    topo = load_topology(opts.topology)
+    topo = load_topology(opts.topology, nodes=opts.nodes)
     target = target_regime()
     opts, reg = apply_regime(opts, topo, target)
+    opts, clocked = apply_clock(opts, topo)
     opts = with_replay(opts, topo, target, reg)
     cfg, seq = model_config(opts)
     shape = cfg.shape(seq, name=opts.model)
     cost_topo, measured = cost_inputs(opts, topo)
-    if reg is not None:
+    if clocked is not None:
+        from zerotopo.bench.clocked import cost_topology
+
+        # priced on the target's device time and links as the clock dilates them, at efficiency 1
+        cost_topo = cost_topology(clocked, cfg, seq, opts.batch, opts.micro_batches, opts.checkpoint)
+        measured = {**measured, "default_bandwidth": False, "efficiency": 1.0}
+    elif reg is not None:
         # priced on the links the regime set (the derivation's rates; latencies as calibrated), not on
         # the topology file's, which were measured at the comm-bound rates
         from zerotopo.bench.regime import emulated_topology
@@ -824,15 +876,20 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         measured = {**measured, "default_bandwidth": False}  # the shipped table holds the comm-bound rates
     t0 = time.perf_counter()
     with cluster(opts, topo) as (network, tier_classes, rates):
-        transport = measure_transport(opts, topo, network)
-        cost_topo = with_transport(cost_topo, transport)
+        # on the clock a collective's processor time falls inside a device wait (devicewait's note)
+        transport = None if clocked else measure_transport(opts, topo, network)
+        if transport is not None:
+            cost_topo = with_transport(cost_topo, transport)
         specs, meta = resolve_rows(opts, cost_topo, shape, measured)
         per_rank = run_rows(opts, topo, specs, tier_classes, network)
     wall = time.perf_counter() - t0
     tokens = topo.world_size * opts.micro_batches * opts.batch * seq
     rows = assemble(opts, per_rank, meta, tokens)
     # the regime's start run used the rows' batch, checkpointing and one micro-batch (apply_regime)
-    compute = repredict(rows, meta, opts, cost_topo, shape, measured, reg.flops_per_rank if reg else None)
+    if clocked is None:
+        compute = repredict(rows, meta, opts, cost_topo, shape, measured, reg.flops_per_rank if reg else None)
+    else:
+        compute = f"the device clock: D {clocked.clock.dilation:.3g}, k {clocked.clock.scale:.3g}"
     reference, void = check_losses(rows)
     for r in rows:
         if r.get("predicted_step_time_s") and r.get("step_time_s"):
@@ -844,11 +901,29 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     report.update(wall_s=wall, predicted_compute=compute, reference=reference, losses_agree=void is None,
                   cost_inputs=(opts.calibration or f"topologies/{topo.name}.yaml and its default bandwidth table")
                   + (", tiers at the regime's link rates" if reg is not None else ""),
-                  void=void, transport=transport.to_dict())  # fmt: skip
+                  void=void, transport=transport.to_dict() if transport else None)  # fmt: skip
     report.update(_verdicts(rows))
     report["regime"] = _regime_report(opts, target, reg, rows)
+    if clocked is not None:
+        report["device_clock"] = clocked.to_dict()
     report["rows"] = rows
     return report
+
+
+def apply_clock(opts: CompareOptions, topo: Any) -> tuple[CompareOptions, Any]:
+    """``device-clock``: ``opts`` on the emulated device clock and its settings
+    (:func:`zerotopo.bench.clocked.derive`; a built-in model gets the target's embedding-to-layer
+    proportion, as under ``frontier-20b``); other regimes: ``opts``, None."""
+    if opts.regime != "device-clock":
+        return opts, None
+    from zerotopo.bench import clocked
+    from zerotopo.bench.regime import derived_vocab
+
+    if opts.vocab is None and opts.model in MODELS:
+        cfg, seq = model_config(opts)
+        opts = replace(opts, vocab=derived_vocab(cfg.shape(seq).layer_params(), cfg.hidden_size))
+    cfg, seq = model_config(opts)
+    return clocked.derive(opts, topo, cfg, seq, measure_compute, opts.workload)
 
 
 def _settings(
@@ -958,6 +1033,17 @@ def format_report(report: dict[str, Any]) -> str:
     regime = report.get("regime")
     if regime:
         lines += _regime_lines(report, regime)
+    clock = report.get("device_clock")
+    if clock:
+        fractions = [
+            r["arithmetic_fraction"] for r in report["rows"] if r.get("arithmetic_fraction") is not None
+        ]
+        lines.append(
+            f"device clock: {clock['target']}, D {clock['dilation']:.3g}, k {clock['scale']:.3g}; "
+            f"{clock['workload']}; real arithmetic {clock['predicted_arithmetic_fraction']:.1%} of the waited "
+            "time predicted"
+            + (f", {min(fractions):.1%}-{max(fractions):.1%} measured over the rows" if fractions else "")
+        )
     lines.append(f"predictions: compute {report['predicted_compute']}")
     tr = report.get("transport")
     if tr:
@@ -1070,7 +1156,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="frontier-20b",
         help="frontier-20b (default): tokens, checkpointing, link rate and memory cap derived so ZeRO-3's "
         "communication/compute ratio matches NeoX-20B on 48 Frontier nodes, a node's ranks sharing one "
-        "uplink; comm-bound: model small, 2 x 4 micro-batches, 50 Mbit/s per rank link (ZeRO-3 ~20x comm-bound)",
+        "uplink; comm-bound: model small, 2 x 4 micro-batches, 50 Mbit/s per rank link (ZeRO-3 ~20x comm-bound); "
+        "device-clock: every unit, optimizer step and quantizer kernel waits NeoX-20B's time on an MI250X GCD "
+        "times a dilation D, links at Frontier's bandwidth x k / D (zerotopo.bench.clocked)",
     )
     p.add_argument(
         "--curves",
@@ -1085,6 +1173,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "in fp32, zerotopo.bench.precision) or fp32 (default for comm-bound)",
     )
     p.add_argument("--topology", default=d.topology, help=f"topology (default {d.topology})")
+    p.add_argument("--nodes", type=int, help="emulated nodes (default: the topology's)")
     p.add_argument(
         "--model",
         help=f"built-in benchmark model ({', '.join(MODELS)}; default: wide for frontier-20b, {d.model} for "
@@ -1096,7 +1185,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--micro-batches",
         type=int,
-        help=f"comm-bound: per step (default {d.micro_batches}; derived otherwise)",
+        help=f"comm-bound: per step (default {d.micro_batches}); device-clock: per step per rank, each "
+        "standing for one NeoX-20B micro-batch (default 1); derived otherwise",
     )
     p.add_argument(
         "--batch",
@@ -1170,11 +1260,19 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
     d = CompareOptions()
     regime = getattr(args, "regime", "comm-bound")
     derived = regime != "comm-bound"
-    for key in ("batch", "micro_batches", "network_mbit"):
+    clock = regime == "device-clock"
+    for key in ("network_mbit",) if clock else ("batch", "micro_batches", "network_mbit"):
         if derived and getattr(args, key, None) is not None:
             flag = "--" + key.replace("_", "-")
             raise ConfigError(f"{regime} derives {flag}; give --regime comm-bound to set it", key=flag)
+    if clock and args.shape:
+        raise ConfigError("device-clock shapes every tier from the target's links", key="--shape")
+    nodes = getattr(args, "nodes", None)
+    if nodes is not None and not 1 <= nodes <= 64:
+        raise ConfigError(f"expected 1 to 64 emulated nodes, got {nodes}", key="--nodes")
     model = args.model or ("wide" if derived else d.model)
+    if clock:  # the device time is the target's: the real arithmetic only needs to be small
+        d = replace(d, batch=CLOCK_BATCH, micro_batches=1, seq=CLOCK_SEQ)
     return replace(
         d,
         regime=regime,
@@ -1186,8 +1284,9 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         warmup=args.warmup,
         micro_batches=args.micro_batches or d.micro_batches,
         batch=args.batch or d.batch,
-        seq=args.seq,
+        seq=args.seq or d.seq,
         vocab=args.vocab,
+        nodes=nodes,
         lr=args.lr,
         emulate=not args.no_emulate,
         network_mbit=args.network_mbit or d.network_mbit,

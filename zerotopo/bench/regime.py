@@ -119,10 +119,11 @@ def measured_ratio(rows: list[dict[str, Any]]) -> float | None:
 
 # -- the emulation that matches it ------------------------------------------------------------------
 
-REGIMES = ("frontier-20b", "comm-bound")
+REGIMES = ("frontier-20b", "comm-bound", "device-clock")
 """``bench compare --regime``: ``frontier-20b`` derives tokens, checkpointing and link rate from the
 target's R (:func:`derive`); ``comm-bound`` is the earlier fixed setting (model ``small``, 2 sequences x 4
-micro-batches per rank, 50 Mbit/s per rank, every rank its own link), ZeRO-3 about 20x comm-bound."""
+micro-batches per rank, 50 Mbit/s per rank, every rank its own link), ZeRO-3 about 20x comm-bound;
+``device-clock`` runs every rank's compute on the emulated device clock (:mod:`zerotopo.bench.clocked`)."""
 MIN_TOKENS = 2048
 """Tokens per micro-batch per rank at least: enough that matmuls dominate the step on a CPU rank."""
 GCD_MEMORY_BYTES = 64 * 2**30

@@ -45,26 +45,37 @@ class Row:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def build_model(cfg: NeoXConfig, seed: int = 0) -> torch.nn.Module:
-    """The benchmark's GPT-NeoX with the same weights on every rank and for every row."""
+Hook = Callable[[torch.nn.Module], Any]
+"""Called on each row's model once built, before any framework wraps it (the device clock's unit
+waits, :func:`zerotopo.bench.devicewait.install_units`)."""
+
+
+def build_model(cfg: NeoXConfig, seed: int = 0, hook: Hook | None = None) -> torch.nn.Module:
+    """The benchmark's GPT-NeoX with the same weights on every rank and for every row; ``hook`` is
+    called on it."""
     from zerotopo.models.neox import GPTNeoX
 
     torch.manual_seed(seed)
-    return GPTNeoX(cfg)
+    model = GPTNeoX(cfg)
+    if hook is not None:
+        hook(model)
+    return model
 
 
 def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def zerotopo_row(cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float, dtype: str = "fp32") -> Row:
+def zerotopo_row(
+    cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float, dtype: str = "fp32", hook: Hook | None = None
+) -> Row:
     """The engine under ``plan``; ``bf16``: weights gathered and gradients reduced in bf16 (fp32 shard)."""
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import parallelize
 
     mesh = build_mesh(topo, plan, topo_index=rank)
     wire = torch_dtype(dtype)
-    model, opt = parallelize(build_model(cfg), mesh=mesh, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0,
+    model, opt = parallelize(build_model(cfg, hook=hook), mesh=mesh, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0,
                              param_dtype=wire, reduce_dtype=wire)  # fmt: skip
 
     def step(batches):
@@ -91,6 +102,7 @@ def deepspeed_row(
     lr: float,
     buckets: dict[str, int] | None = None,
     dtype: str = "fp32",
+    hook: Hook | None = None,
 ) -> Row:
     """DeepSpeed ZeRO-3 (``hpz``: with a per-node secondary partition); ``buckets``: prefetch, reduce and
     persistence sizes in elements (:func:`zerotopo.bench.regime.deepspeed_buckets`), else persistence
@@ -128,7 +140,7 @@ def deepspeed_row(
     }
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
-    model = build_model(cfg)
+    model = build_model(cfg, hook=hook)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=config, dist_init_required=False)
 
@@ -159,13 +171,15 @@ def fsdp2_mesh(topo: Any, hpz: bool) -> Any:
     return init_device_mesh("cpu", (topo.nodes, topo.devices_per_node), mesh_dim_names=("replicate", "shard"))
 
 
-def fsdp2_row(cfg: NeoXConfig, topo: Any, hpz: bool, lr: float, dtype: str = "fp32") -> Row:
+def fsdp2_row(
+    cfg: NeoXConfig, topo: Any, hpz: bool, lr: float, dtype: str = "fp32", hook: Hook | None = None
+) -> Row:
     """FSDP2 (HSDP or hpZ-like resharding); ``bf16``: its mixed-precision policy gathers and reduces in
     bf16 (fp32 sharded parameters)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     node = topo.devices_per_node
-    model = build_model(cfg)
+    model = build_model(cfg, hook=hook)
     mesh = fsdp2_mesh(topo, hpz)
     kwargs: dict[str, Any] = {"mesh": mesh}
     if hpz:
@@ -219,12 +233,14 @@ def warm_up(cfg: NeoXConfig) -> None:
     optim.step()
 
 
-def floor_row(cfg: NeoXConfig, lr: float, dtype: str = "fp32") -> Row:
+def floor_row(cfg: NeoXConfig, lr: float, dtype: str = "fp32", hook: Hook | None = None) -> Row:
     """Each rank its own replica, no communication; ``bf16``: a bf16 working copy computes, its
     gradients step fp32 master weights, which are copied back (what a sharded row does, unsharded)."""
     master = build_model(cfg)
     optim = torch.optim.AdamW(master.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
     model = master if dtype == "fp32" else copy.deepcopy(master).to(torch_dtype(dtype))
+    if hook is not None:  # the model that computes waits (the fp32 master, or its bf16 copy)
+        hook(model)
     pairs = list(zip(master.parameters(), model.parameters()))
 
     def step(batches):
@@ -248,18 +264,21 @@ def floor_row(cfg: NeoXConfig, lr: float, dtype: str = "fp32") -> Row:
     return Row(step, info={"degrees": "replica per rank, no sync"})
 
 
-def build_row(name: str, plan: Any, cfg: NeoXConfig, topo: Any, rank: int, opts: Any) -> Row:
-    """The row called ``name`` (``plan``: the zerotopo plan of a zerotopo row, else None)."""
+def build_row(
+    name: str, plan: Any, cfg: NeoXConfig, topo: Any, rank: int, opts: Any, hook: Hook | None = None
+) -> Row:
+    """The row called ``name`` (``plan``: the zerotopo plan of a zerotopo row, else None); ``hook``: see
+    :data:`Hook`."""
     dt = opts.dtype
     if name == FLOOR_ROW:
-        return floor_row(cfg, opts.lr, dt)
+        return floor_row(cfg, opts.lr, dt, hook)
     if plan is not None:
-        return zerotopo_row(cfg, topo, plan, rank, opts.lr, dt)
+        return zerotopo_row(cfg, topo, plan, rank, opts.lr, dt, hook)
     if name in ("deepspeed-zero3", "deepspeed-hpz"):
         hpz = name == "deepspeed-hpz"
         return deepspeed_row(
-            cfg, topo, hpz, opts.batch, opts.micro_batches, opts.lr, opts.deepspeed_buckets, dt
+            cfg, topo, hpz, opts.batch, opts.micro_batches, opts.lr, opts.deepspeed_buckets, dt, hook
         )
     if name in ("fsdp2-hsdp", "fsdp2-hpz"):
-        return fsdp2_row(cfg, topo, name == "fsdp2-hpz", opts.lr, dt)
+        return fsdp2_row(cfg, topo, name == "fsdp2-hpz", opts.lr, dt, hook)
     raise ValueError(f"unknown benchmark row {name!r}")

@@ -24,6 +24,7 @@ EPILOG = """examples:
   srun -N2 -n16 zerotopo bench collectives --topology frontier --sizes 16M,256M
   zerotopo bench compare --plot compare.png    # root: zerotopo vs DeepSpeed vs FSDP2, emulated Frontier
   zerotopo bench compare --model tiny --steps 2 --rows zerotopo,zero3,fsdp2-hsdp --json
+  zerotopo bench scale --nodes 2,4,8,16 --json -o scale.json --plot scale.png   # root: on the device clock
 """
 
 
@@ -114,6 +115,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from zerotopo.bench import compare as compare_module
 
     compare_module.add_arguments(compare)
+    scale = sub.add_parser(
+        "scale",
+        help="the compare rows at 2-16 emulated nodes on the emulated device clock",
+        description="bench compare --regime device-clock at each node count; see docs/bench.md.",
+    )
+    from zerotopo.bench import scale as scale_module
+
+    scale_module.add_arguments(scale)
     step = sub.add_parser("step", help="time training steps per plan")
     module = _step_module()
     if module is not None:
@@ -125,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
         from zerotopo.bench import compare
 
         return compare.run(args)
+    if args.bench_target == "scale":
+        from zerotopo.bench import scale
+
+        return scale.run(args)
     if args.bench_target == "step":
         module = _step_module()
         if module is None:
@@ -133,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             )
         return int(module.run(args) or 0)
     if args.bench_target != "collectives":
-        raise ConfigError("choose what to benchmark: zerotopo bench collectives | step | compare")
+        raise ConfigError("choose what to benchmark: zerotopo bench collectives | step | compare | scale")
     check_collective_flags(args)
     if not 1 <= args.block <= 1 << 20:
         raise ConfigError(f"expected 1 to {1 << 20}, found {args.block}", source="--block")
