@@ -406,6 +406,7 @@ def resolve_rows(
                 meta[name].update(
                     predicted=predicted_step(est, opts),
                     predicted_tier_bytes=dict(est.comm_bytes),
+                    ring_tier_bytes=_ring_bytes(est, topo, plan),
                     predicted_memory_bytes=est.memory.total,
                     plan_object=plan,
                     schedule_object=sched,
@@ -434,6 +435,7 @@ def resolve_rows(
             "quantized": _quantized(plan),
             "predicted": predicted_step(est, opts),
             "predicted_tier_bytes": {k: v for k, v in est.comm_bytes.items()},
+            "ring_tier_bytes": _ring_bytes(est, topo, plan),
             "placement": placement(plan, topo),
             "plan_object": plan,
             "predicted_memory_bytes": est.memory.total,
@@ -449,6 +451,15 @@ def resolve_rows(
         else:
             specs.append((name, plan))
     return specs, meta
+
+
+def _ring_bytes(est: Any, topo: Any, plan: Any) -> dict[str, float] | None:
+    """The schedule's bytes per rank per step on each tier, hop by hop (:mod:`zerotopo.bench.ringbytes`)."""
+    if est.schedule is None:
+        return None
+    from zerotopo.bench.ringbytes import ring_tier_bytes
+
+    return ring_tier_bytes(est.schedule, topo, plan.degrees(topo))
 
 
 def predicted_step(est: Any, opts: CompareOptions) -> float:
@@ -570,6 +581,7 @@ def assemble(
                 "tokens_per_s": tokens_per_step / step,
                 "predicted_step_time_s": m["predicted"],
                 "predicted_tier_bytes": m.get("predicted_tier_bytes"),
+                "ring_tier_bytes": m.get("ring_tier_bytes"),
                 "tier_bytes_per_step": _mean_dict([r["tier_bytes"] for r in ranks]),
                 "peak_memory_bytes": max(peaks) if None not in peaks else None,
                 "peak_memory_bytes_per_rank": peaks,
@@ -894,6 +906,10 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     for r in rows:
         if r.get("predicted_step_time_s") and r.get("step_time_s"):
             r["predicted_over_measured"] = r["predicted_step_time_s"] / r["step_time_s"]
+        ring, sent = r.get("ring_tier_bytes"), r.get("tier_bytes_per_step")
+        net = topo.network.name
+        if ring and sent and ring.get(net) and net in sent:
+            r["network_bytes_over_ring"] = sent[net] / ring[net]
     report = {"command": command, "machine": f"{socket.gethostname()}, {os.cpu_count()} CPUs",
               "topology": topo.name, "world_size": topo.world_size, "emulated": opts.emulate,
               "tier_rates_mbit": rates}  # fmt: skip
@@ -1050,6 +1066,14 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"transport (measured first, priced as compute lost): {tr['us_per_call']:g} us per call, "
             f"{tr['us_per_mb']:g} us per MB sent ({tr['ranks_per_core']:g} ranks per core)"
+        )
+    over = {
+        r["name"]: r["network_bytes_over_ring"] for r in report["rows"] if r.get("network_bytes_over_ring")
+    }
+    if over:
+        lines.append(
+            "cross-node bytes, the links' counters over the schedule's ring accounting (hop by hop, "
+            "zerotopo.bench.ringbytes): " + ", ".join(f"{k} {v:.3f}x" for k, v in over.items())
         )
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))

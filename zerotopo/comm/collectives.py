@@ -348,7 +348,6 @@ def reduce_scatter(
             # gloo moves host memory only: the ring is for CPU tensors (CUDA tensors take gloo's own path).
             if (
                 op == "sum"
-                and d > 2
                 and send.device.type == "cpu"
                 and str(dist.get_backend(group.pg)) == "gloo"
             ):
@@ -381,6 +380,9 @@ def _ring_reduce_scatter(out_f: torch.Tensor, send: torch.Tensor, group: Any, *,
     network: 7.4 MB instead of 3.7 MB out of a node for a 4 MB message over 8 ranks). On a slow
     inter-node link that doubles the gradient traffic, so on gloo the ring runs here: ``d-1`` steps, each
     sending one partially reduced block to the next pg rank and adding the one received from the previous.
+    Two ranks too: gloo's all-reduce sends each of them the whole message, the ring half of it (the
+    ``zerotopo`` plan's cross-node ``optim_scatter`` pairs sent twice their schedule's bytes across nodes
+    before, ``tests/bench/test_tier_bytes.py``).
     It runs to completion on the calling thread (on CPU a collective's wait blocks the host anyway).
     """
     d = group.size
