@@ -346,11 +346,7 @@ def reduce_scatter(
 
         def native() -> tuple[Any, list[Finish]]:
             # gloo moves host memory only: the ring is for CPU tensors (CUDA tensors take gloo's own path).
-            if (
-                op == "sum"
-                and send.device.type == "cpu"
-                and str(dist.get_backend(group.pg)) == "gloo"
-            ):
+            if op == "sum" and send.device.type == "cpu" and str(dist.get_backend(group.pg)) == "gloo":
                 _ring_reduce_scatter(out_f, send, group, owned=send.data_ptr() != inp2.data_ptr())
                 return None, []
             return REDUCE_SCATTER(out_f, send, op=red, group=group.pg, async_op=True), []
