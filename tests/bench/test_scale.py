@@ -64,6 +64,13 @@ def _fake_report(opts):
             "planner_pick": "zero3", "fastest_zerotopo_row": "zero3", "losses_agree": True, "void": None}  # fmt: skip
 
 
+def test_each_count_runs_with_and_without_the_curves():
+    report = scale(CompareOptions(), (2,), "micro-batch", curves=(None, "frontier-48"),
+                   run_compare=lambda opts: {**_fake_report(opts), "curves_seen": opts.curves})  # fmt: skip
+    assert [e["curves"] for e in report["counts"]] == [None, "frontier-48"]
+    assert set(series(report)) >= {"zero3", "zero3 (frontier-48)"}
+
+
 def test_the_report_holds_every_count_and_plots(tmp_path):
     report = scale(CompareOptions(), (2, 4), "global-batch", run_compare=_fake_report)
     json.dumps(report)

@@ -151,13 +151,31 @@ def derive(
     net = topo.network.name
     opts = replace(opts, device_clock=clock, network_mbit=rates[net], rates=dict(rates), delays_ms=delays,
                    node_uplink=True, memory_cap_bytes=None)  # fmt: skip
+    if opts.curves is not None:
+        # the curves stand for the fabric at this node count, D times the target's time; the links run at
+        # their fastest and count bytes
+        from zerotopo.bench.regime import FASTEST_MBIT
+        from zerotopo.bench.replay import Replay
+
+        replay = Replay(opts.curves, k, D, topo.devices_per_node, device_topo.devices_per_node, topo.nodes)
+        opts = replace(opts, replay=replay, network_mbit=FASTEST_MBIT, rates={}, delays_ms={})
+        rates, delays = {}, {}
     work = work or workload(topo.nodes, topo.devices_per_node, micro, 0, "micro-batch", opts.micro_batches)
     return opts, ClockSettings(clock, target, flops, arithmetic, device_s, rates, delays, work)
 
 
 def cost_topology(
-    settings: ClockSettings, cfg: Any, seq: int, batch: int, micro_batches: int, checkpoint: bool
-) -> Any:
-    """The machine the cost model prices the rows on (:func:`zerotopo.bench.clock.emulated_device`)."""
+    settings: ClockSettings, cfg: Any, seq: int, batch: int, micro_batches: int, checkpoint: bool,
+    fast_links: bool = False,
+) -> Any:  # fmt: skip
+    """The machine the cost model prices the rows on (:func:`zerotopo.bench.clock.emulated_device`);
+    ``fast_links``: under the curve replay, its tiers at the links' fastest rate (the replay's waits are
+    added to each prediction, :func:`zerotopo.bench.compare.predicted_step`)."""
     flops = cfg.shape(seq).step_flops(batch * micro_batches, checkpoint_activations=checkpoint)
-    return C.emulated_device(settings.target, settings.clock, flops, cfg.num_layers, micro_batches)
+    machine = C.emulated_device(settings.target, settings.clock, flops, cfg.num_layers, micro_batches)
+    if not fast_links:
+        return machine
+    from zerotopo.bench.regime import FASTEST_MBIT, emulated_topology
+
+    fast = emulated_topology(machine, FASTEST_MBIT, 1.0)
+    return replace(machine, tiers=fast.tiers, network=fast.network)

@@ -734,7 +734,7 @@ def make_replay(
 def with_replay(opts: CompareOptions, topo: Any, target: Any, reg: Regime | None) -> CompareOptions:
     """``opts`` carrying the :class:`Replay` of ``--curves`` (:func:`make_replay`; compute rate: the
     regime's, else measured now)."""
-    if opts.curves is None:
+    if opts.curves is None or opts.replay is not None:  # the device clock sets its own
         return opts
     cfg, seq = model_config(opts)
     flops = reg.flops_per_rank if reg else measure_compute(opts, topo, cfg, seq, opts.batch)
@@ -877,7 +877,8 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         from zerotopo.bench.clocked import cost_topology
 
         # priced on the target's device time and links as the clock dilates them, at efficiency 1
-        cost_topo = cost_topology(clocked, cfg, seq, opts.batch, opts.micro_batches, opts.checkpoint)
+        cost_topo = cost_topology(clocked, cfg, seq, opts.batch, opts.micro_batches, opts.checkpoint,
+                                  fast_links=opts.replay is not None)  # fmt: skip
         measured = {**measured, "default_bandwidth": False, "efficiency": 1.0}
     elif reg is not None:
         # priced on the links the regime set (the derivation's rates; latencies as calibrated), not on

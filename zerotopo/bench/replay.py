@@ -52,6 +52,9 @@ class Replay:
     """Bench compute per micro-batch over the target's."""
     bench_per_node: int
     target_per_node: int = 8
+    nodes: int | None = None
+    """Node count whose spans the curves are read at (None: the curves' own, 48; the device clock: the
+    emulated count)."""
 
 
 def _nbytes(value: Any) -> int:
@@ -97,6 +100,7 @@ def schedule_wait(schedule: Any, r: Replay) -> float:
     from zerotopo.cost.bandwidth import OP_FAMILY, default_table
 
     topology, nodes = CURVES[r.curves]
+    nodes = r.nodes or nodes
     table = default_table(topology)
     total = 0.0
     for c in schedule.collectives():
@@ -131,6 +135,7 @@ def install(r: Replay) -> dict[str, float]:
     from zerotopo.cost.bandwidth import OP_FAMILY, default_table
 
     topology, nodes = CURVES[r.curves]
+    nodes = r.nodes or nodes
     table = default_table(topology)
     waited: dict[str, float] = {}
     spans: dict[Any, tuple[str, int, int]] = {}

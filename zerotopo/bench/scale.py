@@ -3,7 +3,8 @@
 At each node count the same emulated Frontier (``emulated-frontier``'s tree, 4 ranks per node) runs
 ``bench compare --regime device-clock`` (:mod:`zerotopo.bench.clocked`) with the rows that decide how
 to train at scale: the planner's pick, zero3, zeropp, mics, ``zerotopo``, DeepSpeed ZeRO-3, DeepSpeed
-hpZ and FSDP2 HSDP (and the ``no-comm`` floor, for the measured R). The planner is asked again at each
+hpZ and FSDP2 HSDP (and the ``no-comm`` floor, for the measured R), with the shaped links alone and
+with the Frontier curves replayed at that node count (``--curves``). The planner is asked again at each
 count, on that count's machine. The workload at each count is stated (:func:`zerotopo.bench.clocked.
 target_workload`): by default NeoX-20B at configs/neox-20b.yml's global batch, fewer micro-batches per
 rank as nodes grow; ``--mode micro-batch`` keeps a fixed number per rank.
@@ -28,6 +29,7 @@ from typing import Any
 
 from zerotopo.bench import FLOOR_ROW
 from zerotopo.bench.clocked import MODES, target_workload
+from zerotopo.bench.replay import CURVES
 from zerotopo.errors import ConfigError
 
 SCALE_ROWS = (FLOOR_ROW, "planner", "zero3", "zeropp", "mics", "zerotopo", "deepspeed-zero3", "deepspeed-hpz",
@@ -53,22 +55,25 @@ def parse_nodes(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def count_options(base: Any, nodes: int, mode: str, micro_batches: int) -> Any:
-    """``base`` (:class:`zerotopo.bench.compare.CompareOptions`) at ``nodes`` nodes: the device clock
-    and the stated workload's micro-batches per rank."""
+def count_options(base: Any, nodes: int, mode: str, micro_batches: int, curves: str | None = None) -> Any:
+    """``base`` (:class:`zerotopo.bench.compare.CompareOptions`) at ``nodes`` nodes: the device clock,
+    the stated workload's micro-batches per rank, and ``curves`` replayed at this node count (None:
+    the links alone)."""
     from zerotopo.placement.topology import load_topology
 
     per_node = load_topology(base.topology).devices_per_node
     work = target_workload(nodes, per_node, mode, micro_batches)
-    return replace(base, regime="device-clock", nodes=nodes, micro_batches=work.micro_batches, workload=work)
+    return replace(base, regime="device-clock", nodes=nodes, micro_batches=work.micro_batches, workload=work,
+                   curves=curves, replay=None)  # fmt: skip
 
 
-def count_entry(nodes: int, report: dict[str, Any]) -> dict[str, Any]:
-    """One node count's entry of the scale report: its node count, D, regime and workload beside the
-    rows and settings ``bench compare`` reported."""
+def count_entry(nodes: int, report: dict[str, Any], curves: str | None = None) -> dict[str, Any]:
+    """One node count's entry of the scale report: its node count, D, regime, workload and curve replay
+    beside the rows and settings ``bench compare`` reported."""
     clock = report.get("device_clock") or {}
     return {
         "nodes": nodes,
+        "curves": curves,
         "world_size": report["world_size"],
         "dilation": clock.get("dilation"),
         "regime": report.get("regime"),
@@ -85,17 +90,20 @@ def count_entry(nodes: int, report: dict[str, Any]) -> dict[str, Any]:
 
 
 def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_batches: int = 1,
-          command: str = "", run_compare: Any = None) -> dict[str, Any]:  # fmt: skip
-    """Run ``bench compare`` on the device clock at each of ``nodes`` (``run_compare(opts) -> report``,
-    default :func:`zerotopo.bench.compare.compare`) and return the scale report."""
+          command: str = "", run_compare: Any = None, curves: tuple[str | None, ...] = (None,)) -> dict[str, Any]:  # fmt: skip
+    """Run ``bench compare`` on the device clock at each of ``nodes``, once per entry of ``curves``
+    (None: the shaped links alone; a :data:`zerotopo.bench.replay.CURVES` name: replayed at that node
+    count); ``run_compare(opts) -> report``, default :func:`zerotopo.bench.compare.compare`. Returns
+    the scale report."""
     from zerotopo.bench.compare import compare
 
     run_compare = run_compare or (lambda opts: compare(opts, command=command))
     os.environ.setdefault("ZEROTOPO_START_METHOD", "forkserver")
     counts = []
     for n in nodes:
-        print(f"bench scale: {n} nodes", file=sys.stderr, flush=True)
-        counts.append(count_entry(n, run_compare(count_options(base, n, mode, micro_batches))))
+        for c in curves:
+            print(f"bench scale: {n} nodes" + (f", curves {c}" if c else ""), file=sys.stderr, flush=True)
+            counts.append(count_entry(n, run_compare(count_options(base, n, mode, micro_batches, c)), c))
     return {"command": command, "mode": mode, "nodes": list(nodes), "counts": counts}
 
 
@@ -104,7 +112,8 @@ def series(report: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, float]
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for entry in sorted(report["counts"], key=lambda e: e["nodes"]):
         for r in entry["rows"]:
-            s = out.setdefault(r["name"], {"measured": [], "predicted": []})
+            name = r["name"] + (f" ({entry['curves']})" if entry.get("curves") else "")
+            s = out.setdefault(name, {"measured": [], "predicted": []})
             if r.get("step_time_s"):
                 s["measured"].append((entry["nodes"], r["step_time_s"]))
             if r.get("predicted_step_time_s"):
@@ -117,7 +126,10 @@ def format_scale(report: dict[str, Any]) -> str:
     lines = [f"bench scale ({report['mode']}): nodes {', '.join(map(str, report['nodes']))}"]
     for e in report["counts"]:
         lines.append("")
-        lines.append(f"{e['nodes']} nodes ({e['world_size']} ranks), D {e['dilation']:.3g}: {e['workload']}")
+        replay = f", curves {e['curves']} replayed" if e.get("curves") else ""
+        lines.append(
+            f"{e['nodes']} nodes ({e['world_size']} ranks){replay}, D {e['dilation']:.3g}: {e['workload']}"
+        )
         lines.append(
             f"  {'row':<16} {'step s':>8} {'min-max':>15} {'pred s':>8} {'peak MiB/rank':>13}  cross-node MB"
         )
@@ -174,6 +186,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--micro-batches", type=int, default=1, help="micro-batch mode: per rank per step (default 1)"
     )
     p.add_argument("--rows", default=",".join(SCALE_ROWS), help="comma-separated rows (default: all)")
+    p.add_argument("--curves", choices=("both", "off", *CURVES), default="both",
+                   help="at each count, the shaped links alone (off), the Frontier curves replayed at that node "
+                   "count in place of the links' times (frontier-48), or both (default)")  # fmt: skip
     p.add_argument("--steps", type=int, default=2, help="timed steps per row (default 2)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument("--repeat", type=int, default=3, help="runs of every row at each count (default 3)")
@@ -208,13 +223,14 @@ def run(args: argparse.Namespace) -> int:
                           repeat=args.repeat, dtype=args.dtype, batch=CLOCK_BATCH, seq=CLOCK_SEQ,
                           timeout_s=args.timeout)  # fmt: skip
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench scale"
+    curves = {"both": (None, *CURVES), "off": (None,)}.get(args.curves, (args.curves,))
     if args.json:
         log = args.log or log_path()
         print(f"# rank output: {log}", file=sys.stderr)
         with stdout_to(log):
-            report = scale(base, nodes, args.mode, args.micro_batches, command)
+            report = scale(base, nodes, args.mode, args.micro_batches, command, curves=curves)
     else:
-        report = scale(base, nodes, args.mode, args.micro_batches, command)
+        report = scale(base, nodes, args.mode, args.micro_batches, command, curves=curves)
     text = json.dumps(report, indent=1, default=str)
     if args.output:
         with open(args.output, "w") as f:
