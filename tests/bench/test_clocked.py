@@ -71,3 +71,29 @@ def test_the_predictions_take_the_clocks_compute_time():
         CostOptions(micro_batch=1, grad_accum=2, efficiency=1.0, checkpoint_activations=False),
     )
     assert est.time.compute_s == pytest.approx(s.clock.step_wait(cfg.num_layers, 2), rel=1e-6)
+
+
+def _args(*argv: str):
+    import argparse
+
+    from zerotopo.bench.compare import add_arguments, options_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return options_from_args(p.parse_args(list(argv)))
+
+
+def test_the_command_line_of_the_clock():
+    from zerotopo.errors import ConfigError
+
+    opts = _args("--regime", "device-clock", "--nodes", "4")
+    assert (opts.regime, opts.nodes, opts.batch, opts.seq, opts.micro_batches, opts.model) == (
+        "device-clock", 4, 1, 64, 1, "wide")  # fmt: skip
+    assert _args("--regime", "device-clock", "--micro-batches", "3", "--batch", "2").micro_batches == 3
+    with pytest.raises(ConfigError, match="--network-mbit"):
+        _args("--regime", "device-clock", "--network-mbit", "5")
+    with pytest.raises(ConfigError, match="--shape"):
+        _args("--regime", "device-clock", "--shape", "node=5")
+    with pytest.raises(ConfigError, match="--nodes"):
+        _args("--regime", "device-clock", "--nodes", "65")
+    assert _args("--regime", "comm-bound").seq is None  # the other regimes keep the model's
