@@ -97,4 +97,14 @@ def test_the_cost_model_prices_the_bench_at_the_clocks_time():
     assert priced.device.memory_bandwidth_gbps == pytest.approx(1600 * 2e-3 / 20)
     assert priced.network.injection_gbps == pytest.approx(target.network.injection_gbps * 2e-3 / 20)
     assert priced.tiers[0].latency_us == pytest.approx(target.tiers[0].latency_us * 20)
-    assert priced.device.quant_gbps == 0 and priced.device.quant_rates == ()
+    assert priced.device.quant_gbps == 0
+    # the quantizer priced as the clock waits it: a bf16 int8 gather of n values over 2 ranks quantizes
+    # n/2 values (2 bytes in, a code and a scale share out) and dequantizes n (the reverse)
+    from zerotopo.cost.time import quantizer_time
+    from zerotopo.placement.schedule import Collective
+
+    n = 1 << 20
+    g = Collective("forward", "all_gather_int8", "params", 2, "package", 1, 1, "int8", quant_numel=n + n // 2,
+                   value_bytes=2)  # fmt: skip
+    moved = (n // 2) * (2 + 1 + 4 / 256) + n * (1 + 4 / 256 + 2)
+    assert quantizer_time(g, priced) == pytest.approx(clock.memory_wait(moved))

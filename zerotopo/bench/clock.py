@@ -162,12 +162,31 @@ def link_delays_ms(target: Any, dilation_: float) -> dict[str, float]:
     return out
 
 
+def roofline_rates(hbm_gbps: float, block: int = 256) -> tuple[tuple[str, str, str, float], ...]:
+    """The quantizer's rates by input dtype, code and pass (:mod:`zerotopo.cost.quantrates`, G values
+    per second) of kernels that move their bytes at ``hbm_gbps``: a quantize pass reads the value and
+    writes its code and its share of a block's fp32 scale, a dequantize pass the reverse (the int4
+    dequantize-and-sum: the codes and scales read, its sums' writes left out). What the device clock's
+    waits charge each pass (:func:`zerotopo.bench.devicewait.pass_bytes`), so the cost model prices the
+    bench's bf16 and fp32 kernels as the clock waits them."""
+    from zerotopo.cost.quantrates import VALUE_DTYPES
+
+    rows = []
+    for dtype, width in VALUE_DTYPES.items():
+        for code, code_bytes in (("int8", 1.0), ("int4", 0.5)):
+            payload = code_bytes + 4 / block
+            rows.append((dtype, code, "quantize", hbm_gbps / (width + payload)))
+            rows.append((dtype, code, "dequantize", hbm_gbps / (payload + (width if code == "int8" else 0))))
+    return tuple(rows)
+
+
 def emulated_device(
     target: Any, clock: DeviceClock, bench_step_flops: float, layers: int, micro_batches: int
 ) -> Any:
     """``target`` as the cost model prices the bench on the clock (at efficiency 1): tiers and network at
     ``k / D`` of the target's bandwidth and ``D`` times its latency; HBM at ``k / D`` of the target's
-    (the optimizer step and the quantizer's roofline then take the clock's waits); and a peak at which
+    (the optimizer step then takes the clock's wait) and the quantizer's passes at
+    :func:`roofline_rates` of it, by input dtype as the clock waits them; and a peak at which
     the bench model's ``bench_step_flops`` (one step, recomputation included) take the clock's device
     time of the step's units (:meth:`DeviceClock.step_wait` of ``layers`` layers, ``micro_batches``)."""
     k, D = clock.scale, clock.dilation
@@ -176,6 +195,7 @@ def emulated_device(
     network = replace(target.network, injection_gbps=target.network.injection_gbps * k / D,
                       latency_us=target.network.latency_us * D)  # fmt: skip
     peak = bench_step_flops / clock.step_wait(layers, micro_batches) / 1e12
-    device = replace(target.device, peak_tflops=peak, memory_bandwidth_gbps=clock.hbm_gbps * k / D,
-                     quant_gbps=0.0, quant_rates=())  # fmt: skip
+    hbm = clock.hbm_gbps * k / D
+    device = replace(target.device, peak_tflops=peak, memory_bandwidth_gbps=hbm, quant_gbps=0.0,
+                     quant_rates=roofline_rates(hbm))  # fmt: skip
     return replace(target, tiers=tiers, network=network, device=device)
