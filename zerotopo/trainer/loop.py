@@ -204,7 +204,9 @@ def setup(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
             key="topology",
         )
     check_against_topology(info, topology)
-    check_device_list(os.environ, topology)
+    # A launched rank that sees no device stops here, naming the variable that hid it (not at the rendezvous).
+    seen = torch.cuda.device_count() if info.launcher != "local" else None
+    check_device_list(os.environ, topology, device_count=seen)
     device = init_distributed(info)
     torch.set_num_threads(max(1, int(os.environ.get("ZEROTOPO_THREADS_PER_RANK", "1"))))
     plan = job.load_plan(args)
