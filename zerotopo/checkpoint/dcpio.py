@@ -326,12 +326,18 @@ def _fsync_write(path: Path, data: bytes) -> None:
 class SafeWriter(FileSystemWriter):
     """DCP's file-system writer, with the metadata as JSON instead of a pickle."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, step: int | None = None) -> None:
+        """``step``: the step saved, passed to :func:`zerotopo.checkpoint.store.save_phase`."""
         super().__init__(path, single_file_per_rank=True, sync_files=True)
+        self.step = step
 
     def write_data(self, plan, planner):
+        from zerotopo.checkpoint import store
+
         results = super().write_data(plan, planner).wait()
+        store.save_phase("write", self.step)
         checked = _with_checksums(Path(self.path), results)
+        store.save_phase("checksum", self.step)
         fut: Future = Future()
         fut.set_result(checked)
         return fut

@@ -35,12 +35,16 @@ class LongRun:
     preemption: Preemption
     lock: SaveLock | None = None
 
-    def take_lock(self, args: NeoXArgs, is_main: bool) -> None:
-        """Collective: rank 0 takes the lock of ``save:``; every rank raises the same error if it cannot."""
+    def take_lock(self, args: NeoXArgs, is_main: bool, *, launcher_holds: bool = False) -> None:
+        """Collective: rank 0 takes the lock of ``save:``; every rank raises the same error if it cannot.
+        ``launcher_holds``: the launching process took it before the ranks started (nothing to do)."""
+        if launcher_holds:
+            return
         error = ""
         if is_main and args.save:
             try:
                 self.lock = SaveLock(args.save, args.sources.get("save"))
+                self.preemption.on_abort.append(self.lock.release)
             except ZerotopoError as exc:
                 error = str(exc)
         box = [error]
