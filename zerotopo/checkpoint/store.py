@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -690,7 +691,7 @@ def _refuse_link(path: Path) -> None:
 def open_checkpoint(step_dir: Path) -> Checkpoint:
     """Read and check ``checkpoint.json`` and the DCP metadata of a step directory; every data file the
     metadata names must exist and be long enough."""
-    from zerotopo.checkpoint.dcpio import METADATA_FILE, read_metadata_file
+    from zerotopo.checkpoint.dcpmeta import METADATA_FILE, read_metadata_file
 
     step_dir = Path(step_dir)
     mpath = step_dir / MANIFEST
@@ -794,7 +795,7 @@ def check_optimizer(ckpt: Checkpoint, name: str, states: list[str] | tuple[str, 
 
 def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
     """The checkpoint holds exactly this model's tensors with its shapes, and its config matches."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from zerotopo.checkpoint.dcpmeta import TensorMeta
 
     mpath = ckpt.path / MANIFEST
     saved = ckpt.manifest["model"]
@@ -832,8 +833,8 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
     index = {(i.fqn, tuple(i.offset or ())) for i in ckpt.metadata.storage_data}
     for key, numel in expected.items():
         md = stored[key]
-        if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != (numel,):
-            got = tuple(md.size) if isinstance(md, TensorStorageMetadata) else "not a tensor"
+        if not isinstance(md, TensorMeta) or tuple(md.size) != (numel,):
+            got = tuple(md.size) if isinstance(md, TensorMeta) else "not a tensor"
             raise ZerotopoError(f"{ckpt.path}: {key} has shape {got}, this model needs ({numel},)")
         if md.properties.dtype != torch.float32:
             raise ZerotopoError(f"{ckpt.path}: {key} is {md.properties.dtype}, expected torch.float32")
@@ -853,14 +854,14 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
 def _check_small_states(ckpt: Checkpoint, stored: dict[str, Any]) -> None:
     """The RNG states have this torch's size and the loss scaler's entries are small float64 vectors, so a
     damaged one is refused here, before any rank starts, not inside ``torch.set_rng_state``."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from zerotopo.checkpoint.dcpmeta import TensorMeta
 
     rng_bytes = torch.get_rng_state().numel()
     for key, md in stored.items():
         if not key.startswith(("rng/", "scaler/")):
             continue
-        size = tuple(md.size) if isinstance(md, TensorStorageMetadata) else None
-        dtype = md.properties.dtype if isinstance(md, TensorStorageMetadata) else None
+        size = tuple(md.size) if isinstance(md, TensorMeta) else None
+        dtype = md.properties.dtype if isinstance(md, TensorMeta) else None
         if key.endswith("/torch"):
             want, want_dtype = (rng_bytes,), torch.uint8
         elif key.startswith("rng/"):
@@ -936,13 +937,15 @@ class VerifyReport:
     bytes: int
     unchecked: int
     """Pieces without a checksum (written by an earlier zerotopo): only their dtype and size were checked."""
+    read_s: float = 0.0
+    """Seconds spent reading and checking the pieces (the command's start-up and the metadata excluded)."""
 
 
 def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
     """Check a checkpoint without training (``zerotopo ckpt verify``): the manifest, the metadata against
     the manifest's model, and every stored piece's checksum, dtype, element count and values. Raises
     :class:`ZerotopoError` naming the file at the first fault."""
-    from zerotopo.checkpoint.dcpio import open_data_file, read_piece
+    from zerotopo.checkpoint.dcpmeta import open_data_file, read_piece
 
     step_dir = find_checkpoint(path)
     if step_dir is None:
@@ -953,6 +956,7 @@ def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
     for index, info in ckpt.metadata.storage_data.items():
         by_file.setdefault(info.relative_path, []).append((index, info))
     pieces = nbytes = unchecked = 0
+    t0 = time.perf_counter()
     for name, entries in sorted(by_file.items()):
         with open_data_file(step_dir / name) as f:
             for index, info in sorted(entries, key=lambda e: e[1].offset):
@@ -960,7 +964,9 @@ def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
                 pieces += 1
                 nbytes += info.length
                 unchecked += getattr(info, "checksum", None) is None
-    return VerifyReport(step_dir, ckpt.step, len(by_file), pieces, nbytes, unchecked)
+    return VerifyReport(
+        step_dir, ckpt.step, len(by_file), pieces, nbytes, unchecked, time.perf_counter() - t0
+    )
 
 
 def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
@@ -968,7 +974,8 @@ def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str
     each assembled from the pieces every writing rank stored."""
     import torch.distributed.checkpoint as dcp
 
-    from zerotopo.checkpoint.dcpio import FlatLoadPlanner, SafeReader, read_metadata_file
+    from zerotopo.checkpoint.dcpio import FlatLoadPlanner, SafeReader
+    from zerotopo.checkpoint.dcpmeta import read_metadata_file
 
     stored = read_metadata_file(Path(step_dir)).state_dict_metadata
     state = {}
