@@ -30,7 +30,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from memory_bench import config  # noqa: E402
 
-BLOCKED = re.compile(r"checkpoint of step (\d+) (copied for the background writer|saved): training blocked ([0-9.]+)s")
+BLOCKED = re.compile(
+    r"checkpoint of step (\d+) (copied for the background writer|saved): training blocked ([0-9.]+)s"
+)
 
 
 def _env() -> dict[str, str]:
@@ -98,6 +100,7 @@ def main() -> int:
         rows = {}
         for mode in ("sync", "async"):
             got = train(cfg, work / mode, f"save={work / (mode + '-ckpt')}", "save_interval=2",
+                        "keep_last_n_checkpoints=2",
                         f"async_save={'true' if mode == 'async' else 'false'}")  # fmt: skip
             rows[mode] = [got[s] for s in (2, 4, 6)]
             print(f"{mode:>5}: training blocked per save (steps 2, 4, 6): "
@@ -105,7 +108,9 @@ def main() -> int:
                   f"last save (step 7, written before exit) {got[7]:.3f} s")  # fmt: skip
         got, to_exit, code = sigterm(cfg, work / "term", f"save={work / 'term-ckpt'}", "train_iters=1000")
         (step, t), *_ = sorted(got.items())
-        print(f"SIGTERM: saved step {step}, training blocked {t:.3f} s; signal to exit {to_exit:.1f} s; exit {code}")
+        print(
+            f"SIGTERM: saved step {step}, training blocked {t:.3f} s; signal to exit {to_exit:.1f} s; exit {code}"
+        )
         wall, line = verify(work / "sync-ckpt")
         print(f"ckpt verify: {line}; wall {wall:.1f} s")
     return 0

@@ -349,8 +349,9 @@ def snapshot_save(
     else:
         state = _shard_state(model, optimizer)
     if model.scaler is not None:
-        state.update(_scaler_tensors(model.scaler))
-    state.update({k: v.clone() for k, v in _rng_tensors(rank).items()})
+        scaler = _scaler_tensors(model.scaler)
+        state.update({k: v.clone() for k, v in scaler.items()} if copy else scaler)
+    state.update(_rng_tensors(rank))  # copies of the generators' states
     return PendingSave(root, step, state, manifest, cfg, tokenizer, copy)
 
 

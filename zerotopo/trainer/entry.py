@@ -184,9 +184,12 @@ def _sigterm_raises():
         return
 
     def stop(signum: int, frame: Any) -> None:
+        from zerotopo.errors import EXIT_TERMINATED
         from zerotopo.launch.spawn import SpawnError
 
-        raise SpawnError("stopped by SIGTERM before training started; nothing to save", exit_code=143)
+        raise SpawnError(
+            "stopped by SIGTERM before training started; nothing to save", exit_code=EXIT_TERMINATED
+        )
 
     old = signal.signal(signal.SIGTERM, stop)
     try:

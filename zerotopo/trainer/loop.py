@@ -483,7 +483,7 @@ def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
     args = tr.args
     t0 = time.perf_counter()
     background = tr.saver is not None and not last
-    wait_for_save(tr, last=last, before=at_step)  # at most one save in flight; a failed one warns
+    wait_for_save(tr, before=at_step)  # at most one save in flight; a failed one warns (or strict_saves)
     if tr.writer is not None:
         tr.writer.sync()  # every logged row on disk before the checkpoint that follows it
     try:
