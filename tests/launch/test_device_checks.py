@@ -26,6 +26,28 @@ def test_a_list_hiding_every_device_is_an_error_on_a_gpu_topology(var, value):
     check_device_list({var: "0,1"}, load_topology("frontier"))
 
 
+@pytest.mark.parametrize(
+    "var,value",
+    [("CUDA_VISIBLE_DEVICES", "8"), ("HIP_VISIBLE_DEVICES", "9,10"), ("ROCR_VISIBLE_DEVICES", "12,0")],
+)
+def test_a_list_of_devices_the_node_does_not_have_hides_every_device(var, value):
+    # frontier's node has 8 GCDs (0-7); the runtimes stop reading a list at its first invalid entry
+    with pytest.raises(
+        LaunchError, match=f"{var}='{value}' hides every device \\(device {value.split(',')[0]} is "
+    ):
+        check_device_list({var: value}, load_topology("frontier"))
+    check_device_list({var: "7,8"}, load_topology("frontier"))
+
+
+def test_a_launched_rank_that_sees_no_device_names_the_variable():
+    with pytest.raises(
+        LaunchError, match="CUDA_VISIBLE_DEVICES='3' leaves this rank no device, but topology"
+    ):
+        check_device_list({"CUDA_VISIBLE_DEVICES": "3"}, load_topology("frontier"), device_count=0)
+    check_device_list({"CUDA_VISIBLE_DEVICES": "3"}, load_topology("frontier"), device_count=1)
+    check_device_list({}, load_topology("emulated"), device_count=0)
+
+
 def test_the_train_command_refuses_it_before_spawning(capfd):
     import os
 

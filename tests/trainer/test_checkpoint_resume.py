@@ -146,6 +146,16 @@ def test_reshard_continues_within_1e5(tmp, reference, capfd, name, flags):
         assert abs(got[s] - ref[s]) <= 1e-5 * abs(ref[s]), (s, got[s], ref[s])
 
 
+def test_an_8_rank_checkpoint_resumes_on_4_ranks_at_half_the_global_batch(tmp, reference, capfd):
+    save, _ = reference
+    # step 4 of 6 consumed 32 samples at 8 per step; 4 ranks run the 2 steps left at 4 per step
+    code, text, run = train(tmp, "4ranks", "--nodes", "2", "--set", f"load={save / 'step_4'}", capfd=capfd)
+    assert code == 0, text
+    assert "damaged" not in text
+    assert sorted(losses(run)) == [5, 6]
+    assert "training continues from sample 32 with 4 samples per step" in (run / "train.log").read_text()
+
+
 @pytest.fixture(scope="module")
 def hf_model(tmp):
     """A random transformers GPT-NeoX of the small config's shape, in several safetensors shards."""

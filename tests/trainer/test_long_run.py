@@ -101,6 +101,60 @@ def test_sigusr1_saves_at_the_next_step_and_a_second_run_meets_the_lock(tmp):
     assert [r["step"] for r in _train_rows(tmp / "a")] == list(range(1, step + 2))
 
 
+def _losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in _train_rows(run)}
+
+
+def test_sigterm_to_a_local_run_saves_even_when_repeated_and_the_rerun_is_bit_identical(tmp):
+    save = tmp / "ckpt"
+    sets = ("lr_decay_style=constant", "train_iters=40", "log_interval=1")
+    ref = _run(tmp, "ref", *sets)
+    assert ref.returncode == 0, ref.stderr
+    a = subprocess.Popen(_argv(tmp, "a", *sets, f"save={save}", f"load={save}", "save_interval=1000"),
+                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)  # fmt: skip
+    try:
+        _wait_rows(a, tmp / "a", 2)
+        a.send_signal(signal.SIGTERM)  # what timeout, systemd, docker stop and Kubernetes send
+        time.sleep(0.5)
+        a.send_signal(signal.SIGTERM)  # a second one lets the save finish
+        out, err = a.communicate(timeout=600)
+    finally:
+        if a.poll() is None:
+            a.kill()
+    assert a.returncode == EXIT_PREEMPTED, err
+    step = _train_rows(tmp / "a")[-1]["step"]
+    assert 2 <= step < 40, err
+    assert "SIGTERM received again: the ranks finish their save" in err, err
+    assert f"stopped by SIGTERM after saving the checkpoint of step {step} in {save / f'step_{step}'};" in err
+    assert (save / "latest").read_text().strip() == f"step_{step}" and not (save / LOCK_FILE).exists()
+    rerun = _run(tmp, "a", *sets, f"save={save}", f"load={save}", "save_interval=1000")
+    assert rerun.returncode == 0, rerun.stderr
+    got, want = _losses(tmp / "a"), _losses(tmp / "ref")
+    assert sorted(got) == list(range(1, 41))
+    assert all(got[s] == want[s] for s in got), [(s, got[s], want[s]) for s in got if got[s] != want[s]]
+
+
+def test_a_second_run_is_refused_before_any_rank_starts(tmp):
+    from zerotopo.trainer.savelock import SaveLock
+
+    save = tmp / "ckpt"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        lock = SaveLock(save)
+        # the lock as a live run on this host holds it: another process
+        (save / LOCK_FILE).write_text(json.dumps({**vars(lock.me), "pid": holder.pid}))
+        t0 = time.monotonic()
+        b = _run(tmp, "b", f"save={save}", "train_iters=2")
+        took = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert b.returncode == 2 and f"process {holder.pid}" in b.stderr, b.stderr
+    assert not (tmp / "b").exists() or not (tmp / "b" / "metrics.csv").exists()
+    assert "rank" not in b.stderr.split("is in use")[0], b.stderr  # refused by the launcher, not by a rank
+    assert took < 120, took
+
+
 def test_sigterm_to_every_rank_of_a_torchrun_style_launch_saves_then_exits_for_requeue(tmp):
     save, port = tmp / "ckpt", free_port()
     procs = []

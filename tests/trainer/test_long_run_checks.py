@@ -1,5 +1,5 @@
 """The long-run checks as pure functions (no process group): the non-finite guard's verdict on logged rows,
-the run identity at resume, the room the data leaves for a resumed run, and what a failed save says about
+the run identity at resume, the samples a resumed run's data must hold, and what a failed save says about
 the previous checkpoint."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from zerotopo.checkpoint.store import NonFiniteError, _kept, check_identity, pre
 from zerotopo.config.neox import load_neox_config
 from zerotopo.errors import ConfigError, ZerotopoError
 from zerotopo.trainer.longrun import check_finite_rows, check_resume_position
+from zerotopo.trainer.steps import train_samples_needed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,12 +54,21 @@ def test_identity_differences_are_an_error_only_when_the_run_continues_in_that_d
     assert check_identity(_ckpt(tmp_path, config_hash=None), **same, continues=True) is None
 
 
-def test_consumed_samples_beyond_the_data_are_refused_before_the_ranks_start(tmp_path):
-    args = load_neox_config([ROOT / "configs" / "tiny.yml"], {"train_iters": 10})
+def test_a_resume_at_another_global_batch_is_accepted_and_an_impossible_count_refused(tmp_path):
+    args = load_neox_config([ROOT / "configs" / "tiny.yml"], {"train_iters": 4})
     _, _, global_batch = args.batch_sizes(8)
+    # written by 8 ranks at step 2, resumed on 4: half the global batch, the same consumed samples
+    check_resume_position(args, _ckpt(tmp_path, consumed_samples=2 * global_batch), 4)
     check_resume_position(args, _ckpt(tmp_path, consumed_samples=2 * global_batch), 8)
-    with pytest.raises(ConfigError, match="has consumed 123456789 samples at step 2"):
-        check_resume_position(args, _ckpt(tmp_path, consumed_samples=123456789), 8)
+    with pytest.raises(ConfigError, match="has consumed 1 samples at step 2, fewer than one per step; the "):
+        check_resume_position(args, _ckpt(tmp_path, consumed_samples=1), 8)
+
+
+def test_the_training_data_holds_the_consumed_samples_and_the_remaining_steps_at_the_new_batch():
+    ctx = SimpleNamespace(is_main=False)
+    # 8 ranks consumed 128 samples in 2 steps of 64; 4 ranks run the 2 steps left at 32
+    assert train_samples_needed(4, 2, 128, 32, ctx) == 128 + 2 * 32
+    assert train_samples_needed(4, 2, 64, 32, ctx) == 4 * 32  # the same batch: train_iters x batch
 
 
 def test_a_failed_save_names_the_kept_checkpoint_or_says_there_is_none(tmp_path):

@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -82,9 +83,12 @@ def _pieces(unit, chunk: torch.Tensor):
             yield s, a - s.offset, chunk[a - lo : b - lo]
 
 
-def _shard_state(model, optimizer, *, weights_only: bool = False) -> dict[str, Any]:
+def _shard_state(
+    model, optimizer, *, weights_only: bool = False, copy_to: torch.device | None = None
+) -> dict[str, Any]:
     """This rank's shards as DCP entries: views of the optimizer's fp32 buffers, cut per parameter
-    (``weights_only``: the master weights alone)."""
+    (``weights_only``: the master weights alone; ``copy_to``: views of a copy of each buffer made there,
+    which later steps do not change)."""
     from zerotopo.checkpoint.dcpio import FlatPieces
 
     state: dict[str, Any] = {}
@@ -93,7 +97,8 @@ def _shard_state(model, optimizer, *, weights_only: bool = False) -> dict[str, A
         kinds += list(optimizer.states.items())
     for i, u in enumerate(model.units):
         for kind, bufs in kinds:
-            for s, off, view in _pieces(u, bufs[i]):
+            buf = bufs[i] if copy_to is None else bufs[i].to(copy_to, copy=True)
+            for s, off, view in _pieces(u, buf):
                 state.setdefault(f"{kind}/{s.name}", FlatPieces(s.numel)).pieces.append((off, view))
     return state
 
@@ -186,16 +191,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _broadcast_str(text: str) -> str:
+def _broadcast_str(text: str, group: Any = None) -> str:
     obj = [text]
-    dist.broadcast_object_list(obj, src=0)
+    dist.broadcast_object_list(obj, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
     return obj[0]
 
 
-def _finalize(
-    root: Path,
-    tmp: str,
-    final: Path,
+SAVE_PHASES = ("copy", "write", "checksum", "metadata", "rename", "latest")
+"""The phases of a save, in order: the shards copied off the training path (a background save only), this
+rank's data file written, its pieces' checksums taken, the metadata and manifest written (rank 0), the
+directory renamed into place, ``latest`` moved (see [Note: atomic save])."""
+
+
+def save_phase(phase: str, step: int) -> None:
+    """Called as a save of ``step`` reaches each of :data:`SAVE_PHASES`; does nothing. A fault-injection
+    test replaces it to stop a rank or the job at a named phase."""
+
+
+def _manifest(
     *,
     step: int,
     model,
@@ -206,13 +219,10 @@ def _finalize(
     plan_name: str,
     plan_label: str,
     seed: int,
-    tokenizer: dict[str, Any] | None,
-    config_hash: str = "",
-) -> None:
-    """Rank 0, once every rank's shards are written: the manifest, the rename, then ``latest``."""
-    from zerotopo.models.hf import hf_config_dict
-
-    manifest = {
+    config_hash: str,
+) -> dict[str, Any]:
+    """The manifest of a save, taken at the step it saves (a background save writes it later)."""
+    return {
         "format": FORMAT,
         "version": VERSION,
         "step": step,
@@ -233,6 +243,14 @@ def _finalize(
         "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
         "tokenizer": None,
     }
+
+
+def _finalize(root: Path, tmp: str, final: Path, *, manifest: dict[str, Any], cfg: NeoXConfig,
+              tokenizer: dict[str, Any] | None) -> None:  # fmt: skip
+    """Rank 0, once every rank's shards are written: the manifest, the rename, then ``latest``."""
+    from zerotopo.models.hf import hf_config_dict
+
+    step = manifest["step"]
     tmp_dir = Path(tmp)
     if tokenizer:
         copied = []
@@ -248,19 +266,160 @@ def _finalize(
     hf = hf_config_dict(cfg)
     if tokenizer and tokenizer.get("eod") is not None:
         hf["bos_token_id"] = hf["eos_token_id"] = int(tokenizer["eod"])
-    (tmp_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    write_text_atomic(tmp_dir / "config.json", json.dumps(hf, indent=2) + "\n", perms=0o666)
     write_text_atomic(tmp_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n", perms=0o666)
+    for f in tmp_dir.iterdir():  # every piece durable before the directory is renamed into place
+        _fsync_file(f)
     _fsync_dir(tmp_dir)
+    save_phase("metadata", step)
     old = None
     if final.exists():
         old = tempfile.mkdtemp(prefix=f".step_{step}.old-", dir=root)
         os.rename(final, Path(old) / final.name)
     os.rename(tmp_dir, final)
     _fsync_dir(root)
+    save_phase("rename", step)
     if old:
         shutil.rmtree(old, ignore_errors=True)
     write_text_atomic(root / "latest", final.name + "\n", perms=0o666)
     _fsync_dir(root)
+    save_phase("latest", step)
+
+
+def _fsync_file(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class PendingSave:
+    """A save taken at a step boundary, not yet written: what :func:`write_save` persists. With
+    ``copied`` its tensors are copies (training may go on); otherwise views of the live buffers."""
+
+    root: Path
+    step: int
+    state: dict[str, Any]
+    manifest: dict[str, Any]
+    cfg: NeoXConfig
+    tokenizer: dict[str, Any] | None
+    copied: bool
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data this rank writes."""
+        return sum(t.numel() * t.element_size() for t in _tensors_of(self.state))
+
+
+def snapshot_save(
+    root: Path,
+    model,
+    optimizer,
+    *,
+    step: int,
+    consumed_samples: int,
+    cfg: NeoXConfig,
+    plan_name: str = "",
+    plan_label: str = "",
+    seed: int = 0,
+    tokenizer: dict[str, Any] | None = None,
+    config_hash: str = "",
+    copy: bool = False,
+) -> PendingSave:
+    """Collective: the state of ``step`` to save, checked finite on every rank (:class:`NonFiniteError`
+    otherwise, nothing written). ``copy``: the shards are copied off the optimizer's buffers (host memory),
+    so the next step may change them while a background writer persists the copy."""
+    root = Path(root)
+    check_finite_state(optimizer, step=step, root=root)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    manifest = _manifest(
+        step=step, model=model, optimizer=optimizer, world=world, consumed_samples=consumed_samples,
+        cfg=cfg, plan_name=plan_name, plan_label=plan_label, seed=seed, config_hash=config_hash,
+    )  # fmt: skip
+    if copy:
+        save_phase("copy", step)
+        state = _shard_state(model, optimizer, copy_to=torch.device("cpu"))
+    else:
+        state = _shard_state(model, optimizer)
+    if model.scaler is not None:
+        scaler = _scaler_tensors(model.scaler)
+        state.update({k: v.clone() for k, v in scaler.items()} if copy else scaler)
+    state.update(_rng_tensors(rank))  # copies of the generators' states
+    return PendingSave(root, step, state, manifest, cfg, tokenizer, copy)
+
+
+def write_save(pending: PendingSave, group: Any = None) -> Path:
+    """Collective over ``group`` (default: the whole job): every rank writes its shards of a
+    :class:`PendingSave` under a hidden name, rank 0 finishes the checkpoint (manifest, rename, ``latest``)
+    once every rank's pieces are durable; returns ``root/step_<step>``. Failures are one
+    :class:`ZerotopoError` on every rank."""
+    import torch.distributed.checkpoint as dcp
+
+    from zerotopo.checkpoint.dcpio import FlatSavePlanner, SafeWriter
+
+    root, step = pending.root, pending.step
+    rank = dist.get_rank()
+    final = root / f"step_{step}"
+    tmp = ""
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in [*root.glob(".step_*.tmp-*"), *root.glob(".step_*.old-*")]:
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=root)
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the checkpoint from the group
+        except OSError as exc:
+            tmp = f"!{root}: cannot write a checkpoint here ({exc.strerror or exc}); {_kept(root)}"
+    tmp = _broadcast_str(tmp, group)
+    if tmp.startswith("!"):
+        raise ZerotopoError(tmp[1:])
+    # What this rank writes: a failure with less than this left free is a full disk, whatever error the
+    # writer raised (torch's zip writer reports a short write as "unexpected pos", not as ENOSPC).
+    need = pending.nbytes
+    try:
+        _run_dcp(
+            lambda: dcp.save(
+                pending.state,
+                storage_writer=SafeWriter(tmp, step=step),
+                planner=FlatSavePlanner(),
+                process_group=group,
+            ),
+            f"saving checkpoint {final}",
+            space=(Path(tmp), need),
+            kept=_kept(root),
+        )
+    except ZerotopoError:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    error = ""
+    if rank == 0:
+        try:
+            _finalize(
+                root,
+                tmp,
+                final,
+                manifest=dict(pending.manifest),
+                cfg=pending.cfg,
+                tokenizer=pending.tokenizer,
+            )
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                error = _full_disk_message(f"saving checkpoint {final}", exc.strerror, _kept(root))
+            else:
+                error = f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); {_kept(root)}"
+    error = _broadcast_str(error, group)  # also the point where every rank knows the checkpoint is final
+    if error:
+        raise ZerotopoError(error)
+    return final
 
 
 def save_checkpoint(
@@ -282,63 +441,11 @@ def save_checkpoint(
     ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied);
     ``config_hash``: the run's identity beside seed and plan (see :func:`check_identity`). Raises
     :class:`NonFiniteError` without writing anything when the optimizer state is not finite."""
-    import torch.distributed.checkpoint as dcp
-
-    from zerotopo.checkpoint.dcpio import FlatSavePlanner, SafeWriter
-
-    root = Path(root)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    final = root / f"step_{step}"
-    check_finite_state(optimizer, step=step, root=root)
-    tmp = ""
-    if rank == 0:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            for stale in [*root.glob(".step_*.tmp-*"), *root.glob(".step_*.old-*")]:
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp = tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=root)
-            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the checkpoint from the group
-        except OSError as exc:
-            tmp = f"!{root}: cannot write a checkpoint here ({exc.strerror or exc}); {_kept(root)}"
-    tmp = _broadcast_str(tmp)
-    if tmp.startswith("!"):
-        raise ZerotopoError(tmp[1:])
-    state = _shard_state(model, optimizer)
-    if model.scaler is not None:
-        state.update(_scaler_tensors(model.scaler))
-    state.update(_rng_tensors(rank))
-    # What this rank writes: a failure with less than this left free is a full disk, whatever error the
-    # writer raised (torch's zip writer reports a short write as "unexpected pos", not as ENOSPC).
-    need = sum(t.numel() * t.element_size() for t in _tensors_of(state))
-    try:
-        _run_dcp(
-            lambda: dcp.save(state, storage_writer=SafeWriter(tmp), planner=FlatSavePlanner()),
-            f"saving checkpoint {final}",
-            space=(Path(tmp), need),
-            kept=_kept(root),
-        )
-    except ZerotopoError:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    error = ""
-    if rank == 0:
-        try:
-            _finalize(
-                root, tmp, final, step=step, model=model, optimizer=optimizer, world=world,
-                consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name, plan_label=plan_label,
-                seed=seed, tokenizer=tokenizer, config_hash=config_hash,
-            )  # fmt: skip
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                error = _full_disk_message(f"saving checkpoint {final}", exc.strerror, _kept(root))
-            else:
-                error = f"{final}: finishing the checkpoint failed ({exc.strerror or exc}); {_kept(root)}"
-    error = _broadcast_str(error)  # also the point where every rank knows the checkpoint is final
-    if error:
-        raise ZerotopoError(error)
-    return final
+    pending = snapshot_save(
+        root, model, optimizer, step=step, consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name,
+        plan_label=plan_label, seed=seed, tokenizer=tokenizer, config_hash=config_hash,
+    )  # fmt: skip
+    return write_save(pending)
 
 
 def settle_optimizer(
@@ -585,7 +692,7 @@ def _refuse_link(path: Path) -> None:
 def open_checkpoint(step_dir: Path) -> Checkpoint:
     """Read and check ``checkpoint.json`` and the DCP metadata of a step directory; every data file the
     metadata names must exist and be long enough."""
-    from zerotopo.checkpoint.dcpio import METADATA_FILE, read_metadata_file
+    from zerotopo.checkpoint.dcpmeta import METADATA_FILE, read_metadata_file
 
     step_dir = Path(step_dir)
     mpath = step_dir / MANIFEST
@@ -689,7 +796,7 @@ def check_optimizer(ckpt: Checkpoint, name: str, states: list[str] | tuple[str, 
 
 def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
     """The checkpoint holds exactly this model's tensors with its shapes, and its config matches."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from zerotopo.checkpoint.dcpmeta import TensorMeta
 
     mpath = ckpt.path / MANIFEST
     saved = ckpt.manifest["model"]
@@ -727,8 +834,8 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
     index = {(i.fqn, tuple(i.offset or ())) for i in ckpt.metadata.storage_data}
     for key, numel in expected.items():
         md = stored[key]
-        if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != (numel,):
-            got = tuple(md.size) if isinstance(md, TensorStorageMetadata) else "not a tensor"
+        if not isinstance(md, TensorMeta) or tuple(md.size) != (numel,):
+            got = tuple(md.size) if isinstance(md, TensorMeta) else "not a tensor"
             raise ZerotopoError(f"{ckpt.path}: {key} has shape {got}, this model needs ({numel},)")
         if md.properties.dtype != torch.float32:
             raise ZerotopoError(f"{ckpt.path}: {key} is {md.properties.dtype}, expected torch.float32")
@@ -748,14 +855,14 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
 def _check_small_states(ckpt: Checkpoint, stored: dict[str, Any]) -> None:
     """The RNG states have this torch's size and the loss scaler's entries are small float64 vectors, so a
     damaged one is refused here, before any rank starts, not inside ``torch.set_rng_state``."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from zerotopo.checkpoint.dcpmeta import TensorMeta
 
     rng_bytes = torch.get_rng_state().numel()
     for key, md in stored.items():
         if not key.startswith(("rng/", "scaler/")):
             continue
-        size = tuple(md.size) if isinstance(md, TensorStorageMetadata) else None
-        dtype = md.properties.dtype if isinstance(md, TensorStorageMetadata) else None
+        size = tuple(md.size) if isinstance(md, TensorMeta) else None
+        dtype = md.properties.dtype if isinstance(md, TensorMeta) else None
         if key.endswith("/torch"):
             want, want_dtype = (rng_bytes,), torch.uint8
         elif key.startswith("rng/"):
@@ -831,13 +938,15 @@ class VerifyReport:
     bytes: int
     unchecked: int
     """Pieces without a checksum (written by an earlier zerotopo): only their dtype and size were checked."""
+    read_s: float = 0.0
+    """Seconds spent reading and checking the pieces (the command's start-up and the metadata excluded)."""
 
 
 def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
     """Check a checkpoint without training (``zerotopo ckpt verify``): the manifest, the metadata against
     the manifest's model, and every stored piece's checksum, dtype, element count and values. Raises
     :class:`ZerotopoError` naming the file at the first fault."""
-    from zerotopo.checkpoint.dcpio import open_data_file, read_piece
+    from zerotopo.checkpoint.dcpmeta import open_data_file, read_piece
 
     step_dir = find_checkpoint(path)
     if step_dir is None:
@@ -848,6 +957,7 @@ def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
     for index, info in ckpt.metadata.storage_data.items():
         by_file.setdefault(info.relative_path, []).append((index, info))
     pieces = nbytes = unchecked = 0
+    t0 = time.perf_counter()
     for name, entries in sorted(by_file.items()):
         with open_data_file(step_dir / name) as f:
             for index, info in sorted(entries, key=lambda e: e[1].offset):
@@ -855,7 +965,9 @@ def verify_checkpoint(path: str | os.PathLike) -> VerifyReport:
                 pieces += 1
                 nbytes += info.length
                 unchecked += getattr(info, "checksum", None) is None
-    return VerifyReport(step_dir, ckpt.step, len(by_file), pieces, nbytes, unchecked)
+    return VerifyReport(
+        step_dir, ckpt.step, len(by_file), pieces, nbytes, unchecked, time.perf_counter() - t0
+    )
 
 
 def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
@@ -863,7 +975,8 @@ def read_tensors(step_dir: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str
     each assembled from the pieces every writing rank stored."""
     import torch.distributed.checkpoint as dcp
 
-    from zerotopo.checkpoint.dcpio import FlatLoadPlanner, SafeReader, read_metadata_file
+    from zerotopo.checkpoint.dcpio import FlatLoadPlanner, SafeReader
+    from zerotopo.checkpoint.dcpmeta import read_metadata_file
 
     stored = read_metadata_file(Path(step_dir)).state_dict_metadata
     state = {}

@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"{report.path}: OK, step {report.step}: {report.pieces} pieces in {report.files} files, "
-        f"{report.bytes / 2**20:.1f} MiB checked{note}"
+        f"{report.bytes / 2**20:.1f} MiB checked in {report.read_s:.2f}s "
+        f"({report.bytes / max(report.read_s, 1e-9) / 1e9:.2f} GB/s){note}"
     )
     return 0

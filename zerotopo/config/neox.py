@@ -378,6 +378,10 @@ class NeoXArgs:
     strict_saves: bool = _key(c.boolean, False)
     """A checkpoint save that fails (disk full, no permission) stops the run. By default it warns, keeps
     the previous checkpoint and training goes on; a failed last save always stops with an error."""
+    async_save: bool = _key(c.boolean, False)
+    """Write checkpoints in the background: the step copies its shards (to host memory) and training goes
+    on while a writer thread persists them; at most one save is in flight. The host memory a save holds
+    is printed and checked before the first save."""
     fresh_start: bool = _key(c.boolean, False)
     """Start from step 0 when ``load:`` does not exist or holds no checkpoint. Without it that is an
     error, except NeoX's first run, where ``load`` equals ``save`` (a notice)."""

@@ -95,24 +95,53 @@ def is_gpu_topology(topology) -> bool:
     return not getattr(topology.device, "host_reduce", False)
 
 
-def check_device_list(environ: Mapping[str, str], topology) -> None:
-    """On a GPU topology, a device list that hides every device (empty, or ``-1`` first, which hides it and
-    all after it) is an error before any rank starts: such a rank would fall back to the CPU and gloo while
-    its peers use the GPU, and wait for them until the rendezvous times out."""
-    if not is_gpu_topology(topology):
-        return
+def hidden_by(environ: Mapping[str, str], devices_per_node: int | None = None) -> tuple[str, str, str] | None:
+    """The first device-list variable that hides every device: ``(variable, value, why)``, else None.
+
+    A list hides every device when it is empty, when its first entry is ``-1`` (it hides that entry and
+    all after it), or when its first entry is a device number the node does not have (``devices_per_node``
+    of them): the CUDA and HIP runtimes stop reading a list at its first invalid entry, so nothing is
+    visible."""
     for var in VISIBLE_DEVICE_VARS:
         value = environ.get(var)
         if value is None:
             continue
         entries = [e.strip() for e in value.split(",")]
-        if not any(entries) or entries[0] == "-1":
-            shown = value if len(value) <= 60 else value[:57] + "..."
-            raise LaunchError(
-                f"{var}={shown!r} hides every device, but topology {topology.name!r} runs one rank per "
-                f"{topology.device.name}; unset {var} or list the devices (e.g. 0,1,2,3), or pick a CPU "
-                "topology (emulated)."
+        if not any(entries):
+            return var, value, "hides every device"
+        first = entries[0]
+        if first == "-1":
+            return var, value, "hides every device"
+        if devices_per_node and first.isascii() and first.isdigit() and int(first) >= devices_per_node:
+            return (
+                var,
+                value,
+                f"hides every device (device {first} is not one of the node's {devices_per_node})",
             )
+    return None
+
+
+def check_device_list(environ: Mapping[str, str], topology, device_count: int | None = None) -> None:
+    """On a GPU topology, a device list that hides every device (see :func:`hidden_by`) is an error before
+    any rank starts: such a rank would fall back to the CPU and gloo while its peers use the GPU, and wait
+    for them until the rendezvous times out. ``device_count``: the devices this rank sees (a launched
+    rank's check); none while a device-list variable is set is the same error, naming the variable."""
+    if not is_gpu_topology(topology):
+        return
+    found = hidden_by(environ, topology.devices_per_node)
+    if found is None and device_count == 0:
+        found = next(
+            ((v, environ[v], "leaves this rank no device") for v in VISIBLE_DEVICE_VARS if v in environ), None
+        )
+    if found is None:
+        return
+    var, value, why = found
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    raise LaunchError(
+        f"{var}={shown!r} {why}, but topology {topology.name!r} runs one rank per "
+        f"{topology.device.name}; unset {var} or list the devices (e.g. 0,1,2,3), or pick a CPU "
+        "topology (emulated)."
+    )
 
 
 def agree_on_device_kind(store, rank: int, world: int, kind: str, timeout_s: float = 600.0) -> None:

@@ -8,7 +8,9 @@ traceback for a bug, or the signal or exit code of a rank that died. The other r
 a collective) are then stopped; a rank that hangs past ``timeout_s`` is killed and reported. SIGINT and
 SIGTERM to the parent stop every rank, and a rank dies with the launcher however it ends (:func:`_die_with`),
 so no rank outlives it. Ranks of an emulated node share ``ZEROTOPO_EMULATED_NODE`` so the mesh's start-up
-check sees them as one host.
+check sees them as one host. With ``preempt_on_sigterm`` (``zerotopo train``) SIGTERM is passed on to the
+ranks instead, which save at the next step boundary and stop; a second SIGTERM or SIGINT lets them finish,
+a third stops them at once (see :class:`_Stops`).
 
 By default every rank is a new interpreter (``spawn``) that imports torch itself. With
 ``ZEROTOPO_START_METHOD=forkserver`` ranks start as forks of a fork server that has imported torch
@@ -253,6 +255,51 @@ class _Stop(BaseException):
     """SIGTERM reached the launcher: stop the ranks and exit."""
 
 
+class _Stops:
+    """The launcher's stop signals when its ranks save on SIGTERM (``preempt_on_sigterm``): the first
+    SIGTERM or SIGUSR1 is passed on to every rank, which saves at the next step boundary and stops; a
+    second (or a Ctrl-C after the first) lets the save finish; a third stops the ranks at once. A Ctrl-C
+    before any of them stops the ranks at once, as it always did."""
+
+    ABORT_AT = 3
+
+    def __init__(self, procs: list[Any]) -> None:
+        self.procs = procs
+        self.count = 0
+
+    def forward(self, signum: int) -> None:
+        for p in self.procs:
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signum)
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        import signal
+        import sys
+
+        if signum == signal.SIGINT and self.count == 0:
+            raise KeyboardInterrupt
+        self.count += 1
+        name = _signal_name(signum)
+        if self.count == 1:
+            self.forward(signum)
+            print(
+                f"{name}: every rank saves at the next step boundary and stops; a third stop signal "
+                "(SIGTERM or Ctrl-C) stops them at once, without saving",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.count < self.ABORT_AT:
+            print(
+                f"{name} received again: the ranks finish their save and stop; one more stop signal stops "
+                "them at once, without saving",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            raise _Stop(signum)
+
+
 def _spawn_once(
     fn: Callable[..., Any],
     world_size: int,
@@ -265,6 +312,7 @@ def _spawn_once(
     threads_per_rank: int = 1,
     network: Any = None,
     log_dir: str | os.PathLike | None = None,
+    preempt_on_sigterm: bool = False,
 ) -> list[Any]:
     """One start of :func:`spawn` (see there)."""
     import signal
@@ -276,15 +324,20 @@ def _spawn_once(
     netns = network.rank_namespaces(world_size, ranks_per_node) if network is not None else None
     master_addr = network.addresses[0] if network is not None else "127.0.0.1"
     main_thread = threading.current_thread() is threading.main_thread()
-    old_term = None
-    if main_thread:
+    old_term = old_int = old_usr1 = None
+    procs: list[Any] = []
+    if main_thread and preempt_on_sigterm:
+        stops = _Stops(procs)
+        old_term = signal.signal(signal.SIGTERM, stops.on_signal)
+        old_int = signal.signal(signal.SIGINT, stops.on_signal)
+        old_usr1 = signal.signal(signal.SIGUSR1, stops.on_signal)
+    elif main_thread:
 
         def on_term(signum: int, frame: Any) -> None:
-            raise _Stop()
+            raise _Stop(signum)
 
         old_term = signal.signal(signal.SIGTERM, on_term)
-    procs: list[Any] = []
-    old_usr1 = _forward_sigusr1(procs) if main_thread else None
+        old_usr1 = _forward_sigusr1(procs)
     with tempfile.TemporaryDirectory(prefix="zerotopo-spawn-") as result_dir:
         try:
             for rank in range(world_size):
@@ -314,17 +367,25 @@ def _spawn_once(
             # Exit codes before any rank is stopped: a rank that died by now died on its own.
             died = [p.exitcode for p in procs]
         except KeyboardInterrupt:
-            _stop(procs)
+            _stop(procs, kill=preempt_on_sigterm)
             raise
-        except _Stop:
-            _stop(procs)
-            raise SpawnError("stopped by SIGTERM; every rank was stopped", exit_code=143) from None
+        except _Stop as stop:
+            _stop(procs, kill=preempt_on_sigterm)
+            signum = stop.args[0] if stop.args else signal.SIGTERM
+            saving = " (without saving)" if preempt_on_sigterm else ""
+            raise SpawnError(
+                f"stopped by {_signal_name(signum)}; every rank was stopped{saving}", exit_code=128 + signum
+            ) from None
         finally:
-            _stop(procs)
-            if main_thread and old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
-            if old_usr1 is not None:
-                signal.signal(signal.SIGUSR1, old_usr1)
+            # ranks that handle SIGTERM (they save on it) are stopped with SIGKILL
+            _stop(procs, kill=preempt_on_sigterm)
+            for signum, old in (
+                (signal.SIGTERM, old_term),
+                (signal.SIGINT, old_int),
+                (signal.SIGUSR1, old_usr1),
+            ):
+                if old is not None:
+                    signal.signal(signum, old)
         return _collect(procs, died, result_dir, world_size, first, timed_out, timeout_s, log_dir)
 
 
@@ -364,12 +425,13 @@ def _wait(procs: list[Any], result_dir: str, world_size: int, timeout_s: float) 
         alive[0].join(timeout=0.1)
 
 
-def _stop(procs: list[Any]) -> None:
-    """SIGTERM every rank still running, then SIGKILL what is left after :data:`STOP_S`."""
+def _stop(procs: list[Any], *, kill: bool = False) -> None:
+    """SIGTERM every rank still running, then SIGKILL what is left after :data:`STOP_S` (``kill``: SIGKILL
+    at once, for ranks that save on SIGTERM)."""
     for p in procs:
         if p.is_alive():
             with contextlib.suppress(Exception):
-                p.terminate()
+                p.kill() if kill else p.terminate()
     deadline = time.monotonic() + STOP_S
     for p in procs:
         with contextlib.suppress(Exception):
@@ -492,7 +554,8 @@ class SpawnError(ZerotopoError):
     """One or more spawned ranks failed; the message names the rank that failed first and how.
 
     ``exit_code`` is 2 when that rank raised a bad-input error, 1 when it crashed, was killed or hit a
-    bug (its traceback is in the log file the message names), 143 when the launcher got SIGTERM."""
+    bug (its traceback is in the log file the message names), 128 + the signal when the launcher was
+    stopped by one (143: SIGTERM)."""
 
     def __init__(self, message: str, *, exit_code: int = 1):
         super().__init__(message)
@@ -508,7 +571,8 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), **kwargs: A
     ``threads_per_rank``, ``network`` (a :class:`zerotopo.launch.netem.EmulatedNetwork`: each rank in its own
     network namespace, or each emulated node's ranks in that node's), and ``log_dir`` (where
     ``rank-errors.log`` with the ranks' tracebacks goes when a rank hits a bug; default a new file in the
-    temp directory). A start that lost its rendezvous port to another process between choosing and binding
+    temp directory) and ``preempt_on_sigterm`` (SIGTERM and SIGUSR1 are passed on to ranks that save on
+    them; see :class:`_Stops`). A start that lost its rendezvous port to another process between choosing and binding
     it is retried once on a new port.
     """
     try:

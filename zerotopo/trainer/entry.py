@@ -10,6 +10,7 @@ for them; ``--launcher local`` forces that. Either way each rank runs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
@@ -104,7 +105,6 @@ def check_writable_dir(path: str, source: str) -> None:
 def run_training(job: TrainJob) -> dict[str, Any] | None:
     """Train; returns rank 0's summary (None on other ranks of an external launch)."""
     from zerotopo.trainer.loop import train_rank
-    from zerotopo.trainer.preflight import data_files
 
     if launched_externally(job):
         import torch.distributed as dist
@@ -121,18 +121,35 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
     # One run directory for every rank, fixed before they start; it must be writable, like save:.
     job = replace(job, run_dir=str(job.resolve_run_dir(job.load_plan(args).name)))
     check_writable_dir(job.run_dir, "--run-dir")
-    if args.save:
-        check_writable_dir(args.save, args.sources.get("save", "save"))
-        from zerotopo.trainer.savelock import check_unlocked
+    with _sigterm_raises():
+        lock = None
+        if args.save:
+            check_writable_dir(args.save, args.sources.get("save", "save"))
+            from zerotopo.trainer.savelock import SaveLock
 
-        check_unlocked(args.save, args.sources.get("save", "save"))
+            # Taken here, before any rank starts, and held by this process for the whole run: a second
+            # run on the directory is refused at once, and a rank that dies cannot leave it behind.
+            lock = SaveLock(args.save, args.sources.get("save", "save"))
+            job = dataclasses.replace(job, save_locked=True)
+        try:
+            return _launch_local(job, args, topology)
+        finally:
+            if lock is not None:
+                lock.release()
+
+
+def _launch_local(job: TrainJob, args, topology) -> dict[str, Any] | None:
+    """Spawn the topology's ranks on this machine (the lock, if any, is held) and wait for them."""
+    from zerotopo.launch.spawn import spawn
+    from zerotopo.trainer.loop import train_rank
+    from zerotopo.trainer.preflight import data_files
+
     job = dataclasses.replace(job, config_warnings_shown=True)
     if not data_files(args):
         # Build the bundled corpus once here, before the ranks all ask for it.
         from zerotopo.data.corpus import default_corpus_prefix
 
         default_corpus_prefix(args.tokenizer_type)
-    from zerotopo.launch.spawn import spawn
 
     def launch(network=None) -> list:
         return spawn(
@@ -143,6 +160,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             timeout_s=env_number("ZEROTOPO_LOCAL_TIMEOUT_S", 24 * 3600, 1, 30 * 24 * 3600),
             network=network,
             log_dir=job.run_dir,
+            preempt_on_sigterm=True,
         )
 
     if job.network_mbit:
@@ -151,3 +169,30 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
         with emulated_network(topology.nodes, rate_mbit=job.network_mbit) as net:
             return launch(net)[0]
     return launch()[0]
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM before the ranks have started (or after they finished) ends this process through its
+    ``finally`` blocks, so the save directory's lock is released; while they run the launcher handles it
+    (see :mod:`zerotopo.launch.spawn`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        from zerotopo.errors import EXIT_TERMINATED
+        from zerotopo.launch.spawn import SpawnError
+
+        raise SpawnError(
+            "stopped by SIGTERM before training started; nothing to save", exit_code=EXIT_TERMINATED
+        )
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

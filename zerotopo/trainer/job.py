@@ -54,6 +54,9 @@ class TrainJob:
     shaped to this many Mbit/s (root; see :mod:`zerotopo.launch.netem`)."""
     from_hf: str | None = None
     """A Hugging Face GPT-NeoX directory to start from (its config.json sets the architecture)."""
+    save_locked: bool = False
+    """The launching process holds the lock of ``save:`` (the local launcher takes it before any rank
+    starts): the ranks do not take it again."""
 
     def config_paths(self) -> list[str]:
         """The config files, built-in names (``neox-125m``) resolved to their paths."""

@@ -35,12 +35,16 @@ class LongRun:
     preemption: Preemption
     lock: SaveLock | None = None
 
-    def take_lock(self, args: NeoXArgs, is_main: bool) -> None:
-        """Collective: rank 0 takes the lock of ``save:``; every rank raises the same error if it cannot."""
+    def take_lock(self, args: NeoXArgs, is_main: bool, *, launcher_holds: bool = False) -> None:
+        """Collective: rank 0 takes the lock of ``save:``; every rank raises the same error if it cannot.
+        ``launcher_holds``: the launching process took it before the ranks started (nothing to do)."""
+        if launcher_holds:
+            return
         error = ""
         if is_main and args.save:
             try:
                 self.lock = SaveLock(args.save, args.sources.get("save"))
+                self.preemption.on_abort.append(self.lock.release)
             except ZerotopoError as exc:
                 error = str(exc)
         box = [error]
@@ -139,17 +143,16 @@ def per_step_means(values: torch.Tensor) -> list[float]:
 
 
 def check_resume_position(args: NeoXArgs, ckpt, world: int) -> None:
-    """The samples a checkpoint consumed leave room for the steps still to run in the training split
-    (built for ``train_iters`` global batches), before any rank starts."""
-    iters = args.train_iters or 100
-    _, _, global_batch = args.batch_sizes(world)
+    """The samples a checkpoint consumed are possible at its step, before any rank starts. A resume at
+    another world size or global batch continues from the consumed count: the training data is built for
+    the consumed samples plus the remaining steps at this run's global batch (see
+    :func:`zerotopo.trainer.steps.train_samples_needed`), so no count a real run can reach is refused."""
     step, consumed = ckpt.step, int(ckpt.manifest["consumed_samples"])
-    if step < iters and consumed + (iters - step) * global_batch > iters * global_batch:
+    if consumed < step:
         raise ConfigError(
-            f"{ckpt.path} has consumed {consumed} samples at step {step}, but the training data of this run "
-            f"holds {iters * global_batch} ({iters} steps x {global_batch}) and the {iters - step} steps left "
-            f"need {(iters - step) * global_batch} more; the manifest is damaged or train_iters is too small",
-            key="train_iters",
+            f"{ckpt.path} has consumed {consumed} samples at step {step}, fewer than one per step; the "
+            "manifest is damaged: load an earlier checkpoint",
+            key="load",
         )
 
 

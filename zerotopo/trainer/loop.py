@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from zerotopo.checkpoint.retention import prune_checkpoints
-from zerotopo.checkpoint.store import NonFiniteError, load_checkpoint, save_checkpoint
+from zerotopo.checkpoint.store import NonFiniteError, load_checkpoint, snapshot_save, write_save
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import build_mesh
 from zerotopo.config.neox import NeoXArgs
@@ -91,7 +91,7 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     from zerotopo.trainer.entry import launched_externally
 
     external = launched_externally(job)
-    run = LongRun(Preemption(preemption_signals(external)))
+    run = LongRun(Preemption(preemption_signals(), counts=external))
     try:
         summary = _train_rank(rank, world, job, run)
     finally:
@@ -99,10 +99,14 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     # Under a launcher every rank exits with the status; the local launcher stops the other ranks as soon
     # as one fails, so there rank 0 alone (the last to finish) reports it.
     if run.preemption.stopped_by and (external or rank == 0):
-        at = run.preemption.saved_at
+        at, where = run.preemption.saved_at, run.preemption.saved_to
         raise Preempted(
             f"stopped by {signal_name(run.preemption.stopped_by)}"
-            + (f" after saving the checkpoint of step {at}" if at is not None else " (no save: directory)")
+            + (
+                f" after saving the checkpoint of step {at} in {where}"
+                if at is not None
+                else " without saving: the run has no save: directory"
+            )
             + f"; run the same command again to continue (exit status {EXIT_PREEMPTED})"
         )
     return summary
@@ -147,6 +151,8 @@ class Trainer:
     valid_losses: list[float] = field(default_factory=list)
     skipped_total: int = 0
     t_run: float = 0.0
+    saver: Any = None
+    """The background checkpoint writer (``async_save``), else None."""
 
     @property
     def flops_per_step(self) -> float:
@@ -179,7 +185,7 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
         if stop:
             stop_for_preemption(tr, stop, step)
             break
-        if saving and save(tr, step + 1):
+        if saving and save(tr, step + 1) and tr.saver is None:
             _retain(args, tr.ctx)
         tr.ledger.reset()
     run.preemption.settle()  # the last step's flag: every rank started its all-reduce
@@ -188,6 +194,7 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
     if args.save and tr.start_step < tr.iters and not run.preemption.stopped_by:
         save(tr, tr.iters, last=True)
         _retain(args, tr.ctx)
+    wait_for_save(tr, last=True)
     return finish(tr)
 
 
@@ -204,13 +211,15 @@ def setup(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
             key="topology",
         )
     check_against_topology(info, topology)
-    check_device_list(os.environ, topology)
+    # A launched rank that sees no device stops here, naming the variable that hid it (not at the rendezvous).
+    seen = torch.cuda.device_count() if info.launcher != "local" else None
+    check_device_list(os.environ, topology, device_count=seen)
     device = init_distributed(info)
     torch.set_num_threads(max(1, int(os.environ.get("ZEROTOPO_THREADS_PER_RANK", "1"))))
     plan = job.load_plan(args)
     plan.degrees(topology)  # an unusable plan fails here, before the lock is taken
     ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
-    run.take_lock(args, ctx.is_main)
+    run.take_lock(args, ctx.is_main, launcher_holds=job.save_locked)
     mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
     if device.type == "cpu":
         unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
@@ -221,6 +230,11 @@ def setup(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
     open_data(tr)
     if ctx.is_main:
         tr.writer = open_run_dir(tr)
+    if args.async_save and args.save:
+        from zerotopo.checkpoint.background import BackgroundSaver, check_host_memory
+
+        check_host_memory(tr.optimizer, is_main=ctx.is_main, say=log.info)
+        tr.saver = BackgroundSaver()
     return tr
 
 
@@ -456,17 +470,24 @@ def stop_for_preemption(tr: Trainer, stop: int, step: int) -> None:
     if tr.args.save:
         save(tr, step + 1, last=True)
         preemption.saved_at = step + 1
+        preemption.saved_to = str(Path(tr.args.save) / f"step_{step + 1}")
     if tr.ctx.is_main:
         log.warning(f"{signal_name(stop)} received: stopping after step {step + 1}")
 
 
 def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
-    """Save ``at_step``; a failed save warns and training goes on, unless ``strict_saves`` or ``last``."""
+    """Save ``at_step``; a failed save warns and training goes on, unless ``strict_saves`` or ``last``.
+    With ``async_save`` a save that is not the run's last is copied here and written in the background
+    (see :mod:`zerotopo.checkpoint.background`); the last one waits for the one in flight and is written
+    before this returns."""
     args = tr.args
+    t0 = time.perf_counter()
+    background = tr.saver is not None and not last
+    wait_for_save(tr, before=at_step)  # at most one save in flight; a failed one warns (or strict_saves)
     if tr.writer is not None:
         tr.writer.sync()  # every logged row on disk before the checkpoint that follows it
     try:
-        save_checkpoint(
+        pending = snapshot_save(
             Path(args.save),
             tr.model,
             tr.optimizer,
@@ -478,7 +499,12 @@ def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
             seed=args.seed,
             tokenizer=tokenizer_info(args, tr.tokenizer),
             config_hash=config_hash(args, tr.cfg),
+            copy=background,
         )
+        if background:
+            tr.saver.start(pending, on_done=lambda _: _retain(args, tr.ctx))
+        else:
+            write_save(pending)
     except NonFiniteError:
         raise
     except ZerotopoError as exc:
@@ -487,7 +513,38 @@ def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
         if tr.ctx.is_main:
             log.warning(f"{exc}; training goes on (strict_saves: true stops the run instead)")
         return False
+    if tr.ctx.is_main:
+        blocked = time.perf_counter() - t0
+        how = "copied for the background writer" if background else "saved"
+        log.debug(f"checkpoint of step {at_step} {how}: training blocked {blocked:.3f}s")
     return True
+
+
+def wait_for_save(tr: Trainer, *, last: bool = False, before: int | None = None) -> bool:
+    """Wait for the background save in flight, if any (``before``: the step about to be saved, named in
+    the log). False when it failed, which stops the run under ``strict_saves`` or at its ``last`` save
+    and is a warning otherwise."""
+    if tr.saver is None or tr.saver.in_flight is None:
+        return True
+    step = tr.saver.in_flight
+    t0 = time.perf_counter()
+    if tr.ctx.is_main and before is not None:
+        log.info(f"waiting for the background save of step {step} before saving step {before}")
+    error = tr.saver.wait()
+    if tr.ctx.is_main:
+        log.debug(
+            f"background save of step {step}: written in {tr.saver.last_write_s or 0.0:.3f}s, "
+            f"waited for {time.perf_counter() - t0:.3f}s"
+        )
+    if error is None:
+        return True
+    if isinstance(error, NonFiniteError) or not isinstance(error, ZerotopoError):
+        raise error
+    if tr.args.strict_saves or last:
+        raise error
+    if tr.ctx.is_main:
+        log.warning(f"{error}; training goes on (strict_saves: true stops the run instead)")
+    return False
 
 
 def finish(tr: Trainer) -> dict[str, Any] | None:

@@ -6,7 +6,11 @@ patches the checkpoint writer: a rank spawned as a new interpreter, or the fork 
 process starts, whose forked ranks inherit the patch:
 
 - ``<step>:write`` kills rank 0 once its shards of ``step`` are written, before any rename;
-- ``<step>:rename`` kills rank 0 after ``step_<step>`` is renamed into place, before ``latest`` moves.
+- ``<step>:rename`` kills rank 0 after ``step_<step>`` is renamed into place, before ``latest`` moves;
+- ``<step>:<phase>:<who>`` stops the save of ``step`` as it reaches ``phase`` (one of
+  ``zerotopo.checkpoint.store.SAVE_PHASES``): ``who`` is a rank number (that rank alone is killed) or
+  ``job`` (the rank that gets there kills the launching process and itself; the other ranks die with
+  the launcher).
 """
 
 from __future__ import annotations
@@ -47,6 +51,27 @@ def _install(step: str, where: str) -> None:
         store.write_text_atomic = die_before_latest
 
 
+def _install_phase(step: str, phase: str, who: str) -> None:
+    import torch.distributed as dist
+
+    from zerotopo.checkpoint import store
+
+    assert phase in store.SAVE_PHASES, phase
+
+    def stop_at(name: str, at: int) -> None:
+        if name != phase or str(at) != step or not dist.is_initialized():
+            return
+        if who == "job":
+            os.kill(os.getppid(), signal.SIGKILL)  # ranks start as new interpreters: the launcher's children
+            _kill()
+        elif dist.get_rank() == int(who):
+            _kill()
+
+    store.save_phase = stop_at
+
+
 _spec = os.environ.get(FAULT_ENV, "")
-if _spec:
+if _spec.count(":") == 2:
+    _install_phase(*_spec.split(":"))
+elif _spec:
     _install(*_spec.split(":", 1))
