@@ -11,24 +11,6 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "silu")
 
 
-def check_trainable(cfg: NeoXConfig, key: str = "no_weight_tying", source: str | None = None) -> None:
-    """Refuse, before any rank starts, a model the sharding engine cannot train: tied embeddings (the
-    engine shards each parameter in exactly one unit, and the embedding and the head are two units).
-    ``key`` names the setting in the user's terms (``no_weight_tying`` in a NeoX config,
-    ``tie_word_embeddings`` in a Hugging Face config.json)."""
-    from zerotopo.errors import ConfigError
-
-    if cfg.tie_embeddings:
-        fix = "set no_weight_tying: true" if key == "no_weight_tying" else "untie the checkpoint's embeddings"
-        raise ConfigError(
-            f"tied input and output embeddings ({key}: {'false' if key == 'no_weight_tying' else 'true'}) "
-            "cannot be trained: the engine shards each parameter in exactly one unit, and the embedding and "
-            f"the output head are two units; {fix} (untied, as every released NeoX, Pythia and Llama-7B config)",
-            source=source,
-            key=key,
-        )
-
-
 def mlp_width(hidden_size: int, intermediate_size: int | None, multiple_of: int | None, style: str) -> int:
     """The MLP width (of each gate/up projection when gated) as GPT-NeoX derives it.
 

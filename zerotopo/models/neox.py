@@ -208,8 +208,8 @@ class NeoXHead(nn.Module):
     """Final norm and the output projection to vocabulary logits.
 
     With tied embeddings ``embed_out.weight`` *is* ``embed_in.weight`` (the same Parameter object, set by
-    :class:`GPTNeoX`), so the parameter appears in two units; a sharding engine must either support shared
-    parameters or reject tied models.
+    :class:`GPTNeoX`), so the parameter appears in two units: the sharding engine keeps it in the
+    embedding's unit and gathers that unit for the head too.
     """
 
     def __init__(self, cfg: NeoXConfig):
@@ -244,9 +244,10 @@ class GPTNeoX(nn.Module):
             self.head = NeoXHead(cfg)
         if device.type != "meta":
             self.to_empty(device=device)
-            self.reset_parameters()
-        if cfg.tie_embeddings:
+        if cfg.tie_embeddings:  # after to_empty, which would give each module its own copy
             self.head.embed_out.weight = self.embed_in.weight
+        if device.type != "meta":
+            self.reset_parameters()
 
     def forward(self, input_ids_BS: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, S, vocab]`` for token ids ``[B, S]``."""
@@ -279,7 +280,8 @@ class GPTNeoX(nn.Module):
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
         elif module is self.head:
-            nn.init.normal_(module.embed_out.weight, std=std_in)
+            if not cfg.tie_embeddings:  # tied: the embedding's init is the projection's (no draw here)
+                nn.init.normal_(module.embed_out.weight, std=std_in)
         else:
             raise ValueError(
                 f"{type(module).__name__} is not a unit of this model (embed_in, a layer or head)"
