@@ -85,7 +85,9 @@ def test_architecture_values_zerotopo_cannot_honour_are_refused(tmp_path, text, 
     assert err.value.key == key and says in str(err.value)
 
 
-def test_tied_embeddings_are_refused_before_any_rank_starts(tmp_path):
+def test_tied_embeddings_pass_the_preflight(tmp_path):
+    """no_weight_tying: false trains (it was refused before the engine shared a parameter between units):
+    the preflight sizes the model with one embedding matrix."""
     from zerotopo.trainer.entry import preflight
     from zerotopo.trainer.job import TrainJob
 
@@ -94,6 +96,8 @@ def test_tied_embeddings_are_refused_before_any_rank_starts(tmp_path):
         "num_layers: 1\nhidden_size: 32\nnum_attention_heads: 2\nseq_length: 16\nno_weight_tying: false\n"
         "tokenizer_type: ByteTokenizer\ntrain_micro_batch_size_per_gpu: 1\ntrain_iters: 1\n"
     )
-    with pytest.raises(ConfigError) as err:
-        preflight(TrainJob(configs=(str(f),), topology="emulated", nodes=1))
-    assert err.value.key == "no_weight_tying" and "set no_weight_tying: true" in str(err.value)
+    args, _ = preflight(TrainJob(configs=(str(f),), topology="emulated", nodes=1))
+    cfg = args.model_config(args.padded_vocab(256))
+    assert cfg.tie_embeddings and "head.embed_out.weight" not in [
+        p.name for p in cfg.shape(16).head_unit().params
+    ]

@@ -76,7 +76,7 @@ def reference(
     ``opts["optimizer_params"]``) on the union of every rank's data: losses[step][rank][micro], final params.
 
     Parameters without a gradient in a step get a zero gradient (the engine's documented semantics)."""
-    model = make_model(opts)
+    model = make_model({**opts, "meta": False})
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     wd = opts.get("weight_decay", 0.0)
@@ -116,10 +116,16 @@ def reference(
 
 
 def make_model(opts: dict[str, Any]) -> nn.Module:
-    if opts.get("model") == "neox":
+    if opts.get("model") in ("neox", "llama"):
         from zerotopo.models.neox import GPTNeoX, NeoXConfig
 
         torch.manual_seed(0)
+        # "llama": Llama's switches (RMSNorm, SwiGLU, grouped-query attention, no biases, full rotary)
+        llama = dict(
+            num_kv_heads=1, intermediate_size=24, rotary_pct=1.0, gpt_j_residual=False, norm="rmsnorm",
+            rms_norm_epsilon=1e-6, use_bias_in_norms=False, use_bias_in_attn_linear=False,
+            use_bias_in_mlp=False, activation="silu", gated_mlp=True,
+        )  # fmt: skip
         cfg = NeoXConfig(
             vocab_size=VOCAB,
             hidden_size=16,
@@ -127,9 +133,16 @@ def make_model(opts: dict[str, Any]) -> nn.Module:
             num_attention_heads=2,
             max_position_embeddings=16,
             checkpoint_activations=opts.get("checkpoint", False),
+            tie_embeddings=opts.get("tied", False),
+            **(llama if opts["model"] == "llama" else {}),
         )
+        if opts.get("meta"):  # built without storage: parallelize draws the same values unit by unit
+            with torch.device("meta"):
+                return GPTNeoX(cfg)
         return GPTNeoX(cfg)
     model = TinyLM(unused=opts.get("unused", False))
+    if opts.get("tied"):  # the head's projection is the embedding (one Parameter in two units)
+        model.head.out.weight = model.embed.weight
     if opts.get("stray"):
         model.temperature = nn.Parameter(torch.tensor([1.5]))  # owned by the root: the root unit
     if opts.get("frozen"):

@@ -11,7 +11,7 @@ import torch
 from tests.engine.cases import TinyLM
 from tests.engine.shard_steps import grads, one_unit, step_both
 from zerotopo.engine.streams import CopyEngine, OrderingError, Ready, Sanitizer, emulated_delay_s
-from zerotopo.engine.units import FlatUnit, UnitState, assign_params, collect_units
+from zerotopo.engine.units import FlatUnit, UnitState, assign_params, collect_units, unit_borrows
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 from zerotopo.placement.plan import Degrees
@@ -33,11 +33,23 @@ def test_stray_parameters_go_to_the_root():
     assert [n for n, _ in stray] == ["temperature"]
 
 
-def test_tied_weights_are_rejected_naming_both_modules():
+def test_tied_weights_belong_to_the_first_unit_and_are_borrowed_by_the_other():
     cfg = NeoXConfig(vocab_size=32, hidden_size=16, num_layers=1, num_attention_heads=2, tie_embeddings=True)
     model = GPTNeoX(cfg)
-    with pytest.raises(ZerotopoError, match=r"head\.embed_out\.weight.*'embed_in'"):
-        assign_params(model, collect_units(model, None))
+    pairs, stray = assign_params(model, collect_units(model, None))
+    owned = {u: [n for n, _ in params] for u, _, params in pairs}
+    assert owned["embed_in"] == ["embed_in.weight"] and not stray
+    assert owned["head"] == ["head.final_layer_norm.weight", "head.final_layer_norm.bias"]
+    assert unit_borrows(pairs) == {"head": ["embed_in"]}
+
+
+def test_a_unit_that_only_reuses_tied_weights_is_refused_naming_both():
+    model = TinyLM(layers=1)
+    model.head = torch.nn.Linear(12, 37, bias=False)
+    model.head.weight = model.embed.weight
+    pairs, _ = assign_params(model, collect_units(model, None))
+    with pytest.raises(ZerotopoError, match=r"unit 'head' has no parameters of its own.*embed"):
+        unit_borrows(pairs)
 
 
 def _unit(t: int, d: Degrees, dtype=torch.float32) -> tuple[FlatUnit, torch.nn.Module]:

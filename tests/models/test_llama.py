@@ -175,16 +175,17 @@ def test_llama_logits_into_transformers(tmp_path, kv):
         torch.testing.assert_close(model(ids), ref(ids).logits, rtol=0, atol=1e-5)
 
 
-def test_mistral_without_sliding_window_reads_and_with_one_is_refused():
+def test_mistral_reads_with_and_without_sliding_window():
     raw = transformers.MistralConfig(
         vocab_size=96, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, sliding_window=None,
     ).to_dict()  # fmt: skip
-    assert hf_to_neox_config(raw).kv_heads == 2
-    with pytest.raises(ZerotopoError, match="sliding_window 16 is below max_position_embeddings 64"):
-        hf_to_neox_config({**raw, "sliding_window": 16})
-    with pytest.raises(ZerotopoError, match="rope_type 'llama3'"):
+    assert hf_to_neox_config(raw).kv_heads == 2 and hf_to_neox_config(raw).sliding_window is None
+    assert hf_to_neox_config({**raw, "sliding_window": 16}).sliding_window == 16
+    with pytest.raises(ZerotopoError, match="llama3 rope scaling needs 'factor'"):
         hf_to_neox_config({**raw, "model_type": "llama", "rope_parameters": {"rope_type": "llama3"}})
+    with pytest.raises(ZerotopoError, match="rope_type 'yarn'"):
+        hf_to_neox_config({**raw, "model_type": "llama", "rope_parameters": {"rope_type": "yarn"}})
 
 
 def test_export_refuses_what_no_architecture_holds():

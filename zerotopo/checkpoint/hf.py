@@ -54,7 +54,9 @@ ARCH_KEYS = [
     ("mlp_type", "gated_mlp", "model_type (llama: gated)"),
     ("activation", "activation", "hidden_act"),
 ]
-HF_MODEL_TYPES = ("gpt_neox", "llama", "mistral")
+HF_MODEL_TYPES = ("gpt_neox", "llama", "mistral", "qwen2")
+#: rope types read from ``rope_parameters`` / ``rope_scaling`` (see :func:`zerotopo.models.neox.llama3_inv_freq`)
+HF_ROPE_TYPES = ("default", "llama3")
 
 
 # -- config -------------------------------------------------------------------------------------------
@@ -68,29 +70,84 @@ def read_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
     if raw.get("model_type", "gpt_neox") not in HF_MODEL_TYPES:
         raise ZerotopoError(
             f"{path}: model_type is {raw.get('model_type')!r}; zerotopo reads {', '.join(HF_MODEL_TYPES)} "
-            "(GPTNeoXForCausalLM, LlamaForCausalLM, MistralForCausalLM without a sliding window)"
+            "(GPTNeoXForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
         )
     return raw
 
 
 def _rope(raw: dict[str, Any], source: str) -> dict[str, Any]:
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        raise ZerotopoError(f"{source}: rope_parameters must be an object")
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+    """The rotary parameters of a config.json: transformers >=5's ``rope_parameters`` merged over <5's
+    ``rope_scaling``, with ``rope_type`` one of :data:`HF_ROPE_TYPES`."""
+    rope: dict[str, Any] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        part = raw.get(key)
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            raise ZerotopoError(f"{source}: {key} must be an object, found {str(part)[:60]!r}")
+        rope.update(part)
+    kind = rope.get("rope_type", rope.get("type")) or "default"
+    if kind not in HF_ROPE_TYPES:
         raise ZerotopoError(
-            f"{source}: rope_type {rope.get('rope_type', rope.get('type'))!r} is not supported (only default "
-            "rotary; Llama 3.1's llama3 scaling and YaRN are not implemented)"
+            f"{source}: rope_type {kind!r} is not supported; zerotopo computes {', '.join(HF_ROPE_TYPES)} "
+            "rotary frequencies (Llama 3.1-3.3's scaling is llama3; YaRN, linear, dynamic and longrope are "
+            "not implemented)"
         )
+    rope["rope_type"] = kind
     return rope
+
+
+def _rope_fields(rope: dict[str, Any], positions: int, source: str) -> dict[str, Any]:
+    """NeoXConfig's ``rope_*`` fields for the parameters :func:`_rope` read."""
+    if rope["rope_type"] == "default":
+        return {}
+    try:
+        return dict(
+            rope_type="llama3",
+            rope_factor=float(rope["factor"]),
+            rope_low_freq_factor=float(rope["low_freq_factor"]),
+            rope_high_freq_factor=float(rope["high_freq_factor"]),
+            rope_original_max_position=int(rope.get("original_max_position_embeddings") or positions),
+        )
+    except KeyError as exc:
+        raise ZerotopoError(f"{source}: llama3 rope scaling needs {exc.args[0]!r}") from None
+
+
+def _sliding_window(raw: dict[str, Any], layers: int, source: str) -> int | None:
+    """The attention window every layer uses (None: full causal attention). Mistral's ``sliding_window``
+    applies to every layer; Qwen2's only with ``use_sliding_window``, to layers from ``max_window_layers``
+    on (or as ``layer_types`` lists them). A window on some layers only is refused."""
+    window = raw.get("sliding_window")
+    if raw.get("model_type") == "qwen2":
+        if not raw.get("use_sliding_window", False):
+            return None
+        kinds = raw.get("layer_types") or [
+            "sliding_attention" if i >= int(raw.get("max_window_layers", 28)) else "full_attention"
+            for i in range(layers)
+        ]
+        sliding = sum(k == "sliding_attention" for k in kinds)
+        if sliding == 0:
+            return None
+        if sliding != layers:
+            raise ZerotopoError(
+                f"{source}: a sliding window on {sliding} of {layers} layers (use_sliding_window with "
+                "max_window_layers / layer_types); zerotopo applies one window to every layer or none"
+            )
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ZerotopoError(f"{source}: sliding_window {window!r}; expected a positive integer or null")
+    return window
 
 
 def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXConfig:
     """The model a ``GPTNeoXConfig`` or ``LlamaConfig``/``MistralConfig`` dict describes (both the <5 and
     the >=5 transformers layouts)."""
-    if raw.get("model_type", "gpt_neox") in ("llama", "mistral"):
+    if raw.get("model_type", "gpt_neox") in ("llama", "mistral", "qwen2"):
         return _llama_to_config(raw, source)
     rope = _rope(raw, source)
+    if rope["rope_type"] != "default":
+        raise ZerotopoError(f"{source}: rope_type {rope['rope_type']!r} with GPT-NeoX; only default rotary")
     pct = rope.get("partial_rotary_factor", raw.get("rotary_pct", raw.get("partial_rotary_factor", 0.25)))
     base = rope.get("rope_theta", raw.get("rotary_emb_base", raw.get("rope_theta", 10000)))
     act = raw.get("hidden_act", "gelu")
@@ -128,14 +185,13 @@ def _config_json_errors(source: str) -> Iterator[None]:
 
 
 def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
-    """A ``LlamaConfig`` (or a ``MistralConfig`` whose sliding window covers every position)."""
+    """A ``LlamaConfig``, ``MistralConfig`` or ``Qwen2Config`` (biases on q/k/v, none elsewhere)."""
     rope = _rope(raw, source)
-    window, positions = raw.get("sliding_window"), raw.get("max_position_embeddings", 2048)
-    if window is not None and not (isinstance(window, int) and window >= positions):
-        raise ZerotopoError(
-            f"{source}: sliding_window {window!r} is below max_position_embeddings {positions}; zerotopo "
-            "computes full causal attention (set sliding_window to null for a model trained without one)"
-        )
+    positions = raw.get("max_position_embeddings", 2048)
+    qwen2 = raw.get("model_type") == "qwen2"
+    with _config_json_errors(source):
+        window = _sliding_window(raw, int(raw["num_hidden_layers"]), source)
+        rope_fields = _rope_fields(rope, int(positions), source)
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "gelu"):
         raise ZerotopoError(f"{source}: hidden_act {act!r} is not supported (silu, or gelu)")
@@ -163,12 +219,15 @@ def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
             norm="rmsnorm",
             rms_norm_epsilon=float(raw.get("rms_norm_eps", 1e-6)),
             use_bias_in_norms=False,
-            use_bias_in_attn_linear=bool(raw.get("attention_bias", False)),
-            use_bias_in_mlp=bool(raw.get("mlp_bias", False)),
+            use_bias_in_attn_linear=False if qwen2 else bool(raw.get("attention_bias", False)),
+            qkv_bias=True if qwen2 else None,
+            use_bias_in_mlp=False if qwen2 else bool(raw.get("mlp_bias", False)),
             activation=act,
             gated_mlp=True,
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             init_std=float(raw.get("initializer_range", 0.02)),
+            sliding_window=window,
+            **rope_fields,
         )
 
 
@@ -193,6 +252,14 @@ def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> 
         raise ZerotopoError(
             f"{directory} is another architecture than the config asks for: {'; '.join(diffs)}; remove "
             "those keys from the config (the model's config.json decides) or load a matching model"
+        )
+    seq = getattr(args, "seq_length", None)
+    if hf.sliding_window is not None and isinstance(seq, int) and hf.sliding_window >= seq:
+        from zerotopo.logs import get_logger
+
+        get_logger("train").info(
+            f"{path}: sliding_window {hf.sliding_window} >= seq_length {seq}: every position attends to "
+            "every earlier one, as full causal attention does (the window is kept for export)"
         )
     merged = asdict(hf)
     for keep in ("init_method", "output_layer_init_method", "checkpoint_activations"):

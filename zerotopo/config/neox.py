@@ -246,8 +246,8 @@ class NeoXArgs:
     """The tokenizer's vocabulary is padded up to a multiple of this (fast matmuls)."""
     no_weight_tying: bool = _key(c.boolean, True)
     """Untied input and output embeddings. NeoX's own default is False (tied), but every released
-    NeoX/Pythia config sets it true, so zerotopo defaults to untied. False (tied) plans, but training it is
-    refused before any rank starts: the engine shards each parameter in one unit."""
+    NeoX/Pythia config sets it true, so zerotopo defaults to untied. False (tied) trains: the shared matrix
+    is sharded once, in the embedding's unit, and the head gathers it from there."""
     init_method: str = _key(c.choice(*INIT_METHODS), "normal")
     """Init of embeddings, QKV and the first MLP projection: normal | scaled_normal | small_init | wang_init."""
     output_layer_init_method: str = _key(c.choice(*INIT_METHODS), "scaled_normal")

@@ -32,6 +32,7 @@ from zerotopo.engine.units import (
     materialize_meta,
     memory_bytes,
     reset_by_modules,
+    unit_borrows,
 )
 from zerotopo.errors import ZerotopoError
 from zerotopo.placement import layout
@@ -239,6 +240,7 @@ def _build_units(
     """The model's units, flattened (and materialized from the meta device) one at a time, in unit
     order: a sharded unit's full buffer is dropped before the next one is built (see the note)."""
     pairs, stray = assign_params(module, collect_units(module, units))
+    borrows = unit_borrows(pairs)
     pairs = [(n, m, p) for n, m, p in pairs if p]
     if stray:
         pairs.append(("<root>", None, stray))
@@ -257,6 +259,9 @@ def _build_units(
         if u.sharded:
             u.free_full()
         flat_units.append(u)
+    by_name = {u.name: u for u in flat_units}
+    for u in flat_units:
+        u.borrows = [by_name[n] for n in borrows.get(u.name, [])]
     return flat_units
 
 

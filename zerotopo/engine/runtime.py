@@ -222,17 +222,19 @@ class Runtime:
     def pre_forward(self, u: FlatUnit) -> None:
         if self.in_backward:
             # Activation recomputation inside the backward: the weights are already gathered.
-            self._ensure_full(u, backward=True)
+            self._ensure_full_with_borrows(u, backward=True)
             return
         prev = self._last_forward
-        if prev is not None and prev is not u and prev.sharded and prev.state is UnitState.FULL:
-            prev.free_full()
+        if prev is not None and prev is not u:
+            keep = {u.index, *(b.index for b in u.borrows)}
+            for x in (prev, *prev.borrows):
+                if x.index not in keep and x.sharded and x.state is UnitState.FULL:
+                    x.free_full()
         with record_function(f"zerotopo::forward_gather {u.name}"):
-            self._ensure_full(u, backward=False)
+            self._ensure_full_with_borrows(u, backward=False)
             if self.order is not None:
                 for nxt in self._next_in_order(u, self.plan.prefetch, reverse=False):
-                    self._issue_gather(nxt, backward=False)
-        u.set_views()
+                    self._issue_gather_with_borrows(nxt, backward=False)
         if self.order is None:
             self._recording.append(u.index)
 
@@ -254,10 +256,9 @@ class Runtime:
             return
         u.backward_started = True
         with record_function(f"zerotopo::backward_gather {u.name}"):
-            self._ensure_full(u, backward=True)
+            self._ensure_full_with_borrows(u, backward=True)
             for prv in self._next_in_order(u, self.plan.prefetch, reverse=True):
-                self._issue_gather(prv, backward=True)
-        u.set_views()
+                self._issue_gather_with_borrows(prv, backward=True)
 
     def post_accumulate(self, u: FlatUnit) -> None:
         u.grads_ready += 1
@@ -281,6 +282,30 @@ class Runtime:
         seq = self.order[::-1] if reverse else self.order
         i = seq.index(u.index)
         return [self.units[j] for j in seq[i + 1 : i + 1 + depth]]
+
+    def _ensure_full_with_borrows(self, u: FlatUnit, *, backward: bool) -> None:
+        """Gather ``u`` and the units it borrows tied parameters from (see [Note: tied parameters] in
+        ``units.py``), and point their parameters at the full buffers."""
+        for b in u.borrows:
+            self._issue_gather(b, backward=backward)
+        self._ensure_full(u, backward=backward)
+        for b in u.borrows:
+            self._ensure_full(b, backward=backward)
+            b.set_views()
+        u.set_views()
+
+    def _issue_gather_with_borrows(self, u: FlatUnit, *, backward: bool) -> None:
+        """Prefetch ``u`` and the units it borrows from."""
+        for b in u.borrows:
+            self._issue_gather(b, backward=backward)
+        self._issue_gather(u, backward=backward)
+
+    def _release_borrows(self, u: FlatUnit) -> None:
+        """After ``u``'s gradients are reduced its borrowed units may go, unless their own backward has
+        started (it frees them itself) or a prefetch is filling them."""
+        for b in u.borrows:
+            if b.sharded and b.state is UnitState.FULL and not b.backward_started:
+                b.free_full()
 
     def _ensure_full(self, u: FlatUnit, *, backward: bool) -> None:
         if u.state is UnitState.FULL:
@@ -391,6 +416,7 @@ class Runtime:
             if u.state is UnitState.GATHERING:
                 self._wait_gather(u)
             u.free_full()
+        self._release_borrows(u)
         if self.last_backward:
             self._start_replica_reduce(u)
 

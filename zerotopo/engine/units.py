@@ -148,6 +148,9 @@ class FlatUnit:
         self.secondary: Any = None  # a streams.Ready holding the secondary partition, or None
         self.comm: UnitComm | None = None  # set by bind() when the engine is built
         self.gather: Any = None  # pending all-gather: (Pending, source) while GATHERING
+        # Earlier units whose parameters this unit's module also uses (tied weights): gathered with it
+        # (see [Note: tied parameters]); set by ``parallelize``.
+        self.borrows: list[FlatUnit] = []
         # The post-step parameter all-gather still in flight (optim.py [Note: lazy parameter gather]):
         # a function of the stream that lands it in param_shard, or None.
         self.param_update: Any = None
@@ -323,7 +326,9 @@ def assign_params(
 ) -> tuple[list[tuple[str, nn.Module, list[tuple[str, nn.Parameter]]]], list[tuple[str, nn.Parameter]]]:
     """Give every parameter to exactly one unit; returns (units with their params, stray params).
 
-    A parameter reachable from two units (tied weights) is rejected with both modules named.
+    A parameter reachable from two units (tied weights, e.g. an output projection that reuses the input
+    embedding) belongs to the first unit that reaches it, in unit order; the later units *borrow* it
+    (see :func:`unit_borrows` and [Note: tied parameters]).
     """
     # Parameters keep the names the root module gives them, so full state dicts load into the plain model.
     root_name = {id(p): n for n, p in root.named_parameters()}
@@ -333,16 +338,40 @@ def assign_params(
         params = []
         for pname, p in module.named_parameters(remove_duplicate=True):
             if id(p) in owner:
-                raise ZerotopoError(
-                    f"parameter {uname}.{pname} is shared with unit {owner[id(p)]!r} (tied weights); "
-                    f"the engine shards each parameter in one unit: untie them (e.g. tie_embeddings: false) "
-                    f"or pass units= that put both modules in one unit"
-                )
+                continue  # tied: owned by an earlier unit, borrowed here
             owner[id(p)] = uname
             params.append((root_name.get(id(p), f"{uname}.{pname}"), p))
         result.append((uname, module, params))
     stray = [(n, p) for n, p in root.named_parameters() if id(p) not in owner]
     return result, stray
+
+
+def unit_borrows(units: list[tuple[str, nn.Module, list[tuple[str, nn.Parameter]]]]) -> dict[str, list[str]]:
+    """For each unit (as :func:`assign_params` returns them) the earlier units whose parameters its module
+    also uses (tied weights), in unit order; units that borrow nothing are left out.
+
+    [Note: tied parameters] A parameter shared by two units is flattened, sharded, reduced and stepped
+    once, in the unit that owns it. The borrowing unit's forward and backward need the owner's full
+    weights too: the runtime gathers the owner with the borrower (and prefetches it with it), keeps it
+    gathered until the borrower's gradients are reduced, and then frees it unless the owner's own backward
+    is under way. Autograd sums the gradients of both uses into the one parameter before its
+    post-accumulate hook runs, so the owner's gradient shard holds the sum of both uses.
+    """
+    owner = {id(p): uname for uname, _, params in units for _, p in params}
+    order = [uname for uname, _, _ in units]
+    out: dict[str, list[str]] = {}
+    for uname, module, params in units:
+        own = {id(p) for _, p in params}
+        used = {owner[id(p)] for p in module.parameters() if id(p) not in own and id(p) in owner}
+        if not used:
+            continue
+        if not params:
+            raise ZerotopoError(
+                f"unit {uname!r} has no parameters of its own and only reuses those of unit(s) "
+                f"{', '.join(sorted(used))} (tied weights); pass units= that put its module in one of them"
+            )
+        out[uname] = [n for n in order if n in used]
+    return out
 
 
 def flatten_params(slots: list[ParamSlot], padded: int, device: torch.device) -> torch.Tensor:
@@ -397,7 +426,11 @@ def materialize_meta(
             f"parameters {', '.join(n for n, _ in params)} were built on the meta device but belong to no "
             f"unit module, so nothing can initialize them; materialize them before parallelize"
         )
-    owners = {id(p): (m, attr) for m in root.modules() for attr, p in m._parameters.items() if p is not None}
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in root.modules():  # a tied parameter has several owners; every one gets the new parameter
+        for attr, p in m._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((m, attr))
     flat = torch.zeros(padded, dtype=torch.float32)
     out: list[tuple[str, nn.Parameter]] = []
     offset = 0
@@ -408,8 +441,8 @@ def materialize_meta(
         # autograd like an in-place change of saved weights).
         real = nn.Parameter(torch.empty(0), requires_grad=p.requires_grad)
         real.data = flat[offset : offset + n].view(p.shape)
-        owner, attr = owners[id(p)]
-        setattr(owner, attr, real)
+        for owner, attr in owners[id(p)]:
+            setattr(owner, attr, real)
         out.append((name, real))
         offset += n
     with torch.no_grad():

@@ -9,24 +9,7 @@ from zerotopo.placement.shape import ModelShape
 INIT_METHODS = ("normal", "scaled_normal", "small_init", "wang_init")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "silu")
-
-
-def check_trainable(cfg: NeoXConfig, key: str = "no_weight_tying", source: str | None = None) -> None:
-    """Refuse, before any rank starts, a model the sharding engine cannot train: tied embeddings (the
-    engine shards each parameter in exactly one unit, and the embedding and the head are two units).
-    ``key`` names the setting in the user's terms (``no_weight_tying`` in a NeoX config,
-    ``tie_word_embeddings`` in a Hugging Face config.json)."""
-    from zerotopo.errors import ConfigError
-
-    if cfg.tie_embeddings:
-        fix = "set no_weight_tying: true" if key == "no_weight_tying" else "untie the checkpoint's embeddings"
-        raise ConfigError(
-            f"tied input and output embeddings ({key}: {'false' if key == 'no_weight_tying' else 'true'}) "
-            "cannot be trained: the engine shards each parameter in exactly one unit, and the embedding and "
-            f"the output head are two units; {fix} (untied, as every released NeoX, Pythia and Llama-7B config)",
-            source=source,
-            key=key,
-        )
+ROPE_TYPES = ("default", "llama3")
 
 
 def mlp_width(hidden_size: int, intermediate_size: int | None, multiple_of: int | None, style: str) -> int:
@@ -108,6 +91,25 @@ class NeoXConfig:
     """A gated MLP ``w2(act(w1·x) * w3·x)`` (NeoX's ``mlp_type: llama`` / ``activation: swiglu``)."""
     num_kv_heads: int | None = None
     """Key/value heads (grouped-query attention; 1 is multi-query); ``num_attention_heads`` when None."""
+    qkv_bias: bool | None = None
+    """Biases on ``query_key_value`` alone; None: as ``use_bias_in_attn_linear``. Qwen2 has them (true)
+    with an unbiased output projection (``use_bias_in_attn_linear: false``)."""
+    rope_type: str = "default"
+    """Rotary frequencies: ``default`` (``base^(-2i/d)``) or ``llama3`` (Llama 3.1's rescaling of the low
+    and middle frequencies by ``rope_factor``, from ``rope_low_freq_factor``, ``rope_high_freq_factor`` and
+    ``rope_original_max_position``)."""
+    rope_factor: float = 1.0
+    """``llama3``: the factor the lowest frequencies are divided by (8 in Llama 3.1, 32 in Llama 3.2)."""
+    rope_low_freq_factor: float = 1.0
+    """``llama3``: wavelengths above ``rope_original_max_position / rope_low_freq_factor`` are scaled."""
+    rope_high_freq_factor: float = 4.0
+    """``llama3``: wavelengths below ``rope_original_max_position / rope_high_freq_factor`` are kept; the
+    band between is interpolated."""
+    rope_original_max_position: int = 8192
+    """``llama3``: the context length the model was pretrained with before the rescaling."""
+    sliding_window: int | None = None
+    """Each position attends to itself and the ``sliding_window - 1`` positions before it (Mistral);
+    None: every earlier position. A window at least the sequence length computes full causal attention."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -127,6 +129,18 @@ class NeoXConfig:
                 f"num_kv_heads={self.num_kv_heads} does not divide num_attention_heads "
                 f"{self.num_attention_heads}; pick a divisor (1 is multi-query attention)"
             )
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_type={self.rope_type!r}; expected one of {', '.join(ROPE_TYPES)}")
+        if self.rope_type == "llama3" and not (
+            self.rope_factor > 0 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+        ):
+            raise ValueError(
+                f"llama3 rope scaling needs factor > 0 and 0 < low_freq_factor < high_freq_factor, got "
+                f"factor={self.rope_factor}, low_freq_factor={self.rope_low_freq_factor}, "
+                f"high_freq_factor={self.rope_high_freq_factor}"
+            )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window={self.sliding_window}; expected a positive width or None")
         if not 0.0 <= self.rotary_pct <= 1.0:
             raise ValueError(f"rotary_pct={self.rotary_pct}; expected a fraction in [0, 1]")
         if self.rotary_ndims % 2:
@@ -142,6 +156,11 @@ class NeoXConfig:
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether ``query_key_value`` has a bias (``qkv_bias``, else ``use_bias_in_attn_linear``)."""
+        return self.use_bias_in_attn_linear if self.qkv_bias is None else self.qkv_bias
 
     @property
     def norm_epsilon(self) -> float:
@@ -170,6 +189,7 @@ class NeoXConfig:
             num_kv_heads=self.kv_heads,
             gated_mlp=self.gated_mlp,
             attention_bias=self.use_bias_in_attn_linear,
+            qkv_bias=self.has_qkv_bias,
             mlp_bias=self.use_bias_in_mlp,
             norm_bias=self.use_bias_in_norms,
         )

@@ -1,4 +1,5 @@
-"""Hugging Face ``GPTNeoXForCausalLM`` and ``LlamaForCausalLM`` state dicts, configs and safetensors files.
+"""Hugging Face ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``MistralForCausalLM``
+state dicts, configs and safetensors files.
 
 A model with NeoX's own architecture (LayerNorm, GELU MLP, one key/value head per query head) is a
 ``GPTNeoXForCausalLM``: the names differ only by prefix and the fused QKV layout is the same (see [Note: NeoX
@@ -7,6 +8,7 @@ gated SiLU MLP, full rotary, sequential residual; any number of key/value heads)
 the fused ``query_key_value`` rows are cut into ``q_proj``/``k_proj``/``v_proj`` (per head when there are as
 many key/value heads as query heads, in three blocks otherwise) and the MLP's ``w1``/``w3``/``w2`` are
 ``gate_proj``/``up_proj``/``down_proj``; Llama's rotary is the same non-interleaved ``rotate_half`` form.
+Qwen2 (biases on q/k/v only) and Mistral (a sliding window) name their tensors as Llama does.
 Anything else has no Hugging Face architecture that holds it, and :func:`export_architecture` says which
 key prevents each.
 
@@ -62,14 +64,36 @@ def _hf_name(name: str) -> str:
 
 
 def is_llama(cfg: NeoXConfig) -> bool:
-    """Whether the model is written as ``LlamaForCausalLM`` (see :func:`export_architecture`)."""
+    """Whether the model is written with Llama's tensor names (``LlamaForCausalLM``, and Qwen2 and Mistral,
+    which name their tensors as Llama does; see :func:`export_architecture`)."""
     return cfg.norm == "rmsnorm" or cfg.gated_mlp or cfg.kv_heads != cfg.num_attention_heads
 
 
+#: Hugging Face ``model_type`` -> architecture class, for the model types zerotopo writes.
+ARCHITECTURES = {
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+
+
+def hf_model_type(cfg: NeoXConfig) -> str:
+    """The Hugging Face ``model_type`` that holds ``cfg``'s model: ``qwen2`` for biases on q/k/v alone,
+    ``mistral`` for a sliding window, ``llama`` for Llama's other switches, else ``gpt_neox``."""
+    if not is_llama(cfg):
+        return "gpt_neox"
+    if cfg.has_qkv_bias and not cfg.use_bias_in_attn_linear:
+        return "qwen2"
+    return "mistral" if cfg.sliding_window is not None else "llama"
+
+
 def export_architecture(cfg: NeoXConfig) -> str:
-    """``GPTNeoXForCausalLM`` or ``LlamaForCausalLM``, or a ZerotopoError naming each key that no Hugging
-    Face architecture can express together with the others."""
-    if is_llama(cfg):
+    """The architecture class (see :func:`hf_model_type`), or a ZerotopoError naming each key that no
+    Hugging Face architecture can express together with the others."""
+    model_type = hf_model_type(cfg)
+    name = ARCHITECTURES[model_type]
+    if model_type != "gpt_neox":
         wrong = [
             ("norm", cfg.norm, "rmsnorm"),
             ("use_bias_in_norms", cfg.use_bias_in_norms, False),
@@ -78,20 +102,28 @@ def export_architecture(cfg: NeoXConfig) -> str:
             ("rotary_pct", cfg.rotary_pct, 1.0),
             ("gpt_j_residual", cfg.gpt_j_residual, False),
         ]
-        name = "LlamaForCausalLM"
+        if model_type != "llama":  # Qwen2 and Mistral have no MLP biases, Mistral no attention biases
+            wrong.append(("use_bias_in_mlp", cfg.use_bias_in_mlp, False))
+        if model_type == "mistral":
+            wrong.append(("qkv_bias", cfg.has_qkv_bias, False))
+        elif cfg.qkv_bias is not None and cfg.qkv_bias != cfg.use_bias_in_attn_linear:
+            wrong.append(("qkv_bias", cfg.qkv_bias, True))  # an output bias without q/k/v biases
     else:
         wrong = [
             ("use_bias_in_norms", cfg.use_bias_in_norms, True),
             ("use_bias_in_mlp", cfg.use_bias_in_mlp, True),
+            ("rope_type", cfg.rope_type, "default"),
+            ("sliding_window", cfg.sliding_window, None),
+            ("qkv_bias", cfg.has_qkv_bias, cfg.use_bias_in_attn_linear),
         ]
-        name = "GPTNeoXForCausalLM"
     bad = [f"{key}: {ours!r} (needs {want!r})" for key, ours, want in wrong if ours != want]
     if bad:
         raise ZerotopoError(
             f"this model has no Hugging Face architecture: as the nearest, {name}, it would need "
-            f"{'; '.join(bad)}. transformers' GPTNeoXForCausalLM always has MLP and LayerNorm biases, and "
-            "LlamaForCausalLM needs RMSNorm, a gated SiLU MLP, full rotary and a sequential residual; train "
-            "with those keys to export, or keep the zerotopo checkpoint"
+            f"{'; '.join(bad)}. transformers' GPTNeoXForCausalLM always has MLP and LayerNorm biases and "
+            "plain rotary over all positions; LlamaForCausalLM (and Qwen2, Mistral) needs RMSNorm, a gated "
+            "SiLU MLP, full rotary and a sequential residual; Qwen2 biases q/k/v only, Mistral nothing. "
+            "Train with those keys to export, or keep the zerotopo checkpoint"
         )
     return name
 
@@ -233,10 +265,39 @@ def hf_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
     }
 
 
+def rope_parameters(cfg: NeoXConfig) -> dict[str, Any]:
+    """The ``rope_parameters`` (transformers >=5; ``rope_scaling`` before) of ``cfg``'s rotary."""
+    rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": float(cfg.rotary_emb_base)}
+    if cfg.rope_type == "llama3":
+        rope.update(
+            factor=cfg.rope_factor,
+            low_freq_factor=cfg.rope_low_freq_factor,
+            high_freq_factor=cfg.rope_high_freq_factor,
+            original_max_position_embeddings=cfg.rope_original_max_position,
+        )
+    return rope
+
+
 def _llama_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
+    model_type = hf_model_type(cfg)
+    out = _llama_family_dict(cfg)
+    out.update(architectures=[ARCHITECTURES[model_type]], model_type=model_type)
+    if cfg.rope_type != "default":
+        out["rope_scaling"] = out["rope_parameters"]  # the key transformers <5 reads
+    if model_type == "mistral":
+        out["sliding_window"] = cfg.sliding_window
+    if model_type != "llama":  # Qwen2's and Mistral's biases are fixed by the architecture
+        del out["attention_bias"], out["mlp_bias"]
+    if model_type == "qwen2":
+        window = cfg.sliding_window
+        out.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
+        if window is None:
+            out["max_window_layers"] = cfg.num_layers
+    return out
+
+
+def _llama_family_dict(cfg: NeoXConfig) -> dict[str, Any]:
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_layers,
@@ -248,7 +309,7 @@ def _llama_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_position_embeddings,
         "rms_norm_eps": cfg.rms_norm_epsilon,
         "rope_theta": float(cfg.rotary_emb_base),
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(cfg.rotary_emb_base)},
+        "rope_parameters": rope_parameters(cfg),
         "attention_bias": cfg.use_bias_in_attn_linear,
         "mlp_bias": cfg.use_bias_in_mlp,
         "tie_word_embeddings": cfg.tie_embeddings,

@@ -48,16 +48,34 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def llama3_inv_freq(
+    inv_freq_F: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float, original: int
+) -> torch.Tensor:
+    """Llama 3.1's rescaled rotary frequencies (Meta's ``apply_scaling``; ``rope_type: llama3``).
+
+    Frequencies whose wavelength ``2π/f`` is shorter than ``original / high_freq_factor`` are kept, those
+    longer than ``original / low_freq_factor`` are divided by ``factor``, and the band between is a
+    linear blend of the two weighted by ``s = (original/wavelength - low) / (high - low)``."""
+    wavelen_F = 2 * math.pi / inv_freq_F
+    scaled_F = torch.where(wavelen_F > original / low_freq_factor, inv_freq_F / factor, inv_freq_F)
+    s_F = (original / wavelen_F - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended_F = (1 - s_F) * scaled_F / factor + s_F * scaled_F
+    medium = (wavelen_F >= original / high_freq_factor) & (wavelen_F <= original / low_freq_factor)
+    return torch.where(medium, blended_F, scaled_F)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding on the first ``dim`` channels of each head (Su et al., 2021).
 
     It holds no buffer: the frequency table is a function of the config, recomputed per call (``dim / 2``
     values), so a model built on the meta device or flattened by the sharding engine has only parameters.
+    ``llama3``: ``(factor, low_freq_factor, high_freq_factor, original_max_position)`` of Llama 3.1's
+    rescaling (:func:`llama3_inv_freq`); None: the plain frequencies.
     """
 
-    def __init__(self, dim: int, base: int):
+    def __init__(self, dim: int, base: int, llama3: tuple[float, float, float, int] | None = None):
         super().__init__()
-        self.dim, self.base = dim, base
+        self.dim, self.base, self.llama3 = dim, base, llama3
 
     def cos_sin(
         self, seq_len: int, device: torch.device, dtype: torch.dtype
@@ -66,6 +84,8 @@ class RotaryEmbedding(nn.Module):
         inv_freq_F = 1.0 / (
             self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim)
         )
+        if self.llama3 is not None:
+            inv_freq_F = llama3_inv_freq(inv_freq_F, *self.llama3)
         t_S = torch.arange(seq_len, device=device, dtype=torch.float32)
         freqs_SF = torch.outer(t_S, inv_freq_F)  # F = dim / 2
         emb_SD = torch.cat((freqs_SF, freqs_SF), dim=-1)
@@ -117,14 +137,32 @@ class NeoXAttention(nn.Module):
         self.num_heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
         h, d = cfg.hidden_size, cfg.head_dim
         qkv_out = (self.num_heads + 2 * self.kv_heads) * d
-        self.query_key_value = nn.Linear(h, qkv_out, bias=cfg.use_bias_in_attn_linear)
+        self.query_key_value = nn.Linear(h, qkv_out, bias=cfg.has_qkv_bias)
         self.dense = nn.Linear(self.num_heads * d, h, bias=cfg.use_bias_in_attn_linear)
-        self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base)
+        llama3 = (
+            (
+                cfg.rope_factor,
+                cfg.rope_low_freq_factor,
+                cfg.rope_high_freq_factor,
+                cfg.rope_original_max_position,
+            )
+            if cfg.rope_type == "llama3"
+            else None
+        )
+        self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, llama3)
+        self.sliding_window = cfg.sliding_window
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x_BSH)
         gqa = self.kv_heads != self.num_heads  # each key/value head serves num_heads / kv_heads query heads
-        o_BNSD = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        S, W = q.shape[2], self.sliding_window
+        if W is not None and S > W:
+            # query i sees keys j with i - W < j <= i (Mistral's window); [S, S], True attends
+            i_S1, j_1S = torch.arange(S, device=q.device)[:, None], torch.arange(S, device=q.device)[None, :]
+            mask_SS = (j_1S <= i_S1) & (j_1S > i_S1 - W)
+            o_BNSD = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_SS, enable_gqa=gqa)
+        else:
+            o_BNSD = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         B, N, S, D = o_BNSD.shape
         return self.dense(o_BNSD.transpose(1, 2).reshape(B, S, N * D))  # [B, S, N, D] -> [B, S, H]
 
@@ -208,8 +246,8 @@ class NeoXHead(nn.Module):
     """Final norm and the output projection to vocabulary logits.
 
     With tied embeddings ``embed_out.weight`` *is* ``embed_in.weight`` (the same Parameter object, set by
-    :class:`GPTNeoX`), so the parameter appears in two units; a sharding engine must either support shared
-    parameters or reject tied models.
+    :class:`GPTNeoX`), so the parameter appears in two units: the sharding engine keeps it in the
+    embedding's unit and gathers that unit for the head too.
     """
 
     def __init__(self, cfg: NeoXConfig):
@@ -244,9 +282,10 @@ class GPTNeoX(nn.Module):
             self.head = NeoXHead(cfg)
         if device.type != "meta":
             self.to_empty(device=device)
-            self.reset_parameters()
-        if cfg.tie_embeddings:
+        if cfg.tie_embeddings:  # after to_empty, which would give each module its own copy
             self.head.embed_out.weight = self.embed_in.weight
+        if device.type != "meta":
+            self.reset_parameters()
 
     def forward(self, input_ids_BS: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, S, vocab]`` for token ids ``[B, S]``."""
@@ -279,7 +318,8 @@ class GPTNeoX(nn.Module):
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
         elif module is self.head:
-            nn.init.normal_(module.embed_out.weight, std=std_in)
+            if not cfg.tie_embeddings:  # tied: the embedding's init is the projection's (no draw here)
+                nn.init.normal_(module.embed_out.weight, std=std_in)
         else:
             raise ValueError(
                 f"{type(module).__name__} is not a unit of this model (embed_in, a layer or head)"

@@ -84,6 +84,8 @@ class ModelShape:
     """A gated MLP (SwiGLU: ``w2(act(w1·x) * w3·x)``, three matrices) instead of two matrices."""
     attention_bias: bool = True
     """Biases on the QKV and attention output projections."""
+    qkv_bias: bool | None = None
+    """Biases on the QKV projection alone (Qwen2); None: as ``attention_bias``."""
     mlp_bias: bool = True
     """Biases on the MLP projections."""
     norm_bias: bool = True
@@ -123,7 +125,8 @@ class ModelShape:
         h, f, d = self.hidden_size, self.ffn, self.head_dim
         qkv_out = (self.num_attention_heads + 2 * self.kv_heads) * d
         params = self._norm("input_layernorm") + self._norm("post_attention_layernorm")
-        params += self._linear("attention.query_key_value", qkv_out, h, self.attention_bias)
+        qkv_bias = self.attention_bias if self.qkv_bias is None else self.qkv_bias
+        params += self._linear("attention.query_key_value", qkv_out, h, qkv_bias)
         params += self._linear("attention.dense", h, self.num_attention_heads * d, self.attention_bias)
         if self.gated_mlp:
             params += self._linear("mlp.w1", f, h, self.mlp_bias) + self._linear(

@@ -12,7 +12,6 @@ from zerotopo.config.neox import NeoXArgs
 from zerotopo.data.dataset import build_train_valid_test
 from zerotopo.errors import ConfigError, PlanError
 from zerotopo.logs import get_logger
-from zerotopo.models.config import check_trainable
 from zerotopo.models.neox import NeoXConfig
 from zerotopo.placement.plan import PRESETS
 from zerotopo.trainer.job import TrainJob
@@ -203,9 +202,6 @@ def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
                 f"{cfg.vocab_size} embedding rows; use the tokenizer the model was trained with",
                 key="tokenizer_type",
             )
-    check_trainable(
-        cfg, "tie_word_embeddings" if hf else "no_weight_tying", hf or args.sources.get("no_weight_tying")
-    )
     return cfg
 
 
