@@ -118,10 +118,10 @@ class OptimizerArgs:
     SGD, Adagrad, Adadelta, RMSprop, Adamax, NAdam or RAdam. NeoX's ``Adam`` is DeepSpeed's FusedAdam,
     whose default is decoupled weight decay (AdamW), so the two names train alike. LBFGS, SparseAdam and
     Adafactor are refused: their state is not per element."""
-    lr: float = 6e-4
-    """Peak learning rate, reached at the end of warmup."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """Moment decay rates (AdamW, Adam, Adamax, NAdam, RAdam)."""
+    lr: float = 1e-3
+    """Peak learning rate, reached at the end of warmup (NeoX's default without it: 0.001)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Moment decay rates (AdamW, Adam, Adamax, NAdam, RAdam); NeoX's Adam takes torch's (0.9, 0.999)."""
     eps: float = 1e-8
     """Denominator epsilon (every type but SGD; this default for all of them)."""
     weight_decay: float | None = None
@@ -219,8 +219,9 @@ class NeoXArgs:
     """Longest supported sequence; ``seq_length`` when not set, and never below it."""
     pos_emb: str = _key(c.const("rotary", "zerotopo's NeoX model uses rotary position embeddings"), "rotary")
     """Position embedding; only ``rotary``."""
-    rotary_pct: float = _key(c.number(0.0, 1.0), 0.25)
-    """Fraction of each head's dimensions that get rotary embeddings."""
+    rotary_pct: float = _key(c.number(0.0, 1.0), 1.0)
+    """Fraction of each head's dimensions that get rotary embeddings (NeoX's default 1.0: all; Pythia and
+    NeoX-20B set 0.25)."""
     rotary_emb_base: int = _key(c.integer(1), 10000)
     """Base of the rotary frequencies."""
     gpt_j_residual: bool = _key(c.boolean, False)
@@ -283,7 +284,7 @@ class NeoXArgs:
     given it sets the learning rate instead of ``lr_decay_style``/``warmup``/``min_lr``, as in DeepSpeed."""
     optimizer: OptimizerArgs = field(default_factory=OptimizerArgs)
     """The ``optimizer`` block."""
-    weight_decay: float = _key(c.number(0.0, 10.0), 0.01)
+    weight_decay: float = _key(c.number(0.0, 10.0), 0.1)
     """Weight decay, decoupled for AdamW and Adam (the optimizer block's ``weight_decay`` wins when given)."""
     gradient_clipping: float = _key(c.number(0.0), 1.0)
     """Clip the global gradient norm to this; 0 disables clipping."""
@@ -398,8 +399,8 @@ class NeoXArgs:
     wandb_host: str | None = _key(c.optional(c.text))
     """W&B server URL (the default is wandb's own)."""
     # --- sharding ----------------------------------------------------------------------------------------
-    pipe_parallel_size: int = _key(c.integer(0), 1)
-    """NeoX's pipeline stages; zerotopo is data-parallel only (see :meth:`batch_sizes`)."""
+    pipe_parallel_size: int = _key(c.integer(0), 0)
+    """NeoX's pipeline stages (0 and 1: no pipeline); zerotopo is data-parallel only (see :meth:`batch_sizes`)."""
     model_parallel_size: int = _key(c.integer(0), 1)
     """NeoX's tensor-parallel degree; zerotopo is data-parallel only (see :meth:`batch_sizes`)."""
     zero_optimization: dict[str, Any] | None = _key(c.optional(c.mapping))

@@ -119,11 +119,15 @@ def keys_table() -> str:
     import dataclasses
 
     from zerotopo.config.neox import NeoXArgs
+    from zerotopo.config.neox_defaults import DIFFERS_FROM_NEOX, neox_default_note
 
     honoured = sorted(
-        f.metadata.get("neox") or f.name for f in dataclasses.fields(NeoXArgs) if f.name != "sources"
+        {f.metadata.get("neox") or f.name for f in dataclasses.fields(NeoXArgs) if f.name != "sources"}
     )
-    lines = ["Honoured (see docs/configs.md):", "  " + ", ".join(honoured + ["optimizer", "fp16"]), ""]
+    lines = ["Honoured (see docs/configs.md):", "  " + ", ".join(honoured), ""]
+    lines.append("Defaults that differ from GPT-NeoX's (every other default is NeoX's):")
+    lines += [f"  {k:<44} {neox_default_note(k)}" for k in DIFFERS_FROM_NEOX]
+    lines.append("")
     lines.append("Accepted without effect:")
     lines += [f"  {k:<44} {v}" for k, v in NO_EFFECT_KEYS.items()]
     lines += ["", "Refused unless NeoX's default (default: what to do):"]
