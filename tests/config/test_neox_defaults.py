@@ -51,6 +51,7 @@ NEOX_DEFAULTS: dict[str, object] = {
     "lr_decay_iters": None,
     "min_lr": 0.0,
     "warmup": 0.01,
+    "override_lr_scheduler": False,
     # neox_args.py, NeoXArgsLogging
     "use_wandb": None,
     "wandb_group": None,

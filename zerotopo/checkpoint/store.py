@@ -208,6 +208,7 @@ def _finalize(
     seed: int,
     tokenizer: dict[str, Any] | None,
     config_hash: str = "",
+    lr_schedule: dict[str, Any] | None = None,
 ) -> None:
     """Rank 0, once every rank's shards are written: the manifest, the rename, then ``latest``."""
     from zerotopo.models.hf import hf_config_dict
@@ -228,6 +229,7 @@ def _finalize(
         "degrees": plan_label,
         "seed": seed,
         "config_hash": config_hash,
+        "lr_schedule": lr_schedule,
         "loss_scaler": sorted(model.scaler.state_dict()) if model.scaler is not None else None,
         "model": asdict(cfg),
         "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
@@ -276,11 +278,13 @@ def save_checkpoint(
     seed: int = 0,
     tokenizer: dict[str, Any] | None = None,
     config_hash: str = "",
+    lr_schedule: dict[str, Any] | None = None,
 ) -> Path:
     """Collective: every rank writes its shards of ``step`` under ``root``; returns ``root/step_<step>``.
 
     ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied);
-    ``config_hash``: the run's identity beside seed and plan (see :func:`check_identity`). Raises
+    ``config_hash``: the run's identity beside seed and plan (see :func:`check_identity`);
+    ``lr_schedule``: the settings of the learning-rate schedule, recorded for the resume's check. Raises
     :class:`NonFiniteError` without writing anything when the optimizer state is not finite."""
     import torch.distributed.checkpoint as dcp
 
@@ -327,7 +331,7 @@ def save_checkpoint(
             _finalize(
                 root, tmp, final, step=step, model=model, optimizer=optimizer, world=world,
                 consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name, plan_label=plan_label,
-                seed=seed, tokenizer=tokenizer, config_hash=config_hash,
+                seed=seed, tokenizer=tokenizer, config_hash=config_hash, lr_schedule=lr_schedule,
             )  # fmt: skip
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)

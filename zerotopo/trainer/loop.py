@@ -62,6 +62,7 @@ from zerotopo.trainer.preflight import (
     model_config,
     recognise_topology,
 )
+from zerotopo.trainer.schedule_resume import check_resumed_schedule, schedule_record
 from zerotopo.trainer.steps import (
     allocated_peak,
     elapsed_eta,
@@ -478,6 +479,7 @@ def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
             seed=args.seed,
             tokenizer=tokenizer_info(args, tr.tokenizer),
             config_hash=config_hash(args, tr.cfg),
+            lr_schedule=schedule_record(args, tr.iters),
         )
     except NonFiniteError:
         raise
@@ -596,9 +598,14 @@ def resume(
         return 0, 0
     step_dir = find_checkpoint(args.load) if args.load and not is_hf_directory(Path(args.load)) else None
     if step_dir is not None:
-        notice = check_run_identity(args, job, cfg, open_checkpoint(step_dir))
+        ckpt = open_checkpoint(step_dir)
+        notice = check_run_identity(args, job, cfg, ckpt)
         if notice and ctx.is_main:
             log.warning(notice)
+        if not args.finetune:
+            notice = check_resumed_schedule(args, args.train_iters or 100, ckpt.manifest, str(step_dir))
+            if notice and ctx.is_main:
+                log.warning(notice)
         state = load_checkpoint(
             args.load, model, optimizer, cfg=cfg, seed=args.seed, weights_only=bool(args.finetune)
         )
