@@ -10,6 +10,7 @@ for them; ``--launcher local`` forces that. Either way each rank runs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
@@ -104,7 +105,6 @@ def check_writable_dir(path: str, source: str) -> None:
 def run_training(job: TrainJob) -> dict[str, Any] | None:
     """Train; returns rank 0's summary (None on other ranks of an external launch)."""
     from zerotopo.trainer.loop import train_rank
-    from zerotopo.trainer.preflight import data_files
 
     if launched_externally(job):
         import torch.distributed as dist
@@ -120,7 +120,27 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
     args, topology = preflight(job)
     # One run directory for every rank, fixed before they start; it must be writable, like save:.
     job = replace(job, run_dir=str(job.resolve_run_dir(job.load_plan(args).name)))
+    created = not os.path.exists(job.run_dir)
     check_writable_dir(job.run_dir, "--run-dir")
+    try:
+        return _run_local(job, args, topology)
+    except BaseException:
+        if created:  # a run that stopped before writing anything leaves no empty run directory behind
+            _remove_if_empty(job.run_dir)
+        raise
+
+
+def _remove_if_empty(path: str) -> None:
+    # not empty (a log, a rank's traceback) or already gone: kept
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _run_local(job: TrainJob, args, topology) -> dict[str, Any] | None:
+    """The checks that need the run directory, then the local ranks (see the note on launch modes)."""
+    from zerotopo.trainer.loop import train_rank
+    from zerotopo.trainer.preflight import data_files
+
     if args.save:
         check_writable_dir(args.save, args.sources.get("save", "save"))
         from zerotopo.trainer.savelock import check_unlocked
@@ -133,6 +153,12 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
 
         default_corpus_prefix(args.tokenizer_type)
     from zerotopo.launch.spawn import spawn
+    from zerotopo.logs import get_logger
+
+    get_logger("train").info(
+        f"zerotopo train: starting {topology.world_size} ranks on this machine ({topology.name}, "
+        f"{topology.nodes} nodes x {topology.devices_per_node}); each imports torch and joins the job"
+    )
 
     def launch(network=None) -> list:
         return spawn(

@@ -9,6 +9,7 @@ ledger's event times; the host never waits on the device inside a logging window
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -216,9 +217,15 @@ def setup(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
     if device.type == "cpu":
         unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
     probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
+    if ctx.is_main:
+        log.info(
+            f"zerotopo train: {ctx.world} ranks joined; building the model and sharding it (plan {plan.name})"
+        )
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
     tr = build_model(args, job, run, ctx, topology, plan, mesh, tokenizer, probe)
     tr.start_step, tr.consumed = resume(args, job, tr.model, tr.optimizer, tr.cfg, ctx)
+    if ctx.is_main:
+        log.info("zerotopo train: opening the data")
     open_data(tr)
     if ctx.is_main:
         tr.writer = open_run_dir(tr)
@@ -507,6 +514,7 @@ def finish(tr: Trainer) -> dict[str, Any] | None:
         return None
     tr.writer.close()
     steps = tr.iters - tr.start_step
+    run = whole_run(tr.run_dir, tr.start_step, wall)
     summary = {
         "run_dir": str(tr.run_dir),
         "plan": plan.name,
@@ -515,11 +523,14 @@ def finish(tr: Trainer) -> dict[str, Any] | None:
         "nodes": topology.nodes,
         "world_size": tr.ctx.world,
         "parameters": sum(tr.unit_numels),
-        "steps": steps,
-        "first_loss": tr.first_loss,
+        "steps": tr.iters,
+        "resumed_from_step": tr.start_step,
+        "steps_this_attempt": steps,
+        "first_loss": run.get("first_loss", tr.first_loss),
         "final_loss": tr.last_loss,
-        "final_valid_loss": tr.valid_losses[-1] if tr.valid_losses else None,
+        "final_valid_loss": tr.valid_losses[-1] if tr.valid_losses else run.get("final_valid_loss"),
         "wall_s": wall,
+        "wall_s_total": run["wall_s_total"],
         "tokens_per_s": steps * tr.tokens_per_step / wall,
         "memory_bytes_rank0": memory,
         "memory_peak": peak,
@@ -534,6 +545,33 @@ def finish(tr: Trainer) -> dict[str, Any] | None:
     )
     close_run_log()
     return summary
+
+
+def whole_run(run_dir: Path, start_step: int, wall: float) -> dict[str, Any]:
+    """What the summary says of the whole run when this attempt resumed it at ``start_step``: the first
+    training loss and the last validation loss from ``metrics.csv`` (which keeps the earlier attempts'
+    rows when the run directory is the same) and the wall time of every attempt that wrote a summary."""
+    out: dict[str, Any] = {"wall_s_total": wall}
+    if not start_step:
+        return out
+    from zerotopo.trainer.metrics import read_metrics
+
+    try:
+        rows = read_metrics(run_dir / "metrics.csv")
+    except (OSError, ValueError):
+        rows = []
+    train = [r for r in rows if r.get("kind") == "train" and "loss" in r]
+    valid = [r for r in rows if r.get("kind") == "valid" and "loss" in r]
+    if train:
+        out["first_loss"] = min(train, key=lambda r: r["step"])["loss"]
+    if valid:
+        out["final_valid_loss"] = max(valid, key=lambda r: r["step"])["loss"]
+    try:
+        before = json.loads((run_dir / "summary.json").read_text())
+        out["wall_s_total"] += float(before.get("wall_s_total", before.get("wall_s", 0.0)))
+    except (OSError, ValueError, TypeError):
+        pass
+    return out
 
 
 def peak_report(
