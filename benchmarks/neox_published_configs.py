@@ -6,7 +6,9 @@ For each config of GPT-NeoX's ``configs/`` (the top level, ``llama/``, ``llama2/
 ``pythia/``) as its repository publishes it: does it parse, does ``zerotopo plan --topology frontier
 --nodes 48 --model FILES`` plan it, and does ``zerotopo train FILES`` train it on the emulated 8-rank cluster
 with only ``--set`` shrinking sizes, iterations and data, or is it refused before any rank starts, and
-why. A model file of ``llama/`` is used with ``llama/train_config.yml`` (as NeoX's llama README says); a
+why. A config whose shrunk run resolves to the config of one trained before it, up to paths and
+hyperparameter values (:data:`_SAME_PATH_KEYS`), is reported as training as that one (it takes the same
+code path; the parse checked its values). A model file of ``llama/`` is used with ``llama/train_config.yml`` (as NeoX's llama README says); a
 file that sets no model (``local_setup.yml``, ``text_generation.yml``, ...) with ``125M.yml``, as NeoX's
 ``deepy.py`` merges them. Every run trains on a small byte-level dataset made once in a temporary
 directory, which is also each run's working directory (the configs' relative paths land there).
@@ -136,6 +138,38 @@ def shrink_overrides(files: list[Path], data_prefix: str) -> dict:
     return sets
 
 
+#: Keys that say where a run writes, logs or reads its data, or set a hyperparameter's value: two shrunk
+#: runs that differ only in these take the same code path (the parse already checked each value).
+_SAME_PATH_KEYS = (
+    "save", "load", "log_dir", "tensorboard_dir", "use_wandb", "wandb_project", "wandb_group", "wandb_team",
+    "wandb_host", "keep_last_n_checkpoints", "checkpoint_factor", "save_interval", "extra_save_iters",
+    "checkpoint_scale", "eval_interval", "strict_saves", "data_path", "train_data_paths", "valid_data_paths",
+    "test_data_paths", "train_data_weights", "valid_data_weights", "test_data_weights", "split", "min_lr",
+    "warmup", "weight_decay", "gradient_clipping", "init_method_std", "seed", "lr_decay_style",
+    "rotary_emb_base", "layernorm_epsilon", "rms_norm_epsilon", "optimizer.params", "fp16.initial_scale_power",
+    "zero_optimization.<tuning>",
+)  # fmt: skip
+
+
+def resolved(files: list[Path], data_prefix: str) -> dict | None:
+    """The shrunk run's resolved config without :data:`_SAME_PATH_KEYS`; None when it does not load."""
+    from zerotopo.config.neox import ZERO_PLAN_KEYS, load_neox_config
+    from zerotopo.errors import ConfigError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            values = load_neox_config(files, shrink_overrides(files, data_prefix)).to_dict()
+        except ConfigError:
+            return None
+    out = {k: v for k, v in values.items() if k not in _SAME_PATH_KEYS}
+    out["optimizer"] = {"type": values["optimizer"]["type"], "params": sorted(values["optimizer"]["params"])}
+    out["fp16"] = {k: v for k, v in values["fp16"].items() if k != "initial_scale_power"}
+    zero = values.get("zero_optimization") or {}
+    out["zero_optimization"] = {k: v for k, v in zero.items() if k in ZERO_PLAN_KEYS}
+    return out
+
+
 def train(files: list[Path], cwd: Path, data_prefix: str) -> tuple[str, float]:
     sets = shrink_overrides(files, data_prefix)
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
@@ -184,6 +218,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="neox-configs-") as tmp:
         work = Path(tmp)
         data = None if a.no_train else make_data(work)
+        seen: dict[str, str] = {}
         for name, files in config_sets(a.configs):
             if a.only and name not in a.only:
                 continue
@@ -195,7 +230,17 @@ def main() -> int:
             planned = plan(files, cwd) if why is None else f"refused: {why}"
             trained, wall = ("—", 0.0)
             if not a.no_train:
-                trained, wall = train(files, cwd, data)
+                mine = resolved(files, data)
+                same = json.dumps(mine, sort_keys=True, default=str) if mine is not None else None
+                if same is not None and same in seen:
+                    trained = (
+                        f"as `{seen[same]}` (the same model, precision, batch and plan after shrinking; "
+                        "other hyperparameter values or paths)"
+                    )
+                else:
+                    trained, wall = train(files, cwd, data)
+                    if same is not None and trained.startswith("trained"):
+                        seen[same] = name
             rows.append(f"| `{name}` | {with_} | {planned} | {trained} | {wall:.0f} |")
             print(rows[-1], file=sys.stderr, flush=True)
     print("\n".join(rows))
