@@ -14,14 +14,14 @@ from typing import Any
 #: ``key: (GPT-NeoX's default, why zerotopo's differs and what it means)``. ``None`` as NeoX's default
 #: of a model size means NeoX requires the key.
 DIFFERS_FROM_NEOX: dict[str, tuple[Any, str]] = {
-    "num_layers": (None, "NeoX requires it; zerotopo's default is a tiny model's so that a few keys train"),
-    "hidden_size": (None, "NeoX requires it; zerotopo's default is a tiny model's so that a few keys train"),
+    "num_layers": (None, "zerotopo's default is a tiny model's, so that a few keys train"),
+    "hidden_size": (None, "zerotopo's default is a tiny model's, so that a few keys train"),
     "num_attention_heads": (
         None,
-        "NeoX requires it; zerotopo's default is a tiny model's so that a few keys train",
+        "zerotopo's default is a tiny model's, so that a few keys train",
     ),
-    "seq_length": (None, "NeoX requires it; zerotopo's default is a tiny model's so that a few keys train"),
-    "train_iters": (None, "NeoX requires it (or train_epochs); zerotopo trains 100 steps when it is not set"),
+    "seq_length": (None, "zerotopo's default is a tiny model's, so that a few keys train"),
+    "train_iters": (None, "zerotopo trains 100 steps when it is not set (NeoX takes train_epochs instead)"),
     "pos_emb": (
         "learned",
         "zerotopo implements rotary position embeddings only; a config without pos_emb trains rotary here "
@@ -54,5 +54,5 @@ def neox_default_note(key: str) -> str | None:
     if key not in DIFFERS_FROM_NEOX:
         return None
     neox, why = DIFFERS_FROM_NEOX[key]
-    shown = "required" if neox is None else repr(neox)
-    return f"GPT-NeoX's default {shown}: {why}"
+    shown = "GPT-NeoX requires it" if neox is None else f"GPT-NeoX's default {neox!r}"
+    return f"{shown}: {why}"

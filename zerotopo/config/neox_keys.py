@@ -169,6 +169,11 @@ def keys_table() -> str:
     lines.append("Defaults that differ from GPT-NeoX's (every other default is NeoX's):")
     lines += [f"  {k:<44} {neox_default_note(k)}" for k in DIFFERS_FROM_NEOX]
     lines.append("")
+    from zerotopo.config.neox import EQUIVALENT_VALUES, UNSUPPORTED_KEYS
+
+    lines.append("Refused where they would change what is trained (what happens):")
+    lines += [f"  {k:<44} {v}" for k, v in {**UNSUPPORTED_KEYS, **EQUIVALENT_VALUES}.items()]
+    lines.append("")
     lines.append("Accepted without effect:")
     lines += [f"  {k:<44} {v}" for k, v in NO_EFFECT_KEYS.items()]
     lines += ["", "Refused unless NeoX's default (default: what to do):"]
