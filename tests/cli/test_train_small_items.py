@@ -11,6 +11,7 @@ import pytest
 from zerotopo.cli.main import main
 from zerotopo.cli.train import parse_sets
 from zerotopo.config.neox import load_neox_config
+from zerotopo.logs import get_logger
 from zerotopo.trainer.steps import usable_valid_split
 
 
@@ -37,23 +38,45 @@ def _ctx():
     return SimpleNamespace(is_main=True, world=8)
 
 
-def test_train_data_paths_without_valid_data_paths_names_valid_data_paths(tmp_path, caplog):
+class _Records(logging.Handler):
+    """The zerotopo logger's records (it does not propagate once the CLI has set up the console)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def __enter__(self):
+        get_logger().addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        get_logger().removeHandler(self)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def test_train_data_paths_without_valid_data_paths_names_valid_data_paths(tmp_path):
     path = tmp_path / "c.yml"
     path.write_text("train_data_paths: [data/a_text_document]\neval_iters: 2\n")
     args = load_neox_config([path])
-    with caplog.at_level(logging.WARNING):
+    with _Records() as records:
         assert usable_valid_split(None, 4, _ctx(), args) is None
-    text = caplog.text
+    text = records.text
     assert "set valid_data_paths to evaluate" in text
     assert "split" not in text.replace("split is not used", "") and "more documents" not in text
 
 
-def test_a_short_split_still_points_at_the_split(tmp_path, caplog):
+def test_a_short_split_still_points_at_the_split(tmp_path):
     path = tmp_path / "c.yml"
     path.write_text("eval_iters: 2\n")
-    with caplog.at_level(logging.WARNING):
+    with _Records() as records:
         usable_valid_split([0, 1], 4, _ctx(), load_neox_config([path]))
-    assert "the validation split (split 0.969,0.03,0.001) holds 2 samples" in caplog.text
+    assert "the validation split (split 0.969,0.03,0.001) holds 2 samples" in records.text
 
 
 def test_a_run_refused_after_its_run_directory_was_made_leaves_none(tmp_path, monkeypatch, capsys):
