@@ -137,7 +137,17 @@ def test_behaviour_keys_are_not_silently_accepted():
     fields = {f.name for f in dataclasses.fields(NeoXArgs)}
     assert not set(NO_EFFECT_KEYS) & fields
     for key in UNSUPPORTED_KEYS:
-        assert key in fields or key.split(".")[0] in fields or key in ("attention_config", "sparsity_config")
+        assert (
+            key in fields
+            or key.split(".")[0] in fields
+            or key
+            in (
+                "attention_config",
+                "sparsity_config",
+                "sliding_window_width",
+                "deepspeed_extra_args",
+            )
+        )
 
 
 @pytest.mark.parametrize(

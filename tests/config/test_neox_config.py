@@ -118,7 +118,6 @@ def test_pipeline_parallel_refused_unless_the_global_batch_is_fixed(tmp_path):
         ("split: 'a,b'\n", "split", "969,30,1"),
         ("hidden_size: 100\nnum_attention_heads: 3\n", "hidden_size", "multiple"),
         ("seq_length: 256\nmax_position_embeddings: 128\n", "max_position_embeddings", "at least"),
-        ("tokenizer_type: HFTokenizer\n", "vocab_file", "tokenizers JSON"),
         ("precision: bf16\nfp16: {enabled: true}\n", "precision", "conflicts"),
         ("min_lr: 1.0\n", "min_lr", "above"),
     ],
@@ -194,3 +193,13 @@ def test_shipped_configs_load(path):
     micro, accum, global_ = args.batch_sizes(8)
     assert global_ == micro * accum * 8
     args.model_shape(50277)
+
+
+def test_hf_tokenizer_without_vocab_file_plans_and_is_refused_when_built(tmp_path):
+    # planning needs no tokenizer file (GPT-NeoX's pythia configs leave vocab_file to local_setup.yml);
+    # building the tokenizer, which train's pre-flight does before any rank starts, refuses it
+    from zerotopo.data.tokenizers import build_tokenizer
+
+    args = load_neox_config([write(tmp_path, "hf.yml", "tokenizer_type: HFTokenizer\n")])
+    with pytest.raises(ConfigError, match="HFTokenizer needs vocab_file"):
+        build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)

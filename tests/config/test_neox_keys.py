@@ -29,8 +29,8 @@ def test_an_unknown_key_stops_train_before_any_rank_naming_it(tmp_path, capsys):
 
 
 def test_a_refused_key_names_its_value_and_the_fix(tmp_path):
-    with pytest.raises(ConfigError, match=r"fp32_allreduce.*True is not implemented.*grad_accum_dtype: fp32"):
-        load_neox_config([_cfg(tmp_path, "fp32_allreduce: true\n")])
+    with pytest.raises(ConfigError, match=r"use_bnb_optimizer.*True is not implemented.*8-bit Adam"):
+        load_neox_config([_cfg(tmp_path, "use_bnb_optimizer: true\n")])
     with pytest.raises(ConfigError, match="weight_by_num_documents.*train_data_weights"):
         load_neox_config([_cfg(tmp_path, "weight-by-num-documents: true\n")])
 
@@ -52,8 +52,40 @@ def test_config_keys_command_prints_the_tables(capsys):
     assert main(["config", "keys"]) == 0
     out = capsys.readouterr().out
     assert "Accepted without effect" in out and "hostfile" in out and "launcher host list" in out
-    assert "Refused unless NeoX's default" in out and "fp32_allreduce" in out
+    assert "Refused unless NeoX's default" in out and "use_bnb_optimizer" in out
+    assert "Defaults that differ from GPT-NeoX's" in out and "pos_emb" in out
+    assert "override_lr_scheduler" in out and "fp32_allreduce" in out
+    # each honoured key once (optimizer and fp16 were listed twice)
+    honoured = out.split("Honoured (see docs/configs.md):\n")[1].split("\n")[0].split(", ")
+    assert honoured.count("optimizer") == 1 and honoured.count("fp16") == 1
+    assert len(honoured) == len(set(honoured))
     assert "train_data_paths" in out and "eod_mask_loss" in out and "finetune" in out
+
+
+def test_fp32_allreduce_true_reduces_gradients_in_fp32(tmp_path):
+    args = load_neox_config([_cfg(tmp_path, "precision: bf16\nfp32_allreduce: true\n")])
+    assert (args.grad_accum_dtype, args.grad_dtype) == ("fp32", "fp32")
+    with pytest.raises(ConfigError, match="fp32_allreduce: true asks for fp32.*bf16"):
+        load_neox_config(
+            [_cfg(tmp_path, "precision: bf16\nfp32_allreduce: true\ndata_types: {grad_accum_dtype: bf16}\n")]
+        )
+
+
+def test_moe_transformer_engine_and_generation_keys_are_refused_or_accepted_with_reasons(tmp_path):
+    with pytest.raises(ConfigError, match="moe_num_experts.*mixture of experts is not implemented"):
+        load_neox_config([_cfg(tmp_path, "moe_num_experts: 8\n")])
+    with pytest.raises(ConfigError, match="te_mha.*Transformer Engine"):
+        load_neox_config([_cfg(tmp_path, "te_mha: true\n")])
+    with pytest.raises(ConfigError, match="fp16.type.*bfloat16 trains bf16 in older GPT-NeoX"):
+        load_neox_config([_cfg(tmp_path, "fp16: {enabled: true, type: bfloat16}\n")])
+    with pytest.raises(ConfigError, match="sliding_window_width.*shorter than seq_length 256"):
+        load_neox_config([_cfg(tmp_path, "seq_length: 256\nsliding_window_width: 128\n")])
+    with pytest.warns(UserWarning, match="covers the whole sequence"):
+        load_neox_config([_cfg(tmp_path, "seq_length: 128\nsliding_window_width: 128\n")])
+    with pytest.raises(ConfigError, match="deepspeed_extra_args.*bf16.*logging"):
+        load_neox_config([_cfg(tmp_path, "deepspeed_extra_args: {bf16: {enabled: true}}\n")])
+    text = "temperature: 0.5\nuse_comet: true\nglobal_num_gpus: 1\ndeepspeed_extra_args: {comms_logger: {}}\n"
+    load_neox_config([_cfg(tmp_path, text)])
 
 
 def test_data_keys_are_checked_together(tmp_path):

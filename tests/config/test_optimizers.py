@@ -74,7 +74,8 @@ def test_block_reads_type_and_hyperparameters(tmp_path):
     assert args.optimizer.state_names() == ("momentum_buffer",)
     adam, _ = _load(tmp_path, "optimizer: {type: adam, params: {lr: 1.0e-3, amsgrad: true}}\n")
     assert adam.optimizer.type == "Adam"
-    assert adam.optimizer.hyperparameters() == {"betas": (0.9, 0.95), "eps": 1e-8, "amsgrad": True}
+    # betas not given: NeoX's Adam takes torch's (0.9, 0.999)
+    assert adam.optimizer.hyperparameters() == {"betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": True}
     assert adam.optimizer.state_names() == ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     # the run's config.yml round trip: the block is written back in the form it is read
     block = args.to_dict()["optimizer"]

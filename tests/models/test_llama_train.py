@@ -54,7 +54,8 @@ def test_neox_llama_configs_train_when_shrunk(tmp_path, capfd):
     shrink = {
         "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2, "seq_length": 32,
         "max_position_embeddings": 32, "train_iters": 2, "lr_decay_iters": 2, "eval_iters": 0,
-        "log_interval": 1, "fp16.enabled": False, "vocab_file": str(model_file),
+        "log_interval": 1, "fp16.enabled": False, "intermediate_size": 512, "tokenizer_type": "SPMTokenizer",
+        "vocab_file": str(model_file),
         "data_path": f"{prefix}_text_document", "topology": "emulated-4node", "save": str(tmp_path / "save"),
     }  # fmt: skip
     run = tmp_path / "run"
@@ -66,7 +67,8 @@ def test_neox_llama_configs_train_when_shrunk(tmp_path, capfd):
     assert code == 0, (out + err)[-3000:]
     assert "ignored" not in out + err
     saved = yaml.safe_load((run / "config.yml").read_text())
-    assert saved["norm"] == "rmsnorm" and saved["mlp_type"] == "llama" and saved["num_kv_heads"] == 2
+    assert saved["norm"] == "rmsnorm" and saved["activation"] == "swiglu" and saved["num_kv_heads"] == 2
+    assert saved["override_lr_scheduler"] is True and saved["finetune"] is True
     losses = train_losses(run)
     assert sorted(losses) == [1, 2] and all(0 < v < 10 for v in losses.values())
     # exported as LlamaForCausalLM with the SentencePiece model as tokenizer.model, </s> as end-of-document
@@ -75,7 +77,8 @@ def test_neox_llama_configs_train_when_shrunk(tmp_path, capfd):
     export_hf(tmp_path / "save", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
-    assert config["eos_token_id"] == 2 and config["intermediate_size"] == 256  # 8·64/3 = 170, up to 256
+    # NeoX's swiglu MLP: two thirds of 512, halved between gate and up (170), rounded up to 256
+    assert config["eos_token_id"] == 2 and config["intermediate_size"] == 256
     assert (tmp_path / "hf" / "tokenizer.model").read_bytes() == model_file.read_bytes()
     tokenizer_config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
     assert tokenizer_config["tokenizer_class"] == "LlamaTokenizer" and tokenizer_config["eos_token"] == "</s>"

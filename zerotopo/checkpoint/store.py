@@ -220,6 +220,7 @@ def _manifest(
     plan_label: str,
     seed: int,
     config_hash: str,
+    lr_schedule: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a save, taken at the step it saves (a background save writes it later)."""
     return {
@@ -238,6 +239,7 @@ def _manifest(
         "degrees": plan_label,
         "seed": seed,
         "config_hash": config_hash,
+        "lr_schedule": lr_schedule,
         "loss_scaler": sorted(model.scaler.state_dict()) if model.scaler is not None else None,
         "model": asdict(cfg),
         "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
@@ -331,6 +333,7 @@ def snapshot_save(
     seed: int = 0,
     tokenizer: dict[str, Any] | None = None,
     config_hash: str = "",
+    lr_schedule: dict[str, Any] | None = None,
     copy: bool = False,
 ) -> PendingSave:
     """Collective: the state of ``step`` to save, checked finite on every rank (:class:`NonFiniteError`
@@ -342,6 +345,7 @@ def snapshot_save(
     manifest = _manifest(
         step=step, model=model, optimizer=optimizer, world=world, consumed_samples=consumed_samples,
         cfg=cfg, plan_name=plan_name, plan_label=plan_label, seed=seed, config_hash=config_hash,
+        lr_schedule=lr_schedule,
     )  # fmt: skip
     if copy:
         save_phase("copy", step)
@@ -435,15 +439,18 @@ def save_checkpoint(
     seed: int = 0,
     tokenizer: dict[str, Any] | None = None,
     config_hash: str = "",
+    lr_schedule: dict[str, Any] | None = None,
 ) -> Path:
     """Collective: every rank writes its shards of ``step`` under ``root``; returns ``root/step_<step>``.
 
     ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied);
-    ``config_hash``: the run's identity beside seed and plan (see :func:`check_identity`). Raises
+    ``config_hash``: the run's identity beside seed and plan (see :func:`check_identity`);
+    ``lr_schedule``: the settings of the learning-rate schedule, recorded for the resume's check. Raises
     :class:`NonFiniteError` without writing anything when the optimizer state is not finite."""
     pending = snapshot_save(
         root, model, optimizer, step=step, consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name,
         plan_label=plan_label, seed=seed, tokenizer=tokenizer, config_hash=config_hash,
+        lr_schedule=lr_schedule,
     )  # fmt: skip
     return write_save(pending)
 

@@ -1,9 +1,10 @@
-"""``zerotopo export-hf``: a checkpoint as a Hugging Face GPT-NeoX directory.
+"""``zerotopo export-hf``: a checkpoint as a Hugging Face directory: ``GPTNeoXForCausalLM``, or
+``LlamaForCausalLM`` for a Llama- or Mistral-style model (RMSNorm, gated SiLU MLP, full rotary).
 
 Reads the sharded checkpoint one output file at a time (no process builds the whole model) and writes
 ``model.safetensors`` or ``model-0000k-of-0000N.safetensors`` + ``model.safetensors.index.json``,
 ``config.json`` with the tokenizer's ``bos``/``eos`` ids, and the run's tokenizer files, so
-``GPTNeoXForCausalLM.from_pretrained(OUT)`` (and ``AutoTokenizer`` for a Hugging Face or GPT-2 BPE
+``AutoModelForCausalLM.from_pretrained(OUT)`` (and ``AutoTokenizer`` for a Hugging Face or GPT-2 BPE
 tokenizer) opens it.
 """
 

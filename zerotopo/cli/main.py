@@ -37,7 +37,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("zerotopo.cli.calibrate", "measure per-tier bandwidth and latency for the cost model"),
     "export-hf": (
         "zerotopo.cli.export",
-        "write a checkpoint as a Hugging Face GPT-NeoX directory (sharded safetensors)",
+        "write a checkpoint as a Hugging Face directory (sharded safetensors): GPTNeoXForCausalLM, or "
+        "LlamaForCausalLM for Llama- and Mistral-style models",
     ),
     "env": ("zerotopo.cli.env", "show what rank discovery found and warn about bad settings"),
     "export": (

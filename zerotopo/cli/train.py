@@ -39,8 +39,7 @@ def parse_sets(items: list[str]) -> dict:
         key = key.strip().replace("-", "_")
         if not key:
             raise ConfigError(f"empty key in {item!r}", source="--set")
-        if key in out:
-            raise ConfigError(f"key {key!r} given twice", source="--set")
+        out.pop(key, None)  # given twice: the last wins, and its place is the last one's
         out[key] = _parse_value(value)
     return out
 
@@ -97,8 +96,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from-hf",
         metavar="DIR",
-        help="start from a Hugging Face GPT-NeoX directory (config.json + safetensors): its config.json "
-        "sets the architecture, each rank reads only its slices of the weights",
+        help="start from a Hugging Face model directory (config.json + safetensors) of GPT-NeoX, Llama or "
+        "Mistral (model_type gpt_neox, llama, mistral): its config.json sets the architecture, each rank reads "
+        "only its slices of the weights",
     )
     p.add_argument("--run-dir", help="directory for metrics.csv, plots, summary (default runs/<time>-<plan>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -132,11 +132,21 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError("expected a directory path", source="--run-dir")
 
 
+def _first_rank() -> bool:
+    """Not a rank of an external launch, or its rank 0 (the only one that prints progress)."""
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if os.environ.get(var, "0").strip() not in ("", "0"):
+            return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
+    check_flags(args)
+    if _first_rank():
+        # before the imports and checks that take seconds, so the console never sits silent
+        print("zerotopo train: checking the config, topology, plan, data and memory", flush=True)
     from zerotopo.trainer.entry import launched_externally, run_training
     from zerotopo.trainer.job import TrainJob
-
-    check_flags(args)
 
     plan_overrides = {
         k: v
@@ -180,8 +190,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2, default=str))
     else:
         first, final = summary.get("first_loss"), summary.get("final_loss")
+        resumed = summary.get("resumed_from_step") or 0
+        steps = f"{summary['steps']} steps" + (
+            f" ({summary['steps_this_attempt']} after resuming at step {resumed})" if resumed else ""
+        )
         print(
-            f"\ndone: {summary['steps']} steps in {summary['wall_s']:.1f}s "
+            f"\ndone: {steps} in {summary['wall_s']:.1f}s "
             f"({summary['tokens_per_s']:.0f} tokens/s); loss {first:.4f} -> {final:.4f}"
             + (
                 f"; validation loss {summary['final_valid_loss']:.4f}"

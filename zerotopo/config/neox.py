@@ -91,10 +91,17 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "pipe_parallel_size": "zerotopo is data-parallel only; a value above 1 is refused unless "
     "train_batch_size fixes the global batch (then a warning)",
     "model_parallel_size": "as pipe_parallel_size",
+    "sliding_window_width": "sliding-window attention is not implemented: refused when shorter than seq_length; "
+    "at least seq_length, it is the same full causal attention (a warning)",
+    "deepspeed_extra_args": "accepted when it holds only comms_logger, flops_profiler, wall_clock_breakdown, "
+    "steps_per_print (logging); refused otherwise",
+    "fp16.type": "fp16 only; bfloat16 in an enabled fp16 block (Pythia's configs) is refused as ambiguous: "
+    "older GPT-NeoX trained bf16 from it, today's trains fp16",
 }
 
 # Fields whose every accepted value trains the same model (validated, so anything else is refused).
 EQUIVALENT_VALUES: dict[str, str] = {
+    "fp32_allreduce": "true reduces gradients in fp32: the same as data_types: {grad_accum_dtype: fp32}",
     "optimizer.type": "Adam and AdamW both train with decoupled weight decay: NeoX's Adam is DeepSpeed's "
     "FusedAdam, which runs in AdamW mode by default",
 }
@@ -118,10 +125,10 @@ class OptimizerArgs:
     SGD, Adagrad, Adadelta, RMSprop, Adamax, NAdam or RAdam. NeoX's ``Adam`` is DeepSpeed's FusedAdam,
     whose default is decoupled weight decay (AdamW), so the two names train alike. LBFGS, SparseAdam and
     Adafactor are refused: their state is not per element."""
-    lr: float = 6e-4
-    """Peak learning rate, reached at the end of warmup."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """Moment decay rates (AdamW, Adam, Adamax, NAdam, RAdam)."""
+    lr: float = 1e-3
+    """Peak learning rate, reached at the end of warmup (NeoX's default without it: 0.001)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Moment decay rates (AdamW, Adam, Adamax, NAdam, RAdam); NeoX's Adam takes torch's (0.9, 0.999)."""
     eps: float = 1e-8
     """Denominator epsilon (every type but SGD; this default for all of them)."""
     weight_decay: float | None = None
@@ -176,10 +183,24 @@ class FP16Args:
         }
 
 
+def _fp16_type(value: Any) -> str:
+    """The fp16 block's ``type``: fp16 only. Pythia's configs write ``type: bfloat16`` in an enabled fp16
+    block, which older GPT-NeoX read as bf16 and today's reads as fp16, so it is refused as ambiguous."""
+    if isinstance(value, str) and value.lower() in ("fp16", "float16"):
+        return "fp16"
+    if isinstance(value, str) and value.lower() in ("bf16", "bfloat16"):
+        raise ValueError(
+            "an fp16 block of type bfloat16 trains bf16 in older GPT-NeoX and fp16 in today's; say which: "
+            "bf16: {enabled: true} (and fp16: {enabled: false}), or drop type for fp16"
+        )
+    raise ValueError("expected fp16")
+
+
 _FP16_CHECKS = {
     "enabled": c.boolean,
     "fp16": c.boolean,  # NeoX configs repeat ``fp16: true`` inside the block
-    "type": c.choice("fp16", aliases={"float16": "fp16"}),
+    "type": _fp16_type,
+    "auto_cast": c.boolean,  # DeepSpeed casts the inputs to fp16; the model computes in fp16 here anyway
     "loss_scale": c.number(0.0),
     "initial_scale_power": c.integer(0, 63),
     "loss_scale_window": c.integer(1),
@@ -219,8 +240,9 @@ class NeoXArgs:
     """Longest supported sequence; ``seq_length`` when not set, and never below it."""
     pos_emb: str = _key(c.const("rotary", "zerotopo's NeoX model uses rotary position embeddings"), "rotary")
     """Position embedding; only ``rotary``."""
-    rotary_pct: float = _key(c.number(0.0, 1.0), 0.25)
-    """Fraction of each head's dimensions that get rotary embeddings."""
+    rotary_pct: float = _key(c.number(0.0, 1.0), 1.0)
+    """Fraction of each head's dimensions that get rotary embeddings (NeoX's default 1.0: all; Pythia and
+    NeoX-20B set 0.25)."""
     rotary_emb_base: int = _key(c.integer(1), 10000)
     """Base of the rotary frequencies."""
     gpt_j_residual: bool = _key(c.boolean, False)
@@ -278,12 +300,18 @@ class NeoXArgs:
     """Fraction of ``lr_decay_iters`` spent warming up linearly from 0."""
     min_lr: float = _key(c.number(0.0), 0.0)
     """Learning rate at the end of decay."""
+    override_lr_scheduler: bool = _key(c.boolean, False)
+    """GPT-NeoX's switch between the config's schedule and the checkpoint's on a resume. zerotopo's schedule
+    always follows the config's keys (what ``true`` asks for). ``false`` (NeoX's default) on a resume checks
+    that the schedule keys (``lr``, ``min_lr``, ``warmup``, ``lr_decay_iters``, ``lr_decay_style``,
+    ``train_iters``, ``scheduler``) are those the checkpoint was trained with, and refuses the run, naming
+    each that differs, where they are not, as NeoX does."""
     scheduler: dict[str, Any] | None = _key(c.optional(c.mapping))
     """DeepSpeed's ``scheduler`` block (``WarmupLR`` or ``WarmupDecayLR`` with their ``params``); when
     given it sets the learning rate instead of ``lr_decay_style``/``warmup``/``min_lr``, as in DeepSpeed."""
     optimizer: OptimizerArgs = field(default_factory=OptimizerArgs)
     """The ``optimizer`` block."""
-    weight_decay: float = _key(c.number(0.0, 10.0), 0.01)
+    weight_decay: float = _key(c.number(0.0, 10.0), 0.1)
     """Weight decay, decoupled for AdamW and Adam (the optimizer block's ``weight_decay`` wins when given)."""
     gradient_clipping: float = _key(c.number(0.0), 1.0)
     """Clip the global gradient norm to this; 0 disables clipping."""
@@ -402,8 +430,8 @@ class NeoXArgs:
     wandb_host: str | None = _key(c.optional(c.text))
     """W&B server URL (the default is wandb's own)."""
     # --- sharding ----------------------------------------------------------------------------------------
-    pipe_parallel_size: int = _key(c.integer(0), 1)
-    """NeoX's pipeline stages; zerotopo is data-parallel only (see :meth:`batch_sizes`)."""
+    pipe_parallel_size: int = _key(c.integer(0), 0)
+    """NeoX's pipeline stages (0 and 1: no pipeline); zerotopo is data-parallel only (see :meth:`batch_sizes`)."""
     model_parallel_size: int = _key(c.integer(0), 1)
     """NeoX's tensor-parallel degree; zerotopo is data-parallel only (see :meth:`batch_sizes`)."""
     zero_optimization: dict[str, Any] | None = _key(c.optional(c.mapping))
@@ -685,6 +713,7 @@ def build_args(values: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[N
         elif key == "fp16":
             block = _block("fp16", value, _FP16_CHECKS, sources, unknown)
             block.pop("type", None)
+            block.pop("auto_cast", None)
             enabled = block.pop("fp16", None)
             block.setdefault("enabled", enabled if enabled is not None else True)
             kwargs["fp16"] = FP16Args(**block)
@@ -698,6 +727,11 @@ def build_args(values: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[N
                 kwargs["grad_accum_dtype"] = block["grad_accum_dtype"]
         elif key in ("attention_config", "sparsity_config"):
             _unsupported(key, value, values, sources)
+        elif key == "fp32_allreduce":
+            if _checked(c.boolean, value, key, sources, key):
+                kwargs["fp32_allreduce"] = True
+        elif key in ("sliding_window_width", "deepspeed_extra_args"):
+            _checked_extra(key, value, values, sources)
         elif key in REFUSED_UNLESS_DEFAULT:
             why = refused_value(key, value)
             if why:
@@ -706,6 +740,13 @@ def build_args(values: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[N
             unknown.append(_with_suggestion(str(key), fields))
     if kwargs.get("zero_optimization") is not None:
         unknown += _zero_optimization(kwargs["zero_optimization"], sources)
+    if kwargs.pop("fp32_allreduce", False) and kwargs.setdefault("grad_accum_dtype", "fp32") != "fp32":
+        raise ConfigError(
+            f"fp32_allreduce: true asks for fp32 gradient reduction but data_types.grad_accum_dtype is "
+            f"{kwargs['grad_accum_dtype']}; drop one of them",
+            source=sources.get("fp32_allreduce"),
+            key="fp32_allreduce",
+        )
     args = NeoXArgs(**kwargs)
     _cross_check(args)
     return args, sorted(unknown)
@@ -753,6 +794,46 @@ def _unsupported(key: str, value: Any, values: Mapping[str, Any], sources: Mappi
     elif key == "sparsity_config" and value and not sparse:
         warnings.warn(
             "sparsity_config has no effect: attention_config asks for dense attention only", stacklevel=3
+        )
+
+
+# The deepspeed_extra_args entries that only log or profile (anything else could change the training).
+_EXTRA_ARGS_NO_EFFECT = frozenset(
+    {"comms_logger", "flops_profiler", "wall_clock_breakdown", "steps_per_print"}
+)
+
+
+def _checked_extra(key: str, value: Any, values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """``sliding_window_width`` (accepted, with a notice, when it covers the whole sequence: the same
+    attention) and ``deepspeed_extra_args`` (accepted when it only logs or profiles)."""
+    if value is None:
+        return
+    if key == "sliding_window_width":
+        width = _checked(c.integer(1), value, key, sources, key)
+        seq = values.get("seq_length", NeoXArgs.seq_length)
+        if not isinstance(seq, int) or width < seq:
+            raise ConfigError(
+                f"{width} is shorter than seq_length {seq}: sliding-window attention is not implemented (each "
+                "position attends to every earlier one); train with seq_length at most the window, or drop "
+                "the key for full causal attention",
+                source=sources.get(key),
+                key=key,
+            )
+        warnings.warn(
+            f"sliding_window_width {width} covers the whole sequence (seq_length {seq}): full causal "
+            "attention computes the same",
+            stacklevel=3,
+        )
+        return
+    block = _checked(c.mapping, value, key, sources, key)
+    other = sorted(str(k) for k in block if k not in _EXTRA_ARGS_NO_EFFECT)
+    if other:
+        raise ConfigError(
+            f"{', '.join(other)}: DeepSpeed settings zerotopo does not read; it accepts "
+            f"{', '.join(sorted(_EXTRA_ARGS_NO_EFFECT))} here (logging and profiling only); give the others "
+            "as their zerotopo keys or drop them",
+            source=sources.get(key),
+            key=key,
         )
 
 
@@ -817,12 +898,6 @@ def _cross_check(a: NeoXArgs) -> None:
             f"{a.max_position_embeddings} is below seq_length {a.seq_length}; raise it to at least seq_length",
             source=src("max_position_embeddings"),
             key="max_position_embeddings",
-        )
-    if a.tokenizer_type == "HFTokenizer" and not a.vocab_file:
-        raise ConfigError(
-            "HFTokenizer needs vocab_file: the path of a tokenizers JSON file (e.g. 20B_tokenizer.json)",
-            source=src("tokenizer_type"),
-            key="vocab_file",
         )
     blocks = {p for p, on in (("fp16", a.fp16.enabled), ("bf16", a.bf16_enabled)) if on}
     if len(blocks) > 1 or (a.precision and blocks and blocks != {a.precision}):

@@ -60,6 +60,24 @@ NO_EFFECT_KEYS: dict[str, str] = {
     "eval_results_prefix": "NeoX's evaluation-harness output name",
     "checkpoint_validation_with_forward_pass": "a check NeoX runs at save time",
     "rotary_save_freqs_buffer": "whether NeoX stores the rotary frequencies in checkpoints",
+    "global_num_gpus": "launcher device count; the launcher's task count sets the ranks",
+    "memory_profiling_path": "where NeoX writes its memory snapshots (memory_profiling has no effect either)",
+    "use_comet": "Comet logging is not implemented; metrics.csv, TensorBoard and W&B carry the metrics",
+    "comet_workspace": "Comet logging (not implemented)",
+    "comet_project": "Comet logging (not implemented)",
+    "comet_experiment_name": "Comet logging (not implemented)",
+    "comet_tags": "Comet logging (not implemented)",
+    "comet_others": "Comet logging (not implemented)",
+    "text_gen_type": "read by NeoX's generate.py, not by training",
+    "maximum_tokens": "read by NeoX's generate.py, not by training",
+    "prompt_end": "read by NeoX's generate.py, not by training",
+    "temperature": "read by NeoX's generate.py, not by training",
+    "top_p": "read by NeoX's generate.py, not by training",
+    "top_k": "read by NeoX's generate.py, not by training",
+    "recompute": "read by NeoX's generate.py, not by training",
+    "num_samples": "read by NeoX's generate.py, not by training",
+    "sample_input_file": "read by NeoX's generate.py, not by training",
+    "sample_output_file": "read by NeoX's generate.py, not by training",
     "allow_chopped": "only read with pack_impl other than packed (refused)",
     "weighted_sampler_alpha": "only read with weight_by_num_documents (refused)",
 }
@@ -67,7 +85,6 @@ NO_EFFECT_KEYS: dict[str, str] = {
 # NeoX keys with a behaviour zerotopo does not implement: NeoX's default value changes nothing and is
 # accepted; any other value is refused, saying what to do. ``key: (NeoX's default, what to do)``.
 REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
-    "fp32_allreduce": (False, "set data_types: {grad_accum_dtype: fp32} to reduce gradients in fp32"),
     "fp16_lm_cross_entropy": (False, "zerotopo computes the loss in fp32; drop the key"),
     "use_bnb_optimizer": (False, "8-bit Adam is not implemented; drop the key to train with AdamW"),
     "use_mup": (False, "muP is not implemented; drop the key"),
@@ -78,8 +95,11 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "no_load_rng": (False, "drop the key: the data order follows seed and the consumed sample count"),
     "no_save_optim": (False, "drop the key: zerotopo checkpoints always hold the optimizer state"),
     "no_save_rng": (False, "drop the key"),
-    "use_checkpoint_lr_scheduler": (False, "drop the key: the schedule follows the config's keys"),
-    "override_lr_scheduler": (False, "drop the key: the schedule follows the config's keys"),
+    "use_checkpoint_lr_scheduler": (
+        False,
+        "the schedule follows the config's keys (override_lr_scheduler: true); a resume checks that they "
+        "are the checkpoint's",
+    ),
     "weight_by_num_documents": (False, "give train_data_weights explicitly"),
     "label_data_paths": (None, "separate label datasets are not implemented; drop the key"),
     "pack_impl": ("packed", "zerotopo packs documents as NeoX's packed mode does; drop the key"),
@@ -99,6 +119,22 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "lr_decay_fraction": (None, "use lr_decay_iters"),
     "clip_grad": (1.0, "use gradient_clipping"),
     "zero_stage": (None, "use the zero_optimization block (or plan:)"),
+    "moe_num_experts": (1, "mixture of experts is not implemented; drop the key for a dense MLP"),
+    "moe_top_k": (1, "mixture of experts is not implemented; drop the key"),
+    "moe_router_type": ("sinkhorn", "mixture of experts is not implemented; drop the key"),
+    "moe_expert_interval": (1, "mixture of experts is not implemented; drop the key"),
+    "moe_lbl_in_fp32": (False, "mixture of experts is not implemented; drop the key"),
+    "moe_jitter_eps": (None, "mixture of experts is not implemented; drop the key"),
+    "te_columnparallel": (False, "Transformer Engine layers are not implemented; drop the key"),
+    "te_rowparallel": (False, "Transformer Engine layers are not implemented; drop the key"),
+    "te_layernorm_mlp": (False, "Transformer Engine layers are not implemented; drop the key"),
+    "te_mha": (False, "Transformer Engine layers are not implemented; drop the key"),
+    "te_fp8_mha": (False, "fp8 (Transformer Engine) is not implemented; drop the key"),
+    "te_fp8_format": ("hybrid", "fp8 (Transformer Engine) is not implemented; drop the key"),
+    "te_fp8_wgrad": (True, "fp8 (Transformer Engine) is not implemented; drop the key"),
+    "te_fp8_amax_history_len": (1, "fp8 (Transformer Engine) is not implemented; drop the key"),
+    "te_fp8_amax_compute_algo": ("most_recent", "fp8 (Transformer Engine) is not implemented; drop the key"),
+    "te_fp8_margin": (0, "fp8 (Transformer Engine) is not implemented; drop the key"),
 }
 
 
@@ -119,11 +155,25 @@ def keys_table() -> str:
     import dataclasses
 
     from zerotopo.config.neox import NeoXArgs
+    from zerotopo.config.neox_defaults import DIFFERS_FROM_NEOX, neox_default_note
 
     honoured = sorted(
-        f.metadata.get("neox") or f.name for f in dataclasses.fields(NeoXArgs) if f.name != "sources"
+        {f.metadata.get("neox") or f.name for f in dataclasses.fields(NeoXArgs) if f.name != "sources"}
     )
-    lines = ["Honoured (see docs/configs.md):", "  " + ", ".join(honoured + ["optimizer", "fp16"]), ""]
+    lines = ["Honoured (see docs/configs.md):", "  " + ", ".join(honoured), ""]
+    lines.append("Honoured as another key:")
+    lines.append(
+        f"  {'fp32_allreduce':<44} true is data_types: {{grad_accum_dtype: fp32}} (false: NeoX's default)"
+    )
+    lines.append("")
+    lines.append("Defaults that differ from GPT-NeoX's (every other default is NeoX's):")
+    lines += [f"  {k:<44} {neox_default_note(k)}" for k in DIFFERS_FROM_NEOX]
+    lines.append("")
+    from zerotopo.config.neox import EQUIVALENT_VALUES, UNSUPPORTED_KEYS
+
+    lines.append("Refused where they would change what is trained (what happens):")
+    lines += [f"  {k:<44} {v}" for k, v in {**UNSUPPORTED_KEYS, **EQUIVALENT_VALUES}.items()]
+    lines.append("")
     lines.append("Accepted without effect:")
     lines += [f"  {k:<44} {v}" for k, v in NO_EFFECT_KEYS.items()]
     lines += ["", "Refused unless NeoX's default (default: what to do):"]

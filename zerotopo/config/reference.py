@@ -25,6 +25,7 @@ from zerotopo.config.neox import (
     NeoXArgs,
     OptimizerArgs,
 )
+from zerotopo.config.neox_defaults import DIFFERS_FROM_NEOX
 from zerotopo.config.optimizers import SPECS
 
 
@@ -56,6 +57,14 @@ def _default(f: dataclasses.Field) -> str:
     return "—" if value is None else f"`{value!r}`"
 
 
+def _neox_default(name: str) -> str:
+    """`` (NeoX: ...)`` after a default that is not GPT-NeoX's (see :mod:`zerotopo.config.neox_defaults`)."""
+    if name not in DIFFERS_FROM_NEOX:
+        return ""
+    neox = DIFFERS_FROM_NEOX[name][0]
+    return " (NeoX: " + ("required" if neox is None else f"`{neox!r}`") + ")"
+
+
 def _table(cls: type, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
     docs = field_docstrings(cls)
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
@@ -64,13 +73,32 @@ def _table(cls: type, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]
             continue
         name = f.metadata.get("neox") or prefix + f.name
         doc = docs.get(f.name, "").replace("|", "\\|")
-        rows.append(f"| `{name}` | {_default(f)} | {doc} |")
+        rows.append(f"| `{name}` | {_default(f)}{_neox_default(name)} | {doc} |")
     return rows
+
+
+def _defaults_table() -> list[str]:
+    """The defaults that are not GPT-NeoX's, with the reason."""
+    return [
+        "## Defaults that differ from GPT-NeoX's",
+        "",
+        "Every other default above is GPT-NeoX's (`megatron/neox_arguments/neox_args.py`, and DeepSpeed's for",
+        "the blocks NeoX hands to DeepSpeed); a test compares them with a recorded copy of NeoX's. A config",
+        "that leaves one of these keys out trains differently here than in GPT-NeoX:",
+        "",
+        "| key | GPT-NeoX's default | zerotopo's, and why |",
+        "| --- | --- | --- |",
+        *(
+            f"| `{k}` | {'required' if d is None else f'`{d!r}`'} | {why} |"
+            for k, (d, why) in DIFFERS_FROM_NEOX.items()
+        ),
+        "",
+    ]
 
 
 def render() -> str:
     """The whole ``docs/configs.md``."""
-    return "\n".join([*_intro(), *_key_tables(), *_refused_tables()])
+    return "\n".join([*_intro(), *_key_tables(), *_defaults_table(), *_refused_tables()])
 
 
 def _intro() -> list[str]:
@@ -121,7 +149,11 @@ def _key_tables() -> list[str]:
         "",
         *_table(OptimizerArgs, prefix="optimizer.params.", skip=("type", "options")),
         "| `optimizer.params.<other>` | torch's | " + field_docstrings(OptimizerArgs)["options"] + " |",
-        "| `optimizer.type` | `'AdamW'` | " + field_docstrings(OptimizerArgs)["type"] + " |",
+        "| `optimizer.type` | `'AdamW'`"
+        + _neox_default("optimizer.type")
+        + " | "
+        + field_docstrings(OptimizerArgs)["type"]
+        + " |",
         "",
         *_optimizer_types(),
         "",

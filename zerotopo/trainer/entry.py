@@ -120,6 +120,7 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
     args, topology = preflight(job)
     # One run directory for every rank, fixed before they start; it must be writable, like save:.
     job = replace(job, run_dir=str(job.resolve_run_dir(job.load_plan(args).name)))
+    created = not os.path.exists(job.run_dir)
     check_writable_dir(job.run_dir, "--run-dir")
     with _sigterm_raises():
         lock = None
@@ -133,14 +134,25 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             job = dataclasses.replace(job, save_locked=True)
         try:
             return _launch_local(job, args, topology)
+        except BaseException:
+            if created:  # a run that stopped before writing anything leaves no empty run directory behind
+                _remove_if_empty(job.run_dir)
+            raise
         finally:
             if lock is not None:
                 lock.release()
 
 
+def _remove_if_empty(path: str) -> None:
+    # not empty (a log, a rank's traceback) or already gone: kept
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
 def _launch_local(job: TrainJob, args, topology) -> dict[str, Any] | None:
     """Spawn the topology's ranks on this machine (the lock, if any, is held) and wait for them."""
     from zerotopo.launch.spawn import spawn
+    from zerotopo.logs import get_logger
     from zerotopo.trainer.loop import train_rank
     from zerotopo.trainer.preflight import data_files
 
@@ -150,6 +162,10 @@ def _launch_local(job: TrainJob, args, topology) -> dict[str, Any] | None:
         from zerotopo.data.corpus import default_corpus_prefix
 
         default_corpus_prefix(args.tokenizer_type)
+    get_logger("train").info(
+        f"zerotopo train: starting {topology.world_size} ranks on this machine ({topology.name}, "
+        f"{topology.nodes} nodes x {topology.devices_per_node}); each imports torch and joins the job"
+    )
 
     def launch(network=None) -> list:
         return spawn(

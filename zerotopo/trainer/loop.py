@@ -9,6 +9,7 @@ ledger's event times; the host never waits on the device inside a logging window
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -62,6 +63,7 @@ from zerotopo.trainer.preflight import (
     model_config,
     recognise_topology,
 )
+from zerotopo.trainer.schedule_resume import check_resumed_schedule, schedule_record
 from zerotopo.trainer.steps import (
     allocated_peak,
     elapsed_eta,
@@ -224,9 +226,15 @@ def setup(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
     if device.type == "cpu":
         unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
     probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
+    if ctx.is_main:
+        log.info(
+            f"zerotopo train: {ctx.world} ranks joined; building the model and sharding it (plan {plan.name})"
+        )
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
     tr = build_model(args, job, run, ctx, topology, plan, mesh, tokenizer, probe)
     tr.start_step, tr.consumed = resume(args, job, tr.model, tr.optimizer, tr.cfg, ctx)
+    if ctx.is_main:
+        log.info("zerotopo train: opening the data")
     open_data(tr)
     if ctx.is_main:
         tr.writer = open_run_dir(tr)
@@ -499,6 +507,7 @@ def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
             seed=args.seed,
             tokenizer=tokenizer_info(args, tr.tokenizer),
             config_hash=config_hash(args, tr.cfg),
+            lr_schedule=schedule_record(args, tr.iters),
             copy=background,
         )
         if background:
@@ -562,6 +571,7 @@ def finish(tr: Trainer) -> dict[str, Any] | None:
         return None
     tr.writer.close()
     steps = tr.iters - tr.start_step
+    run = whole_run(tr.run_dir, tr.start_step, wall)
     summary = {
         "run_dir": str(tr.run_dir),
         "plan": plan.name,
@@ -570,11 +580,14 @@ def finish(tr: Trainer) -> dict[str, Any] | None:
         "nodes": topology.nodes,
         "world_size": tr.ctx.world,
         "parameters": sum(tr.unit_numels),
-        "steps": steps,
-        "first_loss": tr.first_loss,
+        "steps": tr.iters,
+        "resumed_from_step": tr.start_step,
+        "steps_this_attempt": steps,
+        "first_loss": run.get("first_loss", tr.first_loss),
         "final_loss": tr.last_loss,
-        "final_valid_loss": tr.valid_losses[-1] if tr.valid_losses else None,
+        "final_valid_loss": tr.valid_losses[-1] if tr.valid_losses else run.get("final_valid_loss"),
         "wall_s": wall,
+        "wall_s_total": run["wall_s_total"],
         "tokens_per_s": steps * tr.tokens_per_step / wall,
         "memory_bytes_rank0": memory,
         "memory_peak": peak,
@@ -589,6 +602,33 @@ def finish(tr: Trainer) -> dict[str, Any] | None:
     )
     close_run_log()
     return summary
+
+
+def whole_run(run_dir: Path, start_step: int, wall: float) -> dict[str, Any]:
+    """What the summary says of the whole run when this attempt resumed it at ``start_step``: the first
+    training loss and the last validation loss from ``metrics.csv`` (which keeps the earlier attempts'
+    rows when the run directory is the same) and the wall time of every attempt that wrote a summary."""
+    out: dict[str, Any] = {"wall_s_total": wall}
+    if not start_step:
+        return out
+    from zerotopo.trainer.metrics import read_metrics
+
+    try:
+        rows = read_metrics(run_dir / "metrics.csv")
+    except (OSError, ValueError):
+        rows = []
+    train = [r for r in rows if r.get("kind") == "train" and "loss" in r]
+    valid = [r for r in rows if r.get("kind") == "valid" and "loss" in r]
+    if train:
+        out["first_loss"] = min(train, key=lambda r: r["step"])["loss"]
+    if valid:
+        out["final_valid_loss"] = max(valid, key=lambda r: r["step"])["loss"]
+    try:
+        before = json.loads((run_dir / "summary.json").read_text())
+        out["wall_s_total"] += float(before.get("wall_s_total", before.get("wall_s", 0.0)))
+    except (OSError, ValueError, TypeError):
+        pass
+    return out
 
 
 def peak_report(
@@ -653,9 +693,14 @@ def resume(
         return 0, 0
     step_dir = find_checkpoint(args.load) if args.load and not is_hf_directory(Path(args.load)) else None
     if step_dir is not None:
-        notice = check_run_identity(args, job, cfg, open_checkpoint(step_dir))
+        ckpt = open_checkpoint(step_dir)
+        notice = check_run_identity(args, job, cfg, ckpt)
         if notice and ctx.is_main:
             log.warning(notice)
+        if not args.finetune:
+            notice = check_resumed_schedule(args, args.train_iters or 100, ckpt.manifest, str(step_dir))
+            if notice and ctx.is_main:
+                log.warning(notice)
         state = load_checkpoint(
             args.load, model, optimizer, cfg=cfg, seed=args.seed, weights_only=bool(args.finetune)
         )

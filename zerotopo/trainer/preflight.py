@@ -211,6 +211,7 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, worl
     Hugging Face directory has every tensor with its shape."""
     from zerotopo.checkpoint.neox import check_neox_checkpoint, neox_step_dir
     from zerotopo.checkpoint.store import find_checkpoint, preflight_load
+    from zerotopo.trainer.schedule_resume import check_resumed_schedule
 
     neox_dir = neox_step_dir(args.load) if args.load else None
     if neox_dir is not None:
@@ -221,6 +222,8 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, worl
         run_optimizer = None if args.finetune else (args.optimizer.type, args.optimizer.state_names())
         ckpt = preflight_load(args.load, cfg, run_optimizer)
         check_run_identity(args, job, cfg, ckpt)
+        if not args.finetune:  # a schedule that differs is refused here, before any rank starts
+            check_resumed_schedule(args, args.train_iters or 100, ckpt.manifest, str(ckpt.path))
         if world is not None:
             check_resume_position(args, ckpt, world)
         return

@@ -53,12 +53,27 @@ def usable_valid_split(dataset, micro: int, ctx, args):
     if size >= micro * ctx.world:
         return dataset
     if ctx.is_main:
-        log.warning(
-            f"the validation split (split {','.join(f'{x:g}' for x in args.split)}) holds {size} samples, "
-            f"fewer than one global micro-batch ({micro} x {ctx.world} ranks): evaluation is skipped; give "
-            "the second split weight more documents to evaluate"
-        )
+        log.warning(_no_evaluation(args, size, micro, ctx.world))
     return None
+
+
+def _no_evaluation(args, size: int, micro: int, world: int) -> str:
+    """Why evaluation is skipped, naming the key that fixes it."""
+    batch = f"one global micro-batch ({micro} x {world} ranks)"
+    if args.train_data_paths and not args.valid_data_paths:
+        return (
+            "train_data_paths is set without valid_data_paths, so there is no validation data: evaluation is "
+            "skipped; set valid_data_paths to evaluate (split is not used with train_data_paths)"
+        )
+    if args.valid_data_paths:
+        return (
+            f"valid_data_paths hold {size} samples, fewer than {batch}: evaluation is skipped; give "
+            "valid_data_paths more documents, or a smaller micro-batch"
+        )
+    return (
+        f"the validation split (split {','.join(f'{x:g}' for x in args.split)}) holds {size} samples, fewer "
+        f"than {batch}: evaluation is skipped; give the second split weight more documents to evaluate"
+    )
 
 
 def allocated_peak(probe: PeakMemory) -> int:

@@ -1,0 +1,60 @@
+"""The learning-rate schedule a checkpoint was trained with, and GPT-NeoX's ``override_lr_scheduler``.
+
+zerotopo's schedule is a function of the config's keys and the step, so a resume continues the
+checkpoint's schedule exactly when those keys are the checkpoint's. Each checkpoint records them
+(``lr_schedule`` in its manifest). On a resume, ``override_lr_scheduler: true`` follows the config's keys
+(a notice names what changed); ``false``, GPT-NeoX's default, refuses a run whose keys differ from the
+checkpoint's, naming each, as GPT-NeoX's ``AnnealingLR`` does when it loads a checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerotopo.config.neox import NeoXArgs
+from zerotopo.errors import ConfigError
+
+
+def schedule_record(args: NeoXArgs, iters: int) -> dict[str, Any]:
+    """The settings that fix the learning rate of every step, as a checkpoint records them."""
+    return {
+        "lr": args.lr,
+        "min_lr": args.min_lr,
+        "warmup": args.warmup,
+        "lr_decay_iters": args.decay_iters or iters,
+        "lr_decay_style": args.lr_decay_style,
+        "train_iters": iters,
+        "scheduler": args.scheduler,
+    }
+
+
+def check_resumed_schedule(args: NeoXArgs, iters: int, manifest: dict[str, Any], where: str) -> str | None:
+    """Compare this run's schedule with the one recorded in a checkpoint's ``manifest``.
+
+    Returns a notice for rank 0 (None: nothing to say). Raises :class:`ConfigError` when the schedule
+    differs and ``override_lr_scheduler`` is false."""
+    saved = manifest.get("lr_schedule")
+    if not isinstance(saved, dict):
+        return (
+            f"{where} records no learning-rate schedule (written by an older zerotopo); the schedule follows "
+            "this config's keys"
+        )
+    mine = schedule_record(args, iters)
+    diffs = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in mine.items() if _differs(saved.get(k), v)]
+    if not diffs:
+        return None
+    if args.override_lr_scheduler:
+        return f"override_lr_scheduler: the schedule follows this config, not {where}: {', '.join(diffs)}"
+    raise ConfigError(
+        f"the learning-rate schedule differs from the one {where} was trained with ({', '.join(diffs)}); "
+        "set override_lr_scheduler: true to follow this config's schedule from the resumed step, or give "
+        "the checkpoint's values",
+        source=args.sources.get("override_lr_scheduler"),
+        key="override_lr_scheduler",
+    )
+
+
+def _differs(saved: Any, mine: Any) -> bool:
+    if isinstance(saved, (int, float)) and isinstance(mine, (int, float)) and not isinstance(saved, bool):
+        return abs(float(saved) - float(mine)) > 1e-12 * max(abs(float(saved)), abs(float(mine)), 1.0)
+    return saved != mine
