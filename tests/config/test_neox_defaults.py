@@ -117,7 +117,7 @@ NEOX_DEFAULTS: dict[str, object] = {
 # Honoured keys GPT-NeoX does not have: zerotopo's own, DeepSpeed's scheduler spelling, the older
 # save_interval and the older mlp_type.
 ZEROTOPO_ONLY = {
-    "mlp_type", "eod_token", "save_interval", "strict_saves", "fresh_start", "topology", "plan", "num_nodes",
+    "mlp_type", "eod_token", "save_interval", "strict_saves", "async_save", "fresh_start", "topology", "plan", "num_nodes",
     "optimizer.params.weight_decay",
 }  # fmt: skip
 

@@ -74,6 +74,7 @@ class _Ctx:
 
 class _Args:
     eval_iters, split = 2, (1.0, 0.0, 0.0)
+    train_data_paths = valid_data_paths = None
 
 
 def test_an_empty_or_tiny_validation_split_skips_evaluation(tmp_path, monkeypatch):

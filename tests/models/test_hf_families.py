@@ -131,8 +131,15 @@ class _Args:
 def test_a_window_the_sequence_never_exceeds_is_accepted_with_a_notice(tmp_path, caplog):
     save_random(tmp_path, "mistral", sliding_window=4096)
     run = hf_to_neox_config(read_hf_config(tmp_path))
-    with caplog.at_level(logging.INFO, logger="zerotopo"):
-        merged = merge_hf_config(tmp_path, _Args(64), run)
+    logger = logging.getLogger(
+        "zerotopo"
+    )  # read directly: it stops propagating once a CLI set up the console
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="zerotopo"):
+            merged = merge_hf_config(tmp_path, _Args(64), run)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert merged.sliding_window == 4096
     assert "sliding_window 4096 >= seq_length 64" in caplog.text
 

@@ -29,8 +29,9 @@ DIFFERS_FROM_NEOX: dict[str, tuple[Any, str]] = {
     ),
     "no_weight_tying": (
         False,
-        "training tied input/output embeddings is refused, so zerotopo defaults to untied (every released "
-        "NeoX/Pythia config sets no_weight_tying: true)",
+        "zerotopo's default stays untied so that configs and checkpoints written before tied embeddings "
+        "trained here keep their meaning; set no_weight_tying: false for NeoX's tied default (every "
+        "released NeoX/Pythia config sets no_weight_tying: true)",
     ),
     "mlp_multiple_of": (
         1,

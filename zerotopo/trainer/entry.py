@@ -122,6 +122,16 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
     job = replace(job, run_dir=str(job.resolve_run_dir(job.load_plan(args).name)))
     created = not os.path.exists(job.run_dir)
     check_writable_dir(job.run_dir, "--run-dir")
+    try:
+        return _locked_launch(job, args, topology)
+    except BaseException:
+        if created:  # a run that stopped before writing anything leaves no empty run directory behind
+            _remove_if_empty(job.run_dir)
+        raise
+
+
+def _locked_launch(job: TrainJob, args, topology) -> dict[str, Any] | None:
+    """The save directory's lock, taken before any rank starts, then the local ranks."""
     with _sigterm_raises():
         lock = None
         if args.save:
@@ -134,10 +144,6 @@ def run_training(job: TrainJob) -> dict[str, Any] | None:
             job = dataclasses.replace(job, save_locked=True)
         try:
             return _launch_local(job, args, topology)
-        except BaseException:
-            if created:  # a run that stopped before writing anything leaves no empty run directory behind
-                _remove_if_empty(job.run_dir)
-            raise
         finally:
             if lock is not None:
                 lock.release()
