@@ -60,12 +60,12 @@ def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def zerotopo_row(cfg: NeoXConfig, topo: Any, plan: Any, rank: int, lr: float, dtype: str = "fp32") -> Row:
     """The engine under ``plan``; ``bf16``: weights gathered and gradients reduced in bf16 (fp32 shard)."""
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, ShardedOptimizer, parallelize
 
     mesh = build_mesh(topo, plan, topo_index=rank)
     wire = torch_dtype(dtype)
-    model, opt = parallelize(build_model(cfg), mesh=mesh, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0,
-                             param_dtype=wire, reduce_dtype=wire)  # fmt: skip
+    model = parallelize(build_model(cfg), mesh=mesh, mp_policy=MixedPrecision(wire, wire))
+    opt = ShardedOptimizer(model, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
 
     def step(batches):
         m = len(batches)

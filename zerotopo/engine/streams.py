@@ -10,7 +10,7 @@ sanitizer can check rule 1 of DESIGN.md cheaply: one flag per holder, checked wh
 written by an asynchronous device-to-device copy into an uninitialized buffer while a prefetched
 all-gather already reads it) cannot happen by itself. :class:`CopyEngine` is a worker thread that lands
 each copy ``delay`` seconds after it was issued, into a destination that was poisoned with NaN when it
-was allocated, and sets an :class:`EmulatedEvent` when it has landed. The unordered hook (``parallelize(..., unordered_secondary=True)``) never waits on that
+was allocated, and sets an :class:`EmulatedEvent` when it has landed. The unordered hook (``DebugOptions(unordered_secondary=True)``) never waits on that
 event, so a gather that runs before the copy landed reads NaN, exactly like the uninitialized buffer of
 stock hpZ.
 """

@@ -26,7 +26,7 @@ from zerotopo.placement.yamlio import load_yaml_file, load_yaml_text
 
 SYNC_MODES = ("event", "host")
 #: The stock (racy) ordering of ZeRO++ hpZ: never a plan option, only the engine's test and benchmark hook
-#: ``parallelize(..., unordered_secondary=True)``, so no user can select a racy schedule.
+#: ``zerotopo.engine.debug.DebugOptions(unordered_secondary=True)``, so no user can select a racy schedule.
 RACY_SYNC = "none"
 SECONDARY_DTYPES = ("bf16", "int8")
 GRAD_REDUCE_MODES = ("reduce_scatter", "allreduce")
@@ -112,7 +112,7 @@ class Plan:
                 f"sync must be one of {', '.join(SYNC_MODES)}, got {self.sync!r}"
                 + (
                     " (the unordered stock hpZ schedule races and is not a plan option; it exists only as "
-                    "the engine's test hook parallelize(..., unordered_secondary=True))"
+                    "the engine's test hook zerotopo.engine.debug.DebugOptions(unordered_secondary=True))"
                     if self.sync == RACY_SYNC
                     else ""
                 ),
