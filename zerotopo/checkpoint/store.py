@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerotopo.checkpoint.retention import STEP_DIR, step_dir_name
 from zerotopo.errors import EXIT_FAILURE, ZerotopoError, short
 from zerotopo.fsutil import _umask, read_json_object, write_text_atomic
 from zerotopo.models.neox import NeoXConfig
@@ -50,7 +51,6 @@ from zerotopo.models.neox import NeoXConfig
 MANIFEST = "checkpoint.json"
 FORMAT = "zerotopo-checkpoint"
 VERSION = 1
-STEP_DIR = re.compile(r"^step_(\d+)$")
 # Model config fields that do not change the parameters or the function the model computes.
 _NOT_ARCHITECTURE = {"init_method", "output_layer_init_method", "init_std", "checkpoint_activations"}
 
@@ -288,7 +288,7 @@ def save_checkpoint(
 
     root = Path(root)
     rank, world = dist.get_rank(), dist.get_world_size()
-    final = root / f"step_{step}"
+    final = root / step_dir_name(step)
     check_finite_state(optimizer, step=step, root=root)
     tmp = ""
     if rank == 0:

@@ -42,6 +42,7 @@ from zerotopo.comm.quant import (
     quantize_rows,
     unpack_payload,
 )
+from zerotopo.dtypes import PRECISIONS
 from zerotopo.placement import volume
 from zerotopo.placement.codecs import Codec
 
@@ -194,7 +195,7 @@ def reduce_scatter_int4(
 
 # -- wire codecs ---------------------------------------------------------------------------------------
 
-_PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_PLAIN_DTYPES = PRECISIONS
 
 
 class WireCodec:
