@@ -10,7 +10,8 @@ or asynchronously (returns a :class:`Pending`). One code path serves NCCL, RCCL 
 [Note: streams] With ``stream`` on an accelerator the collective is issued inside
 ``torch.cuda.stream(stream)``, so it starts after the work already queued there. ``Pending.wait(s)``
 calls ``work.wait()`` while ``s`` is current: only then may an event recorded on ``s`` stand for the
-collective's result (DESIGN.md, synchronization rule 2). On CPU streams are ignored and ``wait`` blocks.
+collective's result (docs/engine.md, "Synchronization", rule 2). On CPU streams are ignored and ``wait``
+blocks.
 
 [Note: gloo fallbacks] Older gloo builds lack ``reduce_scatter`` and reductions of bf16/fp16. When the
 backend refuses an op, the call is redone another way and remembered: non-reducing ops move the bytes

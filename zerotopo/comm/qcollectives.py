@@ -1,4 +1,6 @@
-"""Quantized collectives: int8 all-gather (ZeRO++ qwZ, papers/003's int8 secondary partition) and the
+"""Quantized collectives: int8 all-gather (ZeRO++ qwZ, and the int8 secondary partition of Xu et al.,
+"Scaling Large Language Model Training on Frontier with Low-Bandwidth Partitioning" (arXiv:2501.04266)) and
+the
 int4 all-to-all reduce-scatter (ZeRO++ qgZ), in one hop or two.
 
 [Note: qgZ] A ring reduce-scatter would requantize partial sums at every hop, compounding the error over

@@ -1,6 +1,8 @@
 """Measured collective bandwidth by (collective, message size, group span), interpolated in log size.
 
-[Note: bandwidth table] papers/004 §IV-A times a collective as ``v / w(o, v, p⁰×p¹)``: an effective
+[Note: bandwidth table] Chen et al., "Lins: Reducing Communication Overhead of ZeRO for Efficient LLM
+Training" (IWQoS 2024, doi:10.1109/IWQoS61813.2024.10682856) §IV-A times a collective as ``v / w(o, v,
+p⁰×p¹)``: an effective
 bandwidth profiled per operator ``o``, message size ``v`` and device mesh (ranks per node × nodes),
 interpolated where ``v`` was not profiled. A :class:`BandwidthTable` holds such curves::
 

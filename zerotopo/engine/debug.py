@@ -35,10 +35,11 @@ class DebugOptions:
     its optimizer issue (default: none). ``sanitize``: check the ordering rules on every collective that
     reads a buffer another stream wrote (raises :class:`~zerotopo.engine.streams.OrderingError`).
     ``copy_delay_ms``: delay the CPU emulated copy engine (on a device: a spin kernel before each copy)
-    (default ``$ZEROTOPO_EMULATED_COPY_DELAY_MS`` or 0). ``unordered_secondary``: reproduce the stock hpZ
-    race (Wang et al., "ZeRO++: Extremely Efficient Collective Communication for Giant Model Training",
-    arXiv:2306.10209, as DeepSpeed implements it): the backward all-gather does not wait for the
-    secondary partition's copy. No plan or CLI option selects it."""
+    (default ``$ZEROTOPO_EMULATED_COPY_DELAY_MS`` or 0). ``unordered_secondary``: reproduce the race of stock
+    ZeRO++ hpZ (Wang et al., "ZeRO++: Extremely Efficient Collective Communication for Giant Model
+    Training", arXiv:2306.10209) that Dai et al., "Enhancing Stability for Large Models Training in
+    Constrained Bandwidth Networks" (ICML 2024 ES-FoMo workshop) found: the backward all-gather does not
+    wait for the secondary partition's copy. No plan or CLI option selects it."""
 
     ledger: Any = None
     sanitize: bool = False

@@ -26,7 +26,8 @@ chunk, and torch's state of each run is a view of it, so the flat ``master`` and
 the checkpoint's state for every type. It runs with ``fused=True`` where torch has a fused kernel of the
 class on the device (AdamW and SGD on CUDA and the CPU, Adagrad on the CPU and CUDA: the fp16 step then
 passes the overflow flag as its ``found_inf``, and the kernel skips the update on the device without
-the host reading the flag, DESIGN.md rule 3) and ``foreach=True`` elsewhere (where the host reads the
+the host reading the flag, docs/engine.md, "Synchronization", rule 3) and ``foreach=True`` elsewhere (where
+the host reads the
 flag and skips the step).
 
 [Note: lazy parameter gather] A sharded unit's (``p > 1``) parameter shard is read only by the unit's
@@ -88,7 +89,8 @@ class LossScaler:
 
     [Note: scaler on the device] The state (scale, good steps, hysteresis left) lives in tensors on the
     optimizer's device and :meth:`update` takes the overflow flag as a tensor, so the whole update is
-    ``torch.where`` on the device and the host never reads the flag (DESIGN.md rule 3). Read
+    ``torch.where`` on the device and the host never reads the flag (docs/engine.md, "Synchronization",
+    rule 3). Read
     :attr:`scale` (a 0-d tensor) on the host only at the logging interval. ``update`` also takes a bool,
     and the state reads back as Python numbers in :meth:`state_dict`.
     """
@@ -325,7 +327,8 @@ class ShardedOptimizer(TorchOnShards, torch.optim.Optimizer):
     def step(self) -> dict[str, Any]:
         """Reduce, clip and apply the optimizer; returns ``{"grad_norm", "skipped", "loss_scale"}``.
 
-        Nothing here makes the host wait on the device (DESIGN.md rule 3): ``grad_norm`` is a 0-d tensor
+        Nothing here makes the host wait on the device (docs/engine.md, "Synchronization", rule 3):
+        ``grad_norm`` is a 0-d tensor
         on the device (``inf`` when an fp16 overflow skipped the step); with loss scaling ``skipped`` and
         ``loss_scale`` are 0-d device tensors too. Read them at the logging interval."""
         if self.scaler is not None:

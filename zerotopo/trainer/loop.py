@@ -1,6 +1,7 @@
 """One rank of a training run: build the mesh, the model and the data, then train, evaluate and log.
 
-[Note: host synchronization] Following DESIGN.md rule 3, per-step losses stay on the device and are
+[Note: host synchronization] Following the rule that the host synchronizes only when logging
+(docs/engine.md, "Synchronization", rule 3), per-step losses stay on the device and are
 summed across ranks only at each ``log_interval`` (one all-reduce of a short vector), and so are the
 engine's per-step figures (gradient norm, fp16 overflow flag and loss scale: 0-d device tensors) and the
 ledger's event times; the host never waits on the device inside a logging window.

@@ -196,7 +196,8 @@ def held_schedule(schedule, iters: int, optimizer):
     Without a loss scaler every step is applied and this is ``schedule(step)``. With fp16 dynamic loss
     scaling an overflow skips the step on the device, and DeepSpeed (so NeoX) does not advance the
     scheduler then: the rate is the schedule at the count of applied steps, looked up on the device in
-    a table of the schedule, so the host never waits for the overflow flag (DESIGN.md rule 3)."""
+    a table of the schedule, so the host never waits for the overflow flag (docs/engine.md,
+    "Synchronization", rule 3)."""
     if getattr(optimizer, "scaler", None) is None:
         return schedule
     applied = optimizer._device_steps
