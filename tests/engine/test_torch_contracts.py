@@ -16,7 +16,6 @@ from zerotopo.engine import MixedPrecision, ShardedModule, ShardedOptimizer, par
 from zerotopo.errors import ZerotopoError
 from zerotopo.trainer.lr_schedule import LRSchedule, ScheduleLR
 
-pytestmark = pytest.mark.slow
 RANKS = 4
 STEPS = 6
 PEAK = 1e-2
@@ -105,6 +104,7 @@ def _worker(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_lambdalr_drives_the_sharded_optimizer_along_neox_schedule():
     from zerotopo.launch.spawn import spawn
 
@@ -132,3 +132,16 @@ def test_parallelize_takes_at_most_six_parameters_and_refuses_a_plain_module_for
         from zerotopo.engine.optim import _optimizer_name
 
         _optimizer_name(torch.optim.Adam)
+
+
+def test_parallelize_refuses_a_model_whose_names_the_sharded_module_uses():
+    from types import SimpleNamespace
+
+    class HasUnits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.units = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+
+    mesh = SimpleNamespace(plan=SimpleNamespace(grad_dtype=None))  # refused before the mesh is used
+    with pytest.raises(ZerotopoError, match="HasUnits defines units"):
+        parallelize(HasUnits(), mesh=mesh)

@@ -271,6 +271,20 @@ def _check_wrappable(module: nn.Module, param_dtype: torch.dtype, reduce_dtype: 
         )
     if isinstance(module, ShardedModule) or "_zerotopo" in vars(module):
         raise ZerotopoError("this module was already parallelized; wrap the original model once")
+    taken = [
+        n
+        for n in vars(ShardedModule)
+        if not n.startswith("__")
+        and (
+            hasattr(type(module), n)
+            or any(n in d for d in (vars(module), module._modules, module._parameters))
+        )
+    ]
+    if taken:
+        raise ZerotopoError(
+            f"{type(module).__name__} defines {', '.join(taken)}, which the sharded module's methods use; "
+            f"rename them in the model (or wrap it in a container module) before parallelize"
+        )
 
 
 def _build_units(
