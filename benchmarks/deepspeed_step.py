@@ -65,7 +65,7 @@ def _worker(rank: int, world: int, args: dict[str, Any]) -> list[tuple[str, tupl
 
     from zerotopo.bench.step import _model
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import ShardedOptimizer, parallelize
     from zerotopo.placement.plan import get_preset
     from zerotopo.placement.topology import load_topology
 
@@ -79,9 +79,8 @@ def _worker(rank: int, world: int, args: dict[str, Any]) -> list[tuple[str, tupl
     rows = []
     topo = load_topology("emulated")
     for preset in args["plans"].split(","):
-        model, opt = parallelize(
-            _model(args), mesh=build_mesh(topo, get_preset(preset), topo_index=rank), lr=1e-4
-        )
+        model = parallelize(_model(args), mesh=build_mesh(topo, get_preset(preset), topo_index=rank))
+        opt = ShardedOptimizer(model, lr=1e-4)
 
         def step(model=model, opt=opt):
             for _ in range(MICRO):

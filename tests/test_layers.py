@@ -12,7 +12,14 @@ PKG = Path(__file__).resolve().parent.parent / "zerotopo"
 
 # Lowest first. A module may import its own layer and any layer below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "fsutil", "logs", "resources", "sizes"),  # the foundation: no zerotopo imports but each other
+    (
+        "errors",
+        "fsutil",
+        "logs",
+        "resources",
+        "sizes",
+        "dtypes",
+    ),  # the foundation: no zerotopo imports but each other
     ("placement",),  # topology, plan, layout, schedule, codecs, volume, shape, yaml reader
     ("launch", "comm", "models", "data"),
     ("config", "engine", "cost"),

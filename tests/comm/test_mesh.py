@@ -96,9 +96,9 @@ def _mesh_rank(rank: int, world: int, permuted: bool, sorted_groups: bool = Fals
     out["summary"] = ledger.mark_step()
     out["by_tier"] = ledger.bytes_by_tier()
     # The gloo fallbacks must give the same results.
-    C.assume_unsupported("gloo", "reduce_scatter")
-    C.assume_unsupported("gloo", "all_gather", torch.bfloat16)
-    C.assume_unsupported("gloo", "all_reduce", torch.bfloat16)
+    mesh.comm.assume_unsupported("gloo", "reduce_scatter")
+    mesh.comm.assume_unsupported("gloo", "all_gather", torch.bfloat16)
+    mesh.comm.assume_unsupported("gloo", "all_reduce", torch.bfloat16)
     g = mesh.group("grads")
     order = layout.reduce_scatter_order(d)
     inp = _data(rank, 4 * g.size, torch.bfloat16)
@@ -117,7 +117,7 @@ def _mesh_rank(rank: int, world: int, permuted: bool, sorted_groups: bool = Fals
         t.float(), sum(_data(r, 5, torch.bfloat16).float() for r in g.ranks), atol=0.05
     )
     out["fallback_record"] = ledger.records()[-1].bytes_sent
-    C.clear_unsupported()
+    mesh.comm.clear_unsupported()
     return out
 
 

@@ -158,7 +158,8 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
     """Run every case on this rank: train STEPS steps of MICRO micro-batches and report."""
     from zerotopo.comm.ledger import Ledger
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, ShardedOptimizer, debug
+    from zerotopo.engine.optim import make_scaler
     from zerotopo.placement.plan import load_plan
     from zerotopo.placement.topology import load_topology
 
@@ -175,20 +176,25 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
         mesh = build_mesh(topo, plan, topo_index=index)
         ledger = Ledger()
         opts = case.get("opts", {})
-        model, optimizer = parallelize(
+        param_dtype = getattr(torch, opts.get("param_dtype", "float32"))
+        model = debug.parallelize(
             make_model(opts),
             mesh=mesh,
+            mp_policy=MixedPrecision(param_dtype, getattr(torch, opts.get("reduce_dtype", "float32"))),
+            options=debug.DebugOptions(
+                ledger=ledger,
+                sanitize=opts.get("sanitize", True),
+                copy_delay_ms=opts.get("copy_delay_ms", 0.0),
+                unordered_secondary=opts.get("unordered", False),
+            ),
+        )
+        loss_scale = opts.get("loss_scale", "dynamic")
+        optimizer = ShardedOptimizer(
+            model,
             lr=opts.get("lr", 1e-2),
             weight_decay=opts.get("weight_decay", 0.0),
             max_grad_norm=opts.get("max_grad_norm"),
-            param_dtype=getattr(torch, opts.get("param_dtype", "float32")),
-            reduce_dtype=getattr(torch, opts.get("reduce_dtype", "float32")),
-            loss_scale=opts.get("loss_scale", "dynamic"),
-            loss_scale_options=opts.get("loss_scale_options"),
-            ledger=ledger,
-            sanitize=opts.get("sanitize", True),
-            copy_delay_ms=opts.get("copy_delay_ms", 0.0),
-            unordered_secondary=opts.get("unordered", False),
+            loss_scale=make_scaler(loss_scale, param_dtype, **(opts.get("loss_scale_options") or {})),
         )
         out: dict[str, Any] = {"name": case.get("name", plan.name), "losses": [], "stats": [], "error": None}
         if opts.get("eager_params"):
@@ -265,18 +271,18 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
 
 
 def checkpoint_worker(rank: int, world: int, plan_name: str) -> dict[str, Any]:
-    """Train with the DeepSpeed-style facade and an LR schedule; checkpoint after step 1 (full fp32
-    state + this rank's optimizer shard), train on, reload, and train the same steps again."""
+    """Train with gradient accumulation and an LR schedule; checkpoint after step 1 (full fp32 state +
+    this rank's optimizer shard), train on, reload, and train the same steps again."""
     import copy
 
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import Engine, parallelize
+    from zerotopo.engine import ShardedOptimizer, debug
     from zerotopo.placement.plan import get_preset
     from zerotopo.placement.topology import load_topology
 
     mesh = build_mesh(load_topology("emulated"), get_preset(plan_name), topo_index=rank)
-    model, optimizer = parallelize(make_model({}), mesh=mesh, lr=1e-2, sanitize=True)
-    engine = Engine(model, optimizer, accumulation_steps=MICRO)
+    model = debug.parallelize(make_model({}), mesh=mesh, options=debug.DebugOptions(sanitize=True))
+    optimizer = ShardedOptimizer(model, lr=1e-2)
 
     def run(steps: range) -> list[float]:
         losses = []
@@ -284,10 +290,12 @@ def checkpoint_worker(rank: int, world: int, plan_name: str) -> dict[str, Any]:
             optimizer.param_groups[0]["lr"] = schedule(s)
             for m in range(MICRO):
                 x, y = batch(s, rank, m)
-                loss = loss_fn(engine(x), y)
-                engine.backward(loss)
-                engine.step()
+                loss = loss_fn(model(x), y)
+                model.set_is_last_backward(m == MICRO - 1)
+                model.scale_loss(loss / MICRO).backward()
                 losses.append(loss.item())
+            optimizer.step()
+            optimizer.zero_grad()
         return losses
 
     first = run(range(2))

@@ -52,12 +52,13 @@ def _deepspeed_losses(rank: int) -> list[float]:
 
 def _zerotopo_losses(rank: int) -> list[float]:
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import ShardedOptimizer, debug
     from zerotopo.placement.plan import get_preset
     from zerotopo.placement.topology import load_topology
 
     mesh = build_mesh(load_topology("emulated", nodes=1), get_preset("zero3"), topo_index=rank)
-    model, optimizer = parallelize(TinyLM(), mesh=mesh, lr=LR, weight_decay=0.1, sanitize=True)
+    model = debug.parallelize(TinyLM(), mesh=mesh, options=debug.DebugOptions(sanitize=True))
+    optimizer = ShardedOptimizer(model, lr=LR, weight_decay=0.1)
     losses = []
     for s in range(STEPS):
         for m in range(MICRO):

@@ -228,7 +228,7 @@ def test_fp16_loss_scaling_skips_overflow(runs):
     assert res["ledger"] == {k: v for k, v in want.items() if v}
 
 
-def test_facade_schedule_and_checkpoint_round_trip():
+def test_accumulation_schedule_and_checkpoint_round_trip():
     from tests.engine.cases import checkpoint_worker
 
     results = spawn(checkpoint_worker, WORLD, args=("zerotopo-pkg",), ranks_per_node=4, timeout_s=900)

@@ -48,7 +48,7 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
     from tests.engine.hostsync import HostSyncCounter
     from zerotopo.comm import mesh as mesh_mod
     from zerotopo.comm.ledger import Ledger
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, ShardedOptimizer, debug
     from zerotopo.placement.plan import get_preset
 
     topo = _topology()
@@ -61,15 +61,13 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
         mesh = mesh_mod.build_mesh(topo, get_preset(case["plan"]), topo_index=index)
         mesh_mod._sort_ranks_supported = supported
         ledger = Ledger()
-        model, optimizer = parallelize(
+        model = debug.parallelize(
             make_model({}),
             mesh=mesh,
-            lr=1e-2,
-            param_dtype=case.get("param_dtype", torch.float32),
-            max_grad_norm=case.get("clip"),
-            ledger=ledger,
-            sanitize=True,
+            mp_policy=MixedPrecision(case.get("param_dtype", torch.float32)),
+            options=debug.DebugOptions(ledger=ledger, sanitize=True),
         )
+        optimizer = ShardedOptimizer(model, lr=1e-2, max_grad_norm=case.get("clip"))
         losses, stats, counts, report = [], [], {}, ""
         for s in range(WARMUP + COUNTED):
             counter = HostSyncCounter()

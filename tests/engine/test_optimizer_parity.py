@@ -45,18 +45,19 @@ def _worker(rank: int, world: int, cases: list[dict[str, Any]], fp16: list[dict[
     import torch
 
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, ShardedOptimizer, parallelize
+    from zerotopo.engine.optim import make_scaler
     from zerotopo.placement.plan import load_plan
     from zerotopo.placement.topology import load_topology
 
     mesh = build_mesh(load_topology("emulated", nodes=1), load_plan(PLAN), topo_index=rank)
     out = []
     for case in [*cases, *({**c, "fp16": True} for c in fp16)]:
-        model, opt = parallelize(
-            make_model({}), mesh=mesh, lr=case.get("lr", 1e-2), weight_decay=0.1, max_grad_norm=1.0,
-            optimizer=case["optimizer"], optimizer_params=case["optimizer_params"],
-            param_dtype=torch.float16 if case.get("fp16") else torch.float32,
-            loss_scale_options={"hysteresis": 1},
+        param_dtype = torch.float16 if case.get("fp16") else torch.float32
+        model = parallelize(make_model({}), mesh=mesh, mp_policy=MixedPrecision(param_dtype))
+        opt = ShardedOptimizer(
+            model, case["optimizer"], lr=case.get("lr", 1e-2), weight_decay=0.1, max_grad_norm=1.0,
+            loss_scale=make_scaler("dynamic", param_dtype, hysteresis=1), **(case["optimizer_params"] or {}),
         )  # fmt: skip
         losses, skipped = [], []
         for s in range(STEPS):

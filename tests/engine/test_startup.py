@@ -41,7 +41,7 @@ def _tiny(meta: bool):
 def _worker(rank: int, world: int) -> list[dict[str, Any]]:
     from zerotopo.comm.ledger import Ledger
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, ShardedOptimizer, debug, parallelize
     from zerotopo.placement.plan import load_plan
     from zerotopo.placement.topology import load_topology
 
@@ -72,7 +72,8 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
                     reset_by_modules(m)
 
             mesh = build_mesh(topo, plan, topo_index=rank)
-            sm, opt = parallelize(model, mesh=mesh, lr=1e-2, init=init if meta else None)
+            sm = parallelize(model, mesh=mesh, init=init if meta else None)
+            opt = ShardedOptimizer(sm, lr=1e-2)
             sd = sm.full_state_dict()
             losses = []
             for s in range(2):
@@ -99,10 +100,11 @@ def _worker(rank: int, world: int) -> list[dict[str, Any]]:
     for grad_dtype in ("fp32", "param"):
         plan = load_plan({"name": f"p2g2o4-{grad_dtype}", **GRAD_PLAN, "grad_dtype": grad_dtype})
         ledger = Ledger()
-        sm, opt = parallelize(
-            _neox(True), mesh=build_mesh(topo, plan, topo_index=rank), lr=1e-2, param_dtype=torch.bfloat16,
-            ledger=ledger,
+        sm = debug.parallelize(
+            _neox(True), mesh=build_mesh(topo, plan, topo_index=rank),
+            mp_policy=MixedPrecision(torch.bfloat16), options=debug.DebugOptions(ledger=ledger),
         )  # fmt: skip
+        opt = ShardedOptimizer(sm, lr=1e-2)
         losses = []
         for s in range(2):
             if s == 1:

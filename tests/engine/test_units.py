@@ -179,12 +179,12 @@ def test_fp16_block_reaches_the_scaler():
 
 
 def _bare_adamw(fused: bool, frozen: bool):
-    """A ShardedAdamW over one unit's optimizer chunk (world 1), without a mesh: the update rules only.
-    Returns it and the unit's module (a Linear, decayed, and a LayerNorm, not decayed)."""
-    from zerotopo.engine.optim import ShardedAdamW
+    """A ShardedOptimizer running AdamW over one unit's optimizer chunk (world 1), without a mesh: the
+    update rules only. Returns it and the unit's module (a Linear, decayed, and a LayerNorm, not decayed)."""
+    from zerotopo.engine.optim import ShardedOptimizer
 
     u, mod = one_unit(frozen)
-    opt = object.__new__(ShardedAdamW)
+    opt = object.__new__(ShardedOptimizer)
     opt.param_groups = [{"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "params": []}]
     opt.master = [u.initial_master]
     opt.states = {n: [torch.zeros_like(u.initial_master)] for n in ("exp_avg", "exp_avg_sq")}
@@ -283,13 +283,13 @@ def test_gathered_chunks_are_put_in_place_without_a_second_buffer():
 def test_parallelize_refuses_bad_dtypes_and_a_second_wrap_before_building_anything():
     from types import SimpleNamespace
 
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, parallelize
     from zerotopo.errors import ZerotopoError
 
     mesh = SimpleNamespace(plan=SimpleNamespace(grad_dtype=None))  # nothing past the checks is reached
     module = torch.nn.Linear(4, 4)
     with pytest.raises(ZerotopoError, match="param_dtype and reduce_dtype must be"):
-        parallelize(module, mesh=mesh, param_dtype=torch.float64)
-    module._zerotopo_wrapped = True
+        parallelize(module, mesh=mesh, mp_policy=MixedPrecision(param_dtype=torch.float64))
+    module._zerotopo = SimpleNamespace()  # what parallelize attaches
     with pytest.raises(ZerotopoError, match="already parallelized"):
         parallelize(module, mesh=mesh)

@@ -80,7 +80,7 @@ def _device(rank: int, kind: str) -> torch.device:
 def _engine(case: dict[str, Any], rank: int, world: int, device: torch.device):
     from zerotopo.comm.ledger import Ledger
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, ShardedOptimizer, debug
     from zerotopo.placement.plan import get_preset
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -91,16 +91,17 @@ def _engine(case: dict[str, Any], rank: int, world: int, device: torch.device):
         plan = replace(plan, sync=case["sync"])
     mesh = build_mesh(_topology(world), plan, topo_index=rank, device=device)
     ledger = Ledger()
-    model, opt = parallelize(
+    model = debug.parallelize(
         make_model({}),
         mesh=mesh,
-        lr=1e-2,
-        param_dtype=case.get("param_dtype", torch.float32),
-        ledger=ledger,
-        copy_delay_ms=case.get("copy_delay_ms", 0.0),
-        unordered_secondary=case.get("unordered", False),
-        sanitize=False,
+        mp_policy=MixedPrecision(case.get("param_dtype", torch.float32)),
+        options=debug.DebugOptions(
+            ledger=ledger,
+            copy_delay_ms=case.get("copy_delay_ms", 0.0),
+            unordered_secondary=case.get("unordered", False),
+        ),
     )
+    opt = ShardedOptimizer(model, lr=1e-2)
     return model, opt, ledger
 
 

@@ -31,7 +31,8 @@ def checkpoint_worker(
 
     from zerotopo.checkpoint.store import load_checkpoint, save_checkpoint
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, ShardedOptimizer, parallelize
+    from zerotopo.engine.optim import make_scaler
     from zerotopo.models.neox import GPTNeoX
     from zerotopo.placement.plan import load_plan
     from zerotopo.placement.topology import load_topology
@@ -40,16 +41,15 @@ def checkpoint_worker(
     plan = load_plan(plan_name)
     mesh = build_mesh(topo, plan, topo_index=rank)
     torch.manual_seed(0)
-    model, opt = parallelize(
-        GPTNeoX(cfg()),
-        mesh=mesh,
-        param_dtype=torch.float16 if fp16 else torch.float32,
+    param_dtype = torch.float16 if fp16 else torch.float32
+    model = parallelize(GPTNeoX(cfg()), mesh=mesh, mp_policy=MixedPrecision(param_dtype))
+    opt = ShardedOptimizer(
+        model,
+        optimizer[0],
         lr=1e-2,
         weight_decay=0.1,
-        loss_scale="dynamic",
-        loss_scale_options={"init_scale": 2.0**8, "growth_interval": 2},
-        optimizer=optimizer[0],
-        optimizer_params=optimizer[1],
+        loss_scale=make_scaler("dynamic", param_dtype, init_scale=2.0**8, growth_interval=2),
+        **(optimizer[1] or {}),
     )
     step = 0
     losses = []
@@ -84,7 +84,7 @@ def nonfinite_save_worker(rank: int, world: int, out: str) -> str:
 
     from zerotopo.checkpoint.store import save_checkpoint
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import ShardedOptimizer, parallelize
     from zerotopo.errors import ZerotopoError
     from zerotopo.models.neox import GPTNeoX
     from zerotopo.placement.plan import load_plan
@@ -93,7 +93,8 @@ def nonfinite_save_worker(rank: int, world: int, out: str) -> str:
     topo = load_topology("emulated-4node", nodes=world // 2)
     plan = load_plan("zero3")
     torch.manual_seed(0)
-    model, opt = parallelize(GPTNeoX(cfg()), mesh=build_mesh(topo, plan, topo_index=rank), lr=1e-2)
+    model = parallelize(GPTNeoX(cfg()), mesh=build_mesh(topo, plan, topo_index=rank))
+    opt = ShardedOptimizer(model, lr=1e-2)
     if rank == 1:
         opt.master[0][0] = float("nan")
     try:

@@ -89,13 +89,14 @@ def test_resuming_with_another_type_is_refused_naming_both(saved):
 def _weights_only_worker(rank: int, world: int, step_dir: str) -> dict:
     from zerotopo.checkpoint.store import load_checkpoint
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import ShardedOptimizer, parallelize
     from zerotopo.models.neox import GPTNeoX
     from zerotopo.placement.plan import load_plan
     from zerotopo.placement.topology import load_topology
 
     mesh = build_mesh(load_topology("emulated-4node", nodes=1), load_plan("zero3"), topo_index=rank)
-    model, opt = parallelize(GPTNeoX(tiny_cfg()), mesh=mesh, lr=1e-2, optimizer="SGD")
+    model = parallelize(GPTNeoX(tiny_cfg()), mesh=mesh)
+    opt = ShardedOptimizer(model, torch.optim.SGD, lr=1e-2)
     state = load_checkpoint(step_dir, model, opt, cfg=tiny_cfg(), weights_only=True)
     out = {"step": state.step, "steps": opt.step_count, "states": list(opt.states)}
     params = model.full_state_dict()  # collective: every rank takes part

@@ -31,6 +31,7 @@ from zerotopo.comm import collectives as C
 from zerotopo.comm import qcollectives as Q
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import GroupHandle, build_mesh, new_group_in_order
+from zerotopo.dtypes import PRECISIONS
 from zerotopo.errors import ConfigError
 from zerotopo.placement import layout
 from zerotopo.placement.plan import get_preset
@@ -54,7 +55,7 @@ DEFAULT_OPS = (
     "all_gather_int8",
     "reduce_scatter_int4",
 )
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = PRECISIONS
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 

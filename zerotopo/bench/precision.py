@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+from zerotopo.dtypes import PRECISIONS
+
+DTYPES = {k: PRECISIONS[k] for k in ("fp32", "bf16")}
 """The torch dtype of each of :data:`zerotopo.bench.PRECISIONS`."""
 
 _ROUNDED = {

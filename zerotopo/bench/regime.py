@@ -1,7 +1,7 @@
 """The regime a benchmark runs in: R, ZeRO-3's communication time over its compute time.
 
-A ratio between plans depends on how communication-bound the run is (DESIGN.md, "Benchmarking in the
-regime users run"), so ``bench compare`` states R twice: the target's, from the cost model for the
+A ratio between plans depends on how communication-bound the run is (docs/bench.md,
+"Regimes"), so ``bench compare`` states R twice: the target's, from the cost model for the
 workload the benchmark stands for (NeoX-20B on 48 Frontier nodes at its configured micro-batch, the
 shipped RCCL curves), and the one it measured (the ``zero3`` row's step beyond the ``no-comm`` row's,
 over the ``no-comm`` row's: CPU ranks run their collectives on the thread that computes, so that
@@ -110,9 +110,8 @@ def measured_ratios(rows: list[dict[str, Any]]) -> list[float]:
 
 def measured_ratio(rows: list[dict[str, Any]]) -> float | None:
     """The measured R: the median of :func:`measured_ratios` (None without the ``zero3`` and ``no-comm``
-    rows). On this project's 2-core VM the repeats' R spread 0.05-0.21 around a median of 0.12 in one run:
-    the median of the pairs, not the difference of the two rows' medians (0.33 where the pairs' median
-    was 0.25 in another), is the figure that drift between repeats does not move."""
+    rows). The median of the pairs, not the difference of the two rows' medians, is the figure that drift
+    between repeats does not move (docs/bench.md gives measured spreads of both)."""
     ratios = measured_ratios(rows)
     return statistics.median(ratios) if ratios else None
 

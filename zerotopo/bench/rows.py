@@ -71,12 +71,12 @@ def zerotopo_row(
 ) -> Row:
     """The engine under ``plan``; ``bf16``: weights gathered and gradients reduced in bf16 (fp32 shard)."""
     from zerotopo.comm.mesh import build_mesh
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import MixedPrecision, ShardedOptimizer, parallelize
 
     mesh = build_mesh(topo, plan, topo_index=rank)
     wire = torch_dtype(dtype)
-    model, opt = parallelize(build_model(cfg, hook=hook), mesh=mesh, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0,
-                             param_dtype=wire, reduce_dtype=wire)  # fmt: skip
+    model = parallelize(build_model(cfg, hook=hook), mesh=mesh, mp_policy=MixedPrecision(wire, wire))
+    opt = ShardedOptimizer(model, lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0)
 
     def step(batches):
         m = len(batches)

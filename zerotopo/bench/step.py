@@ -71,7 +71,7 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
     from zerotopo.comm.ledger import Ledger
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.cost.comm import bytes_by_tier, comm_per_step
-    from zerotopo.engine import parallelize
+    from zerotopo.engine import ShardedOptimizer, debug
     from zerotopo.placement.plan import get_preset
     from zerotopo.placement.topology import load_topology
 
@@ -88,14 +88,9 @@ def _worker(rank: int, world: int, args: dict[str, Any], rows: list[tuple[str, s
             plan = replace(plan, sync=label.split("=", 1)[1])
         mesh = build_mesh(topo, plan, topo_index=rank)
         ledger = Ledger()
-        model, opt = parallelize(
-            _model(args),
-            mesh=mesh,
-            lr=1e-4,
-            ledger=ledger,
-            copy_delay_ms=delay,
-            unordered_secondary=unordered,
-        )
+        options = debug.DebugOptions(ledger=ledger, copy_delay_ms=delay, unordered_secondary=unordered)
+        model = debug.parallelize(_model(args), mesh=mesh, options=options)
+        opt = ShardedOptimizer(model, lr=1e-4)
         times = []
         for step in range(args["steps"] + 1):
             ledger.reset()

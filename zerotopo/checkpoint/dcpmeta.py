@@ -17,23 +17,14 @@ from typing import Any
 import torch
 
 from zerotopo.config.optimizers import NON_NEGATIVE, state_names
+from zerotopo.dtypes import STORED, STORED_NAMES
 from zerotopo.errors import ZerotopoError
 from zerotopo.fsutil import read_json_object
 
 METADATA_FILE = "dcp_metadata.json"
 METADATA_FORMAT = "zerotopo-dcp-metadata"
-_DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "bool": torch.bool,
-}
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_DTYPES = STORED
+_DTYPE_NAMES = STORED_NAMES
 _DATA_FILE = re.compile(r"^[A-Za-z0-9_.-]+\.distcp$")
 CHECKSUM = "crc32c"
 """The checksum of every stored piece (see [Note: checked pieces])."""

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from zerotopo.dtypes import PRECISIONS
 from zerotopo.errors import ZerotopoError
 from zerotopo.fsutil import read_json_object
 from zerotopo.models.config import NeoXConfig
@@ -407,7 +408,7 @@ def load_hf_shards(directory: str | os.PathLike, model, optimizer, cfg: NeoXConf
 # -- weights out --------------------------------------------------------------------------------------
 
 
-_OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_OUT_DTYPES = PRECISIONS
 
 
 def export_hf(

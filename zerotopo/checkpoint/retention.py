@@ -10,14 +10,21 @@ import re
 import shutil
 from pathlib import Path
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+STEP_DIR = re.compile(r"^step_(\d+)$")
+"""The name of a checkpoint's step directory, ``step_<N>`` (the one pattern: the store writes and finds
+them by it too)."""
+
+
+def step_dir_name(step: int) -> str:
+    """The step directory of optimizer step ``step``: ``step_<step>`` (matches :data:`STEP_DIR`)."""
+    return f"step_{int(step)}"
 
 
 def checkpoint_steps(root: Path) -> list[tuple[int, Path]]:
     """``(step, directory)`` of every ``step_<N>`` directory under ``root``, oldest first."""
     out = []
     for path in Path(root).iterdir() if Path(root).is_dir() else ():
-        m = _STEP_DIR.match(path.name)
+        m = STEP_DIR.match(path.name)
         if m and path.is_dir():
             out.append((int(m.group(1)), path))
     return sorted(out)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerotopo.checkpoint.retention import STEP_DIR, step_dir_name
 from zerotopo.errors import EXIT_FAILURE, ZerotopoError, short
 from zerotopo.fsutil import _umask, read_json_object, write_text_atomic
 from zerotopo.models.neox import NeoXConfig
@@ -51,7 +52,6 @@ from zerotopo.models.neox import NeoXConfig
 MANIFEST = "checkpoint.json"
 FORMAT = "zerotopo-checkpoint"
 VERSION = 1
-STEP_DIR = re.compile(r"^step_(\d+)$")
 # Model config fields that do not change the parameters or the function the model computes.
 _NOT_ARCHITECTURE = {"init_method", "output_layer_init_method", "init_std", "checkpoint_activations"}
 
@@ -370,7 +370,7 @@ def write_save(pending: PendingSave, group: Any = None) -> Path:
 
     root, step = pending.root, pending.step
     rank = dist.get_rank()
-    final = root / f"step_{step}"
+    final = root / step_dir_name(step)
     tmp = ""
     if rank == 0:
         try:

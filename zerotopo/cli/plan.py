@@ -116,7 +116,7 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "--validate",
         choices=("papers",),
         default=None,
-        help="papers: each published figure of papers/003 and papers/004 against the model's band over "
+        help="papers: each published figure of Xu et al. 2025 and Lins 2024 against the model's band over "
         "the inputs the papers leave out (micro-batch, efficiency, curve set); see docs/cost-model.md",
     )
 

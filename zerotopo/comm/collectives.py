@@ -10,7 +10,8 @@ or asynchronously (returns a :class:`Pending`). One code path serves NCCL, RCCL 
 [Note: streams] With ``stream`` on an accelerator the collective is issued inside
 ``torch.cuda.stream(stream)``, so it starts after the work already queued there. ``Pending.wait(s)``
 calls ``work.wait()`` while ``s`` is current: only then may an event recorded on ``s`` stand for the
-collective's result (DESIGN.md, synchronization rule 2). On CPU streams are ignored and ``wait`` blocks.
+collective's result (docs/engine.md, "Synchronization", rule 2). On CPU streams are ignored and ``wait``
+blocks.
 
 [Note: gloo fallbacks] Older gloo builds lack ``reduce_scatter`` and reductions of bf16/fp16. When the
 backend refuses an op, the call is redone another way and remembered: non-reducing ops move the bytes
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-# (backend, op, dtype) found unsupported; dtype None: the op itself.
-_UNSUPPORTED: set[tuple[str, str, torch.dtype | None]] = set()
 # One collective API name across torch versions (the *_single names replace the older ones).
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -84,22 +83,6 @@ class RunOptions(TypedDict, total=False):
     tag: str
 
 
-def assume_unsupported(backend: str, op: str, dtype: torch.dtype | None = None) -> None:
-    """Treat ``op`` (on ``dtype``, or any dtype) as unsupported by ``backend``: its fallback runs.
-
-    Used when a backend is known to lack an op, and by the tests to exercise the fallbacks."""
-    _UNSUPPORTED.add((backend, op, dtype))
-
-
-def clear_unsupported() -> None:
-    """Forget every op found or declared unsupported."""
-    _UNSUPPORTED.clear()
-
-
-def _refused(backend: str, op: str, dtype: torch.dtype) -> bool:
-    return (backend, op, dtype) in _UNSUPPORTED or (backend, op, None) in _UNSUPPORTED
-
-
 def _looks_unsupported(exc: BaseException) -> bool:
     msg = str(exc).lower()
     keys = ("not supported", "unsupported", "not implemented", "does not support", "invalid scalar type")
@@ -111,7 +94,7 @@ def _native_or_fallback(
 ) -> Any:
     """Run ``native``; on gloo, when it is (or was once) refused as unsupported, run ``fallback``."""
     backend = str(dist.get_backend(group.pg))
-    if _refused(backend, op, dtype):
+    if group.comm.refused(backend, op, dtype):
         return fallback()
     try:
         return native()
@@ -119,7 +102,7 @@ def _native_or_fallback(
         # Only a deterministic refusal may switch paths: every rank hits it alike, so all take the fallback.
         if backend != "gloo" or not _looks_unsupported(exc):
             raise
-        _UNSUPPORTED.add((backend, op, dtype))
+        group.comm.unsupported.add((backend, op, dtype))
         return fallback()
 
 

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerotopo.comm.context import CommContext
 from zerotopo.errors import LaunchError
 from zerotopo.placement import layout
 from zerotopo.placement.plan import Degrees, Plan
@@ -80,6 +81,8 @@ class GroupHandle:
     pg_order: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     """Global ranks in the order ``pg`` numbers them; None: sorted by global rank (torch's default)."""
     _indices: dict = field(default_factory=dict, compare=False, repr=False)
+    comm: CommContext = field(default_factory=CommContext, compare=False, repr=False)
+    """The collectives' context (shared by every group of one mesh)."""
 
     @property
     def size(self) -> int:
@@ -175,6 +178,8 @@ class Mesh:
         self.device = device
         self.backend = backend
         self._handles = handles
+        self.comm: CommContext = next((h.comm for h in handles.values()), None) or CommContext()
+        """The collectives' context of this mesh's groups (see :class:`~zerotopo.comm.context.CommContext`)."""
 
     def group(self, kind: str) -> GroupHandle:
         """This rank's group of ``kind`` (see :data:`MESH_KINDS`)."""
@@ -445,6 +450,7 @@ def build_mesh(
     local = len(counts) == 1 and None not in counts
     pgs = _create_groups(topology, degrees, rank_of_index, mine, local=local)
     handles: dict[str, GroupHandle] = {}
+    comm = CommContext()
     for kind, (members, ranks) in mine.items():
         pg, order = pgs[ranks] if len(ranks) > 1 else (None, ranks)
         handles[kind] = GroupHandle(
@@ -454,6 +460,7 @@ def build_mesh(
             tier=topology.tier_of_group(members),
             pg=pg,
             pg_order=order,
+            comm=comm,
         )
     return Mesh(
         topology,

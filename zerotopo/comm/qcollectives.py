@@ -1,4 +1,6 @@
-"""Quantized collectives: int8 all-gather (ZeRO++ qwZ, papers/003's int8 secondary partition) and the
+"""Quantized collectives: int8 all-gather (ZeRO++ qwZ, and the int8 secondary partition of Xu et al.,
+"Scaling Large Language Model Training on Frontier with Low-Bandwidth Partitioning" (arXiv:2501.04266)) and
+the
 int4 all-to-all reduce-scatter (ZeRO++ qgZ), in one hop or two.
 
 [Note: qgZ] A ring reduce-scatter would requantize partial sums at every hop, compounding the error over
@@ -42,6 +44,7 @@ from zerotopo.comm.quant import (
     quantize_rows,
     unpack_payload,
 )
+from zerotopo.dtypes import PRECISIONS
 from zerotopo.placement import volume
 from zerotopo.placement.codecs import Codec
 
@@ -194,7 +197,7 @@ def reduce_scatter_int4(
 
 # -- wire codecs ---------------------------------------------------------------------------------------
 
-_PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_PLAIN_DTYPES = PRECISIONS
 
 
 class WireCodec:

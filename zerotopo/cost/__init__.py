@@ -1,6 +1,9 @@
 """The cost model and planner: memory, bytes per tier and step time of a plan, without a process group.
 
-- :mod:`~zerotopo.cost.memory`: bytes per device by state (papers/003 Tables V-VI, papers/004 §IV-D).
+- :mod:`~zerotopo.cost.memory`: bytes per device by state (Xu et al., "Scaling Large Language Model
+  Training on Frontier with Low-Bandwidth Partitioning" (arXiv:2501.04266) Tables V-VI; Chen et al., "Lins:
+  Reducing Communication Overhead of ZeRO for Efficient LLM Training" (IWQoS 2024,
+  doi:10.1109/IWQoS61813.2024.10682856) §IV-D).
 - :mod:`~zerotopo.cost.comm`: every collective of a step, its group, tier and bytes (Tables VII-VIII).
 - :mod:`~zerotopo.cost.time`: alpha-beta collective times, NeoX compute, overlap.
 - :mod:`~zerotopo.cost.calibration`: measured per-tier figures that override a topology's.

@@ -1,6 +1,8 @@
 """Measured collective bandwidth by (collective, message size, group span), interpolated in log size.
 
-[Note: bandwidth table] papers/004 §IV-A times a collective as ``v / w(o, v, p⁰×p¹)``: an effective
+[Note: bandwidth table] Chen et al., "Lins: Reducing Communication Overhead of ZeRO for Efficient LLM
+Training" (IWQoS 2024, doi:10.1109/IWQoS61813.2024.10682856) §IV-A times a collective as ``v / w(o, v,
+p⁰×p¹)``: an effective
 bandwidth profiled per operator ``o``, message size ``v`` and device mesh (ranks per node × nodes),
 interpolated where ``v`` was not profiled. A :class:`BandwidthTable` holds such curves::
 
@@ -47,6 +49,7 @@ import yaml
 
 from zerotopo.errors import ConfigError
 from zerotopo.placement import numbers
+from zerotopo.sizes import parse_size
 
 FAMILIES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 #: Ledger op -> the curve family that times it.
@@ -62,27 +65,6 @@ OP_FAMILY = {
 #: Families timed by another's curves when they have none of their own (a ring all-reduce is a
 #: reduce-scatter then an all-gather over the same links; an all-to-all moves the same bytes per rank).
 FALLBACK = {"all_reduce": "reduce_scatter", "all_to_all": "reduce_scatter", "broadcast": "all_gather"}
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_bytes(value: Any, source: str, key: str) -> int:
-    """A size as bytes: an integer or ``64K``/``16M``/``1G`` (powers of two)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"expected a size in bytes, found {value!r}", source=source, key=key)
-    if isinstance(value, (int, float)) and value > 0:
-        return int(value)
-    if isinstance(value, str):
-        s = value.strip().upper().removesuffix("IB").removesuffix("B")
-        unit = s[-1:] if s[-1:] in ("K", "M", "G") else ""
-        try:
-            n = float(s[: len(s) - len(unit)]) * _SIZE_UNITS[unit]
-        except ValueError:
-            n = 0
-        if n > 0:
-            return int(n)
-    raise ConfigError(
-        f"expected a positive size in bytes (e.g. 1048576 or 1M), found {value!r}", source=source, key=key
-    )
 
 
 @dataclass(frozen=True)
@@ -223,7 +205,10 @@ def curves_from_list(raw: Any, source: str, key: str = "bandwidth") -> tuple[Cur
             raise ConfigError(
                 "sizes and busbw_gbps must be non-empty lists of the same length", source=source, key=path
             )
-        xs = [parse_bytes(s, source, f"{path}.sizes[{j}]") for j, s in enumerate(sizes)]
+        xs = [
+            parse_size(s, key=f"{path}.sizes[{j}]", example="1048576, 1M", source=source)
+            for j, s in enumerate(sizes)
+        ]
         if any(b <= a for a, b in zip(xs, xs[1:])):
             raise ConfigError("sizes must increase", source=source, key=f"{path}.sizes")
         ys = []

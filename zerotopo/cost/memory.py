@@ -1,9 +1,11 @@
-"""Device memory per state for a plan: the model states of papers/004 §IV-D plus buffers and activations.
+"""Device memory per state for a plan: the model states of Chen et al., "Lins: Reducing Communication
+Overhead of ZeRO for Efficient LLM Training" (IWQoS 2024, doi:10.1109/IWQoS61813.2024.10682856) §IV-D plus
+buffers and activations.
 
 ``params + secondary + grads + optim`` is the model-state memory ``D_modelstate``; ``buffers`` are the
 full-unit temporaries (gathered weights of the unit being computed and of those prefetched, and one full
 unit gradient before its reduce-scatter) and ``activations`` the NeoX activation memory
-(``D_activation``; Korthikanti et al. 2022), so ``total`` is papers/004's ``D_total``.
+(``D_activation``; Korthikanti et al. 2022), so ``total`` is Lins' ``D_total``.
 
 With ``padded=True`` (the engine's buffers) each unit is padded by :func:`zerotopo.placement.layout.padded_numel`
 and every figure is a whole number of bytes. With ``padded=False`` the exact fractions are kept, so the
@@ -198,7 +200,8 @@ def max_model_params(
     memory_bytes: float | None = None,
 ) -> float:
     """The largest parameter count whose model states (parameters, secondary, gradients, optimizer; no
-    buffers, no activations, as papers/003 §I counts) fit ``memory_bytes`` (the device's memory by
+    buffers, no activations, as Xu et al. (arXiv:2501.04266) §I counts) fit ``memory_bytes`` (the device's
+    memory by
     default). Model states grow linearly with the parameter count, so this is the device memory over the
     model-state bytes per parameter."""
     probe = 10**9

@@ -1,13 +1,16 @@
 """The cost model against the papers' published figures, each as a band over the inputs they leave out.
 
-papers/003 (GPT-NeoX-20B on Frontier) publishes neither its micro-batch nor the TFLOPS its kernels reach,
-and Frontier's bandwidth curves depend on libfabric's rendezvous settings, which it does not give either.
+Xu et al., "Scaling Large Language Model Training on Frontier with Low-Bandwidth Partitioning"
+(arXiv:2501.04266; GPT-NeoX-20B on Frontier) publishes neither its
+micro-batch nor the TFLOPS its kernels reach, and Frontier's bandwidth curves depend on libfabric's
+rendezvous settings, which it does not give either.
 So each of its figures is compared with the *band* the model gives over those inputs: micro-batch
 :data:`MICRO_BATCHES`, compute efficiency :data:`EFFICIENCIES` (fraction of the GCD's peak) and both
 shipped Frontier curve sets (:data:`CURVE_SETS`: the libfabric defaults and ``FI_CXI_RDZV_*=0``). A figure
 inside its band is one the model reaches at some of those inputs (reported with them); one outside is a
-miss whatever the inputs. papers/004 (LLaMA-7B on 1,024 A800s) publishes its micro-batch (1) and there
-are no measured curves of its cluster, so its figures are banded over the efficiency alone.
+miss whatever the inputs. Chen et al., "Lins: Reducing Communication Overhead of ZeRO for Efficient LLM
+Training" (IWQoS 2024, doi:10.1109/IWQoS61813.2024.10682856; LLaMA-7B on 1,024 A800s) publishes its micro-batch (1) and there are no measured curves of its cluster, so its
+figures are banded over the efficiency alone.
 
 ``zerotopo plan --validate papers`` prints the bands; ``python -m zerotopo.cli.plan docs/cost-model.md``
 rewrites the document's generated sections from the same commands, so its figures cannot go stale.
@@ -28,14 +31,14 @@ MICRO_BATCHES = (1, 2, 3, 4)
 EFFICIENCIES = (0.3, 0.4, 0.5, 0.6)
 CURVE_SETS = ("default", "rdzv0")
 
-#: papers/003 §VI, Fig. 7 (GPT-NeoX-20B, TFLOPS per GCD on 384 GCDs), and the abstract.
+#: Xu et al. (arXiv:2501.04266) §VI, Fig. 7 (GPT-NeoX-20B, TFLOPS per GCD on 384 GCDs), and the abstract.
 PAPER_003 = {
     "zeropp/zero3": 1.405,  # "a 40.5% increase in TFLOPS per GPU over naive ZeRO-3"
     "topo/zero3": 2.398,  # "up to 139.8% ... increases in TFLOPS per GPU over ZeRO-3"
     "topo/zeropp": 1.707,  # "an additional 70.7% increase in TFLOPS per GPU over ZeRO++"
     "scaling": 0.94,  # "a scaling efficiency of 0.94 for up to 384 GCDs"
 }
-#: papers/004 §VI-B: MFU on 1,024 A800 GPUs (LLaMA-7B, sequence 4096, micro-batch 1).
+#: Lins (Chen et al., IWQoS 2024) §VI-B: MFU on 1,024 A800 GPUs (LLaMA-7B, sequence 4096, micro-batch 1).
 PAPER_004 = {"lins": 0.51, "deepspeed-zero1": 0.36, "deepspeed-mics": 0.35}
 
 
@@ -150,7 +153,7 @@ def _sweep(shape, topology, plans, base: CostOptions, points: list[Point]) -> di
 
 
 def papers_003(shape: ModelShape, base: CostOptions) -> list[Band]:
-    """papers/003's four figures as bands (``base``: NeoX-20B's precision and checkpointing)."""
+    """Xu et al.'s four figures as bands (``base``: NeoX-20B's precision and checkpointing)."""
     points = [Point(m, e, c) for c in CURVE_SETS for m in MICRO_BATCHES for e in EFFICIENCIES]
     names = ("deepspeed-zero3", "deepspeed-zeropp", "deepspeed-zerotopo")
     at48 = _sweep(shape, load_topology("frontier", nodes=48), names, base, points)
@@ -176,13 +179,13 @@ def papers_003(shape: ModelShape, base: CostOptions) -> list[Band]:
 LLAMA_7B = ModelShape(
     num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096, vocab_size=32000
 )
-#: papers/004's Lins placement: no parameter or gradient sharding, optimizer states over the node,
+#: Lins' Lins placement: no parameter or gradient sharding, optimizer states over the node,
 #: the gradients all-reduced then selected (its Table III choice for LLaMA-7B on 1,024 GPUs).
 LINS = Plan("lins", params=1, grads=1, optim="node", grad_reduce="allreduce", grad_dtype="param")
 
 
 def papers_004() -> tuple[list[Band], Ranking]:
-    """papers/004's MFUs on 1,024 A800s (128 nodes) as bands over the efficiency, and its ranking."""
+    """Lins' MFUs on 1,024 A800s (128 nodes) as bands over the efficiency, and its ranking."""
     points = [Point(1, e, "alpha-beta") for e in EFFICIENCIES]
     base = CostOptions(micro_batch=1, grad_accum=1, checkpoint_activations=False)
     runs = _sweep(
@@ -213,7 +216,7 @@ def papers_004() -> tuple[list[Band], Ranking]:
 
 def neox_20b() -> tuple[ModelShape, CostOptions]:
     """GPT-NeoX-20B as configs/neox-20b.yml gives it, with the options ``zerotopo plan`` derives from it
-    (precision, gradient width, checkpointing), one micro-batch per step as papers/003's runs."""
+    (precision, gradient width, checkpointing), one micro-batch per step as Xu et al.'s runs."""
     from zerotopo.config.model_files import load_model
 
     shape, neox = load_model(["neox-20b"], None)
@@ -229,7 +232,7 @@ def neox_20b() -> tuple[ModelShape, CostOptions]:
 
 
 def validate() -> tuple[list[Band], Ranking]:
-    """Every paper figure's band, and papers/004's ranking."""
+    """Every paper figure's band, and Lins' ranking."""
     shape, base = neox_20b()
     bands004, ranking = papers_004()
     return papers_003(shape, base) + bands004, ranking

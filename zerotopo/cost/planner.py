@@ -2,7 +2,9 @@
 
 Candidates are the presets and/or every valid Lins-style plan of :func:`zerotopo.placement.plan.enumerate_plans`.
 The search space is pre-filtered (:func:`in_search_space`): by default only *tier-aligned* degrees
-(papers/004 §V-B, Eq. 5-7: a degree either divides each tier's size or is a multiple of it, so every
+(Chen et al., "Lins: Reducing Communication Overhead of ZeRO for Efficient LLM Training" (IWQoS 2024,
+doi:10.1109/IWQoS61813.2024.10682856) §V-B, Eq. 5-7: a degree either divides each tier's size or is a
+multiple of it, so every
 group is whole packages, whole nodes or whole sets of nodes; ``aligned=False`` searches every divisor of
 the world), and a secondary partition only over at most the primary's group (hpZ's use of it: keep the
 backward gather inside a tier the forward gather crosses). The presets are always costed. Each
@@ -123,7 +125,9 @@ class PlanEstimate:
     """The per-unit schedule that was costed."""
     max_params: float = 0.0
     """The largest parameter count whose model states fit the device memory under this plan
-    (:func:`~zerotopo.cost.memory.max_model_params`: no buffers or activations, as papers/003 §I counts)."""
+    (:func:`~zerotopo.cost.memory.max_model_params`: no buffers or activations, as Xu et al., "Scaling
+    Large Language Model Training on Frontier with Low-Bandwidth Partitioning" (arXiv:2501.04266) §I
+    counts)."""
 
     @property
     def name(self) -> str:
@@ -174,7 +178,7 @@ def is_tier_aligned(degree: int, topology: Topology) -> bool:
 def in_search_space(
     plan: Plan, topology: Topology, *, aligned: bool = True, degrees: Degrees | None = None
 ) -> bool:
-    """The planner's pre-filter (as Lins' Pre-Filter, papers/004 §V-A) on a valid plan.
+    """The planner's pre-filter (as Lins' Pre-Filter, Lins (Chen et al., IWQoS 2024) §V-A) on a valid plan.
 
     Kept: tier-aligned degrees (unless ``aligned=False``) and secondary partitions over at most the
     primary's group. A secondary over more ranks than the primary holds more than the primary's shard

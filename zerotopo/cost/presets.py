@@ -1,6 +1,7 @@
 """Cost-model presets that describe DeepSpeed's own schedule, so the papers' comparisons can be simulated.
 
-papers/003 ran ZeRO-3 and ZeRO++ in DeepSpeed 0.13.1 (its Table IX) with fp16 and ``overlap_comm``;
+Xu et al. (arXiv:2501.04266) ran ZeRO-3 and ZeRO++ in DeepSpeed 0.13.1 (its Table IX) with fp16 and
+``overlap_comm``;
 zerotopo's engine runs the same placements with a different schedule (one flat buffer per layer). These
 presets keep the placement of the ``zero3`` and ``zeropp`` plans and replace the schedule by DeepSpeed's,
 at its defaults (``deepspeed/runtime/zero/config.py``, unchanged from 0.13 to 0.19):
@@ -15,12 +16,13 @@ at its defaults (``deepspeed/runtime/zero/config.py``, unchanged from 0.13 to 0.
   int8 forward gathers over the job, the fp16 hpZ copy per node for the backward, int4 hierarchical
   all-to-all gradient reduction.
 
-papers/004 (Lins) compared against DeepSpeed's ZeRO-1 and MiCS (its §VI-A, ``overlap_comm`` on):
+Lins (Chen et al., IWQoS 2024) compared against DeepSpeed's ZeRO-1 and MiCS (its §VI-A, ``overlap_comm`` on):
 
 - ZeRO-1/2 (``deepspeed/runtime/zero/stage_1_and_2.py``): with ``overlap_comm`` the backward hooks reduce
   the gradients at the accumulation boundary in buckets of ``reduce_bucket_size`` on a side stream; a
   bucket is all-reduced over the data-parallel group (``use_multi_rank_bucket_allreduce``, on by
-  default in the installed DeepSpeed, checked by a test; papers/004 does not give its version) and each
+  default in the installed DeepSpeed, checked by a test; Lins (Chen et al., IWQoS 2024) does not give its
+  version) and each
   rank keeps its partition; after the optimizer the updated partitions are all-gathered at the step end
   in calls of ``allgather_bucket_size`` = 5e8 elements, which never overlap compute (DeepSpeed issue
   #3338);
@@ -29,10 +31,11 @@ papers/004 (Lins) compared against DeepSpeed's ZeRO-1 and MiCS (its §VI-A, ``ov
   bucket's shard is all-reduced across the replica groups right after its reduce-scatter, on the same
   stream (``allreduce_mics_shard_grads``).
 
-papers/003's own design ran on the same DeepSpeed: ``deepspeed-zerotopo`` is the ``zerotopo`` placement
+Xu et al.'s own design ran on the same DeepSpeed: ``deepspeed-zerotopo`` is the ``zerotopo`` placement
 (weights over a package's 2 GCDs with an int8 secondary per node, gradients per node, optimizer states
 over the job) on DeepSpeed's per-module stage-3 schedule, its cross-node gradient reduction an all-reduce
-of the node's gradient shard followed by select-and-drop (``grad_reduce: allreduce``), as papers/003 §IV
+of the node's gradient shard followed by select-and-drop (``grad_reduce: allreduce``), as Xu et al.
+(arXiv:2501.04266) §IV
 describes it ("after accumulating all mini-batch gradients ... we call Allreduce on local gradients
 stored among nodes before performing weight updates"): at the accumulation boundary, each reduce
 bucket's shard all-reduced across nodes after its reduce-scatter, as DeepSpeed's MiCS does

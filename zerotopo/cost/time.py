@@ -2,7 +2,9 @@
 
 [Note: collective time] A call takes ``bytes_sent / busbw`` where ``busbw`` comes from the bandwidth
 table (:mod:`zerotopo.cost.bandwidth`: by collective, message size and group span, interpolated in log
-size); without a curve for it, the alpha-beta model of papers/004 §IV-A on the tier crossed:
+size); without a curve for it, the alpha-beta model of Chen et al., "Lins: Reducing Communication Overhead
+of ZeRO for Efficient LLM Training" (IWQoS 2024, doi:10.1109/IWQoS61813.2024.10682856) §IV-A on the tier
+crossed:
 ``steps·latency(T) + bytes_sent / bandwidth(T)`` with ``steps = d-1`` (``2(d-1)`` for an all-reduce).
 Across nodes ``bandwidth`` is the node's injection bandwidth shared by the groups that leave it: a group
 with ``r`` ranks per node gets ``r/dpn`` of it per rank (a ring leaves each node once per group; the

@@ -1,19 +1,26 @@
-"""``parallelize``: wrap a plain PyTorch model for a plan, and a DeepSpeed-style facade on top.
+"""``parallelize``: shard a plain PyTorch model in place for a plan, as FSDP2's ``fully_shard`` does.
 
 ::
 
-    model, optimizer = parallelize(module, mesh=mesh, lr=3e-4, weight_decay=0.1)
+    model = parallelize(module, mesh=mesh, mp_policy=MixedPrecision(param_dtype=torch.bfloat16))
+    optimizer = ShardedOptimizer(model, torch.optim.AdamW, lr=3e-4, weight_decay=0.1, max_grad_norm=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
     for x, y in micro_batches:                      # M micro-batches
         loss = loss_fn(model(x), y) / M
         model.scale_loss(loss).backward()           # identity unless fp16 loss scaling
     stats = optimizer.step()                        # {"grad_norm", "skipped", "loss_scale"}
+    scheduler.step()
     optimizer.zero_grad()
+
+Instrumentation and test hooks (a communication ledger, the ordering sanitizer, the emulated copy
+delay, the unordered hpZ hook) are not part of this signature: :mod:`zerotopo.engine.debug` takes them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -21,14 +28,12 @@ from torch import nn
 
 from zerotopo.comm import collectives as C
 from zerotopo.comm.mesh import Mesh
-from zerotopo.engine.optim import ShardedOptimizer, make_scaler, resolve_optimizer
 from zerotopo.engine.runtime import Runtime
 from zerotopo.engine.streams import Sanitizer, Streams, emulated_delay_s
 from zerotopo.engine.units import (
     FlatUnit,
     assign_params,
     collect_units,
-    default_no_decay,
     materialize_meta,
     memory_bytes,
     reset_by_modules,
@@ -37,31 +42,82 @@ from zerotopo.engine.units import (
 from zerotopo.errors import ZerotopoError
 from zerotopo.placement import layout
 
+if TYPE_CHECKING:
+    from zerotopo.engine.debug import DebugOptions
+    from zerotopo.engine.optim import ShardedOptimizer
+
 _DTYPES = {torch.float32, torch.bfloat16, torch.float16}
 
 
-class ShardedModule(nn.Module):
-    """A model whose parameters are sharded by a plan; call it like the model it wraps."""
+@dataclass(frozen=True)
+class MixedPrecision:
+    """The dtypes the engine computes and communicates in (FSDP2's ``MixedPrecisionPolicy``).
 
-    def __init__(self, module: nn.Module, units: list[FlatUnit], runtime: Runtime, mesh: Mesh) -> None:
-        super().__init__()
-        self.module = module
-        self._units = units
-        self._runtime = runtime
-        self.mesh = mesh
-        self.scaler: Any = None
+    ``param_dtype``: the gathered weights the forward and backward use (the master weights stay
+    fp32). ``reduce_dtype``: the gradient reduce-scatter's dtype (default fp32; a plan with
+    ``grad_dtype: param`` reduces in ``param_dtype`` and refuses another)."""
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self._runtime.begin_forward()
-        out = self.module(*args, **kwargs)
-        return self._runtime.end_forward(out)
+    param_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype | None = None
+
+
+@dataclass
+class _ShardState:
+    """What :func:`parallelize` attaches to the module: its units, runtime and mesh, and the sharded
+    optimizer (with its loss scaler) once one is built over it."""
+
+    units: list[FlatUnit]
+    runtime: Runtime
+    mesh: Mesh
+    param_dtype: torch.dtype
+    optimizer: Any = None
+    scaler: Any = None
+    handles: tuple[Any, ...] = ()
+
+
+class ShardedModule:
+    """The methods a parallelized module gains: :func:`parallelize` changes the module's class to a
+    subclass of both this class and its own (as FSDP2's ``FSDPModule``), so the module is called as
+    before and ``isinstance(model, ShardedModule)`` tells that it is sharded."""
+
+    _zerotopo: _ShardState
 
     @property
     def units(self) -> list[FlatUnit]:
-        return self._units
+        """The flat units in unit order."""
+        return self._zerotopo.units
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._zerotopo.mesh
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype of the gathered weights (the mixed-precision policy's ``param_dtype``)."""
+        return self._zerotopo.param_dtype
+
+    @property
+    def scaler(self) -> Any:
+        """The fp16 loss scaler of the optimizer built over this model (None without loss scaling)."""
+        return self._zerotopo.scaler
+
+    @property
+    def _runtime(self) -> Runtime:
+        return self._zerotopo.runtime
+
+    @property
+    def _optimizer(self) -> ShardedOptimizer:
+        opt = self._zerotopo.optimizer
+        if opt is None:
+            raise ZerotopoError(
+                "the fp32 master weights live in the sharded optimizer: build ShardedOptimizer(model, ...) first"
+            )
+        return opt
 
     def close(self) -> None:
         """Remove the engine's hooks and stop its copy engine (the model is unusable afterwards)."""
+        for h in self._zerotopo.handles:
+            h.remove()
         self._runtime.remove()
         self._runtime.streams.close()
 
@@ -75,27 +131,28 @@ class ShardedModule(nn.Module):
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` times the fp16 loss scale (unchanged without loss scaling)."""
-        return loss * self.scaler.scale if self.scaler is not None else loss
+        scaler = self.scaler
+        return loss * scaler.scale if scaler is not None else loss
 
     def memory_report(self) -> dict[str, int]:
         """Bytes this rank holds per model state: ``params``, ``secondary``, ``grads``, ``optim``."""
-        secondary = sum(u.secondary_bytes() for u in self._units)
-        return memory_bytes(self._units, secondary, self._optimizer.bytes_per_element)
+        secondary = sum(u.secondary_bytes() for u in self.units)
+        return memory_bytes(self.units, secondary, self._optimizer.bytes_per_element)
 
     def unit_numels(self) -> list[int]:
         """Unpadded element counts of the units in forward order (the cost model's input)."""
-        order = self._runtime.order or [u.index for u in self._units]
-        return [self._units[i].numel for i in order]
+        order = self._runtime.order or [u.index for u in self.units]
+        return [self.units[i].numel for i in order]
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full fp32 master parameters by name (collective: all-gathers over the optimizer group)."""
-        opt: ShardedOptimizer = self._optimizer
+        opt = self._optimizer
         d = self.mesh.degrees
         group = self.mesh.group("optim")
         order = [layout.optim_chunk(i, d) for i in range(d.optim)]
         out: dict[str, torch.Tensor] = {}
-        for i, u in enumerate(self._units):
+        for i, u in enumerate(self.units):
             chunk = opt.master[i]
             n = chunk.numel()
             full = torch.empty(u.padded, dtype=torch.float32, device=u.device)
@@ -113,8 +170,8 @@ class ShardedModule(nn.Module):
     @torch.no_grad()
     def load_full_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Load full parameters (every rank passes the same dict): master, shards and secondaries."""
-        opt: ShardedOptimizer = self._optimizer
-        for i, u in enumerate(self._units):
+        opt = self._optimizer
+        for i, u in enumerate(self.units):
             flat = torch.zeros(u.padded, dtype=torch.float32, device=u.device)
             for s in u.slots:
                 if s.name not in sd:
@@ -136,26 +193,14 @@ def parallelize(
     module: nn.Module,
     *,
     mesh: Mesh,
+    mp_policy: MixedPrecision = MixedPrecision(),
     units: list[tuple[str, nn.Module]] | None = None,
-    param_dtype: torch.dtype = torch.float32,
-    reduce_dtype: torch.dtype | None = None,
     init: Callable[[nn.Module], None] | None = None,
-    lr: float = 1e-3,
-    betas: tuple[float, float] | None = None,
-    eps: float | None = None,
-    weight_decay: float = 0.0,
-    optimizer: str = "AdamW",
-    optimizer_params: dict[str, Any] | None = None,
-    no_decay: Callable[[str, torch.Tensor], bool] = default_no_decay,
-    max_grad_norm: float | None = None,
-    loss_scale: str | float | None = "dynamic",
-    loss_scale_options: dict[str, Any] | None = None,
-    ledger: Any = None,
-    sanitize: bool = False,
-    copy_delay_ms: float | None = None,
-    unordered_secondary: bool = False,
-) -> tuple[ShardedModule, ShardedOptimizer]:
-    """Shard ``module`` by ``mesh.plan`` and return ``(model, optimizer)``.
+) -> nn.Module:
+    """Shard ``module`` in place by ``mesh.plan`` and return it (now also a :class:`ShardedModule`).
+
+    Build the optimizer over it separately: :class:`~zerotopo.engine.optim.ShardedOptimizer` takes
+    torch's optimizer class and its arguments, and is a ``torch.optim.Optimizer``.
 
     ``units``: ``(name, module)`` pairs; by default each child of every ``nn.ModuleList`` and every other
     top-level child with parameters, plus a root unit for parameters owned by none of them.
@@ -172,48 +217,50 @@ def parallelize(
     gets. An already materialized model is flattened unit by unit the same way (every rank must pass the
     same values).
 
-    Optimizer: ``optimizer`` names torch's class (AdamW, Adam = AdamW as in NeoX, SGD, Adagrad, Adadelta,
-    RMSprop, Adamax, NAdam, RAdam; see :mod:`zerotopo.config.optimizers`), ``optimizer_params`` its
-    hyperparameters other than ``lr`` and ``weight_decay`` (``momentum``, ``nesterov``, ``alpha``, ...);
-    ``betas`` and ``eps`` (default ``(0.9, 0.95)`` and ``1e-8`` for the types that take them) may be
-    given here too. A type or hyperparameter the table does not know is a :class:`ZerotopoError`.
-
     Gradients: ``mesh.plan.grad_dtype`` ``"param"`` keeps the per-micro-batch reduction and the gradient
-    shard in ``param_dtype``; ``"fp32"`` or unset keeps the shard in fp32 and reduces in ``reduce_dtype``
-    (default fp32). ``loss_scale_options``: :class:`LossScaler` keywords
-    for dynamic fp16 scaling (``init_scale``, ``growth_interval``, ``hysteresis``, ``min_scale``).
-    ``copy_delay_ms`` delays the CPU emulated copy engine (on a device: a spin kernel before each copy)
-    (default ``$ZEROTOPO_EMULATED_COPY_DELAY_MS`` or 0). ``sanitize`` checks the ordering rules on every
-    collective that reads a buffer another stream wrote. ``unordered_secondary`` is a test and
-    benchmark hook that reproduces the stock hpZ race (papers/000): the backward all-gather does not
-    wait for the secondary partition's copy. No plan or CLI option selects it.
+    shard in ``mp_policy.param_dtype``; ``"fp32"`` or unset keeps the shard in fp32 and reduces in
+    ``mp_policy.reduce_dtype`` (default fp32).
     """
-    grad_dtype, reduce_dtype = resolve_grad_dtypes(mesh.plan.grad_dtype, param_dtype, reduce_dtype)
-    resolve_optimizer(optimizer, optimizer_params, betas=betas, eps=eps)  # refused before any unit is built
+    return shard_module(module, mesh=mesh, mp_policy=mp_policy, units=units, init=init, debug=None)
+
+
+def shard_module(
+    module: nn.Module,
+    *,
+    mesh: Mesh,
+    mp_policy: MixedPrecision,
+    units: list[tuple[str, nn.Module]] | None,
+    init: Callable[[nn.Module], None] | None,
+    debug: DebugOptions | None,
+) -> nn.Module:
+    """:func:`parallelize` with the debug options of :mod:`zerotopo.engine.debug` (None: none)."""
+    from zerotopo.engine.debug import DebugOptions
+
+    debug = debug or DebugOptions()
+    param_dtype = mp_policy.param_dtype
+    grad_dtype, reduce_dtype = resolve_grad_dtypes(mesh.plan.grad_dtype, param_dtype, mp_policy.reduce_dtype)
     _check_wrappable(module, param_dtype, reduce_dtype)
     _move_buffers(module, mesh.device)
     init_fn = init or getattr(module, "init_unit", None) or reset_by_modules
-    flat_units = _build_units(
-        module, mesh, units, init_fn, param_dtype=param_dtype, grad_dtype=grad_dtype, no_decay=no_decay
-    )
-    streams = Streams(mesh.device, copy_delay_s=emulated_delay_s(copy_delay_ms))
+    flat_units = _build_units(module, mesh, units, init_fn, param_dtype=param_dtype, grad_dtype=grad_dtype)
+    streams = Streams(mesh.device, copy_delay_s=emulated_delay_s(debug.copy_delay_ms))
     runtime = Runtime(
-        flat_units, mesh, reduce_dtype=reduce_dtype, ledger=ledger, streams=streams,
-        sanitizer=Sanitizer(sanitize), unordered_secondary=unordered_secondary,
+        flat_units, mesh, reduce_dtype=reduce_dtype, ledger=debug.ledger, streams=streams,
+        sanitizer=Sanitizer(debug.sanitize), unordered_secondary=debug.unordered_secondary,
     )  # fmt: skip
-    scaler = make_scaler(loss_scale, param_dtype, **(loss_scale_options or {}))
-    sharded_optimizer = ShardedOptimizer(
-        flat_units, mesh, runtime, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-        max_grad_norm=max_grad_norm, scaler=scaler, ledger=ledger, optimizer=optimizer,
-        hyperparameters=optimizer_params,
-    )  # fmt: skip
-    model = ShardedModule(module, flat_units, runtime, mesh)
-    model.scaler = scaler
-    model._optimizer = sharded_optimizer  # full_state_dict reads the fp32 master shards
-    module._zerotopo_wrapped = True
+    # The runtime's unit hooks are registered first; the model's pre-hook runs before them, its post-hook
+    # after them.
+    handles = (
+        module.register_forward_pre_hook(lambda m, a: runtime.begin_forward(), prepend=True),
+        module.register_forward_hook(lambda m, a, out: runtime.end_forward(out)),
+    )
+    state = _ShardState(flat_units, runtime, mesh, param_dtype, handles=handles)
+    cls = module.__class__
+    module.__class__ = type(f"Sharded{cls.__name__}", (ShardedModule, cls), {"__module__": cls.__module__})
+    module._zerotopo = state
     if dist.is_initialized():
         dist.barrier()
-    return model, sharded_optimizer
+    return module
 
 
 def _check_wrappable(module: nn.Module, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
@@ -223,8 +270,22 @@ def _check_wrappable(module: nn.Module, param_dtype: torch.dtype, reduce_dtype: 
             f"param_dtype and reduce_dtype must be torch.float32, bfloat16 or float16, got {param_dtype} "
             f"and {reduce_dtype}"
         )
-    if isinstance(module, ShardedModule) or getattr(module, "_zerotopo_wrapped", False):
+    if isinstance(module, ShardedModule) or "_zerotopo" in vars(module):
         raise ZerotopoError("this module was already parallelized; wrap the original model once")
+    taken = [
+        n
+        for n in vars(ShardedModule)
+        if not n.startswith("__")
+        and (
+            hasattr(type(module), n)
+            or any(n in d for d in (vars(module), module._modules, module._parameters))
+        )
+    ]
+    if taken:
+        raise ZerotopoError(
+            f"{type(module).__name__} defines {', '.join(taken)}, which the sharded module's methods use; "
+            f"rename them in the model (or wrap it in a container module) before parallelize"
+        )
 
 
 def _build_units(
@@ -235,7 +296,6 @@ def _build_units(
     *,
     param_dtype: torch.dtype,
     grad_dtype: torch.dtype,
-    no_decay: Callable[[str, torch.Tensor], bool],
 ) -> list[FlatUnit]:
     """The model's units, flattened (and materialized from the meta device) one at a time, in unit
     order: a sharded unit's full buffer is dropped before the next one is built (see the note)."""
@@ -252,7 +312,7 @@ def _build_units(
         flat32, params = materialize_meta(module, name, mod, params, padded, init_fn)
         u = FlatUnit(
             name, mod, params, index=i, degrees=mesh.degrees, topo_index=mesh.topo_index,
-            param_dtype=param_dtype, device=mesh.device, no_decay=no_decay, grad_dtype=grad_dtype,
+            param_dtype=param_dtype, device=mesh.device, grad_dtype=grad_dtype,
             flat32=flat32,
         )  # fmt: skip
         del flat32
@@ -294,36 +354,3 @@ def _move_buffers(module: nn.Module, device: torch.device) -> None:
                 )
             if b.device != device:
                 m._buffers[name] = b.to(device)
-
-
-class Engine:
-    """A DeepSpeed-style facade: ``engine(x)``, ``engine.backward(loss)``, ``engine.step()``.
-
-    ``step()`` applies the optimizer every ``accumulation_steps`` calls (one per micro-batch), as
-    DeepSpeed's engine does; ``backward`` divides the loss by ``accumulation_steps`` and applies the
-    loss scale.
-    """
-
-    def __init__(
-        self, model: ShardedModule, optimizer: ShardedOptimizer, *, accumulation_steps: int = 1
-    ) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.accumulation_steps = accumulation_steps
-        self.micro_steps = 0
-        self.last_stats: dict[str, Any] | None = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.model(*args, **kwargs)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.model.set_is_last_backward((self.micro_steps + 1) % self.accumulation_steps == 0)
-        self.model.scale_loss(loss / self.accumulation_steps).backward()
-
-    def step(self) -> dict[str, Any] | None:
-        self.micro_steps += 1
-        if self.micro_steps % self.accumulation_steps:
-            return None
-        self.last_stats = self.optimizer.step()
-        self.optimizer.zero_grad()
-        return self.last_stats

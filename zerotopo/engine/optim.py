@@ -26,7 +26,8 @@ chunk, and torch's state of each run is a view of it, so the flat ``master`` and
 the checkpoint's state for every type. It runs with ``fused=True`` where torch has a fused kernel of the
 class on the device (AdamW and SGD on CUDA and the CPU, Adagrad on the CPU and CUDA: the fp16 step then
 passes the overflow flag as its ``found_inf``, and the kernel skips the update on the device without
-the host reading the flag, DESIGN.md rule 3) and ``foreach=True`` elsewhere (where the host reads the
+the host reading the flag, docs/engine.md, "Synchronization", rule 3) and ``foreach=True`` elsewhere (where
+the host reads the
 flag and skips the step).
 
 [Note: lazy parameter gather] A sharded unit's (``p > 1``) parameter shard is read only by the unit's
@@ -40,20 +41,19 @@ are bit-identical either way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from zerotopo.comm import collectives as C
-from zerotopo.comm.mesh import Mesh
 from zerotopo.config.optimizers import spec_for
 from zerotopo.engine.optim_torch import (
     TorchOnShards,
     _fused_supported,
     resolve_optimizer,
 )
-from zerotopo.engine.units import FlatUnit
+from zerotopo.engine.units import FlatUnit, default_no_decay
 from zerotopo.errors import ZerotopoError
 from zerotopo.placement import layout
 
@@ -89,7 +89,8 @@ class LossScaler:
 
     [Note: scaler on the device] The state (scale, good steps, hysteresis left) lives in tensors on the
     optimizer's device and :meth:`update` takes the overflow flag as a tensor, so the whole update is
-    ``torch.where`` on the device and the host never reads the flag (DESIGN.md rule 3). Read
+    ``torch.where`` on the device and the host never reads the flag (docs/engine.md, "Synchronization",
+    rule 3). Read
     :attr:`scale` (a 0-d tensor) on the host only at the logging interval. ``update`` also takes a bool,
     and the state reads back as Python numbers in :meth:`state_dict`.
     """
@@ -188,39 +189,69 @@ def make_scaler(
     return LossScaler(float(loss_scale), dynamic=False)
 
 
-class ShardedOptimizer(TorchOnShards):
-    """A torch elementwise optimizer (the table in :mod:`zerotopo.config.optimizers`) over the optimizer
-    shards of every unit; ``param_groups[0]`` holds the hyperparameters (set ``param_groups[0]["lr"]``
-    for a schedule, as with torch optimizers). ``states[name][i]`` is unit ``i``'s flat buffer of the
-    per-element state ``name`` (Adam's ``exp_avg``, SGD's ``momentum_buffer``, ...), laid out as
-    ``master[i]``."""
+class ShardedOptimizer(TorchOnShards, torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` over the fp32 master shards of a model sharded by
+    :func:`~zerotopo.engine.api.parallelize`, running torch's own class on them.
+
+    ::
+
+        optimizer = ShardedOptimizer(model, torch.optim.AdamW, lr=3e-4, betas=(0.9, 0.95),
+                                     weight_decay=0.1, max_grad_norm=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
+
+    ``optimizer_class``: an elementwise class of the table in :mod:`zerotopo.config.optimizers`
+    (``torch.optim.AdamW``, ``SGD``, ``Adagrad``, ``Adadelta``, ``RMSprop``, ``Adamax``, ``NAdam``,
+    ``RAdam``) or its name there (``"Adam"`` is NeoX's Adam, AdamW). ``hyperparameters``: the class's
+    own keywords besides ``lr`` and ``weight_decay`` (``betas``, ``eps``, ``momentum``, ...; ``betas``
+    and ``eps`` default to NeoX's ``(0.9, 0.95)`` and ``1e-8`` for the types that take them). A type or
+    keyword the table does not know is a :class:`ZerotopoError`.
+
+    ``no_decay(name, param)``: parameters without weight decay (default: NeoX's rule, every parameter
+    with ``ndim < 2``). ``max_grad_norm``: clip the global gradient norm (None or 0: no clipping).
+    ``loss_scale``: ``"dynamic"`` scales fp16 models only (a :class:`LossScaler` with its defaults), a
+    number is a static scale, a :class:`LossScaler` is used as given, None disables scaling.
+
+    ``param_groups[0]`` holds the hyperparameters, so torch's LR schedulers drive ``lr`` (a 0-d tensor
+    is taken as well). Its ``params`` are this rank's fp32 master chunks, one per unit (``master[i]``);
+    ``states[name][i]`` is unit ``i``'s flat buffer of the per-element state ``name`` (Adam's
+    ``exp_avg``, SGD's ``momentum_buffer``, ...), laid out as ``master[i]``. :meth:`step` returns
+    ``{"grad_norm", "skipped", "loss_scale"}``."""
 
     def __init__(
         self,
-        units: list[FlatUnit],
-        mesh: Mesh,
-        runtime: Any,
+        model: Any,
+        optimizer_class: type[torch.optim.Optimizer] | str = torch.optim.AdamW,
         *,
-        lr: float,
-        weight_decay: float,
-        max_grad_norm: float | None,
-        scaler: LossScaler | None,
-        ledger: Any,
-        optimizer: str = "AdamW",
-        hyperparameters: Mapping[str, Any] | None = None,
-        betas: tuple[float, float] | None = None,
-        eps: float | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = None,
+        no_decay: Callable[[str, torch.Tensor], bool] = default_no_decay,
+        loss_scale: LossScaler | str | float | None = "dynamic",
+        **hyperparameters: Any,
     ) -> None:
+        state = getattr(model, "_zerotopo", None)
+        if state is None:
+            raise ZerotopoError(
+                f"ShardedOptimizer takes a model sharded by zerotopo.engine.parallelize, got {type(model).__name__}"
+            )
+        if state.optimizer is not None:
+            raise ZerotopoError("this model already has a ShardedOptimizer; build one per parallelized model")
+        units, mesh, runtime = state.units, state.mesh, state.runtime
         self.units = units
         self.mesh = mesh
         self.degrees = mesh.degrees
         self.plan = mesh.plan
         self.runtime = runtime
-        self.ledger = ledger
+        self.ledger = runtime.ledger
         self.max_grad_norm = max_grad_norm
+        self.spec, hyper = resolve_optimizer(_optimizer_name(optimizer_class), hyperparameters)
+        scaler = (
+            loss_scale if isinstance(loss_scale, LossScaler) else make_scaler(loss_scale, state.param_dtype)
+        )
         self.scaler = scaler
-        self.spec, hyper = resolve_optimizer(optimizer, hyperparameters, betas=betas, eps=eps)
-        self.param_groups = [{"lr": lr, **hyper, "weight_decay": weight_decay, "params": []}]
+        for u in units:
+            for s in u.slots:
+                s.decay = not no_decay(s.name, s.param)
         # Steps applied: on the host without loss scaling; on the device with it, where a skipped
         # (overflowed) step is known only to the device (see the step property).
         self._host_steps = 0
@@ -230,6 +261,8 @@ class ShardedOptimizer(TorchOnShards):
         self.master = [u.initial_master for u in units]
         for u in units:
             del u.initial_master
+        defaults = {"lr": lr, **hyper, "weight_decay": weight_decay}
+        torch.optim.Optimizer.__init__(self, [{"params": self.master}], defaults)
         self.states = {
             n: [torch.full_like(m, self.spec.initial_value(n, hyper)) for m in self.master]
             for n in self.spec.state_names(hyper)
@@ -249,6 +282,21 @@ class ShardedOptimizer(TorchOnShards):
         self.pg_order = layout.param_gather_order(self.degrees)
         self.lazy_param_gather = True
         """Leave sharded units' post-step all-gathers in flight until their next use (see the note)."""
+        state.optimizer, state.scaler = self, scaler
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the fp16 loss scale (unchanged without loss scaling)."""
+        return loss * self.scaler.scale if self.scaler is not None else loss
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refused after construction: the groups are the model's master shards (weight decay per
+        parameter is ``no_decay``'s)."""
+        if getattr(self, "param_groups", None):
+            raise ZerotopoError(
+                "ShardedOptimizer has one parameter group, the model's master shards; set weight decay per "
+                "parameter with no_decay=, and hyperparameters in param_groups[0]"
+            )
+        super().add_param_group(param_group)
 
     def _apply(self, i: int, grad: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
         """One step of unit ``i`` with ``grad`` (its fp32 optimizer chunk of the gradient), the
@@ -279,7 +327,8 @@ class ShardedOptimizer(TorchOnShards):
     def step(self) -> dict[str, Any]:
         """Reduce, clip and apply the optimizer; returns ``{"grad_norm", "skipped", "loss_scale"}``.
 
-        Nothing here makes the host wait on the device (DESIGN.md rule 3): ``grad_norm`` is a 0-d tensor
+        Nothing here makes the host wait on the device (docs/engine.md, "Synchronization", rule 3):
+        ``grad_norm`` is a 0-d tensor
         on the device (``inf`` when an fp16 overflow skipped the step); with loss scaling ``skipped`` and
         ``loss_scale`` are 0-d device tensors too. Read them at the logging interval."""
         if self.scaler is not None:
@@ -398,27 +447,38 @@ class ShardedOptimizer(TorchOnShards):
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shard of the optimizer state (master weights and per-element states per unit)."""
+        """This rank's shard of the optimizer state, in torch's layout: ``state[i]`` is unit ``i``'s
+        (``param_groups[0]["params"][i]``, the master chunk) ``{"step", "master", <per-element states>,
+        "unit", "range"}``, ``param_groups`` the hyperparameters with the parameters' indices; besides
+        torch's two keys, ``optimizer`` (the type), ``scalars`` (states such as NAdam's ``mu_product``)
+        and ``loss_scaler``. Tensors are copies."""
         g = self.param_groups[0]
+        step = self.step_count
         return {
-            "step": self.step_count,
-            "optimizer": self.spec.name,
-            "scalars": self.scalar_state(),
-            "param_groups": [{k: v for k, v in g.items() if k != "params"}],
-            "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "units": {
-                u.name: {
+            "state": {
+                i: {
+                    "step": step,
+                    "unit": u.name,
                     "range": u.o_range,
                     "master": self.master[i].clone(),
                     **{name: bufs[i].clone() for name, bufs in self.states.items()},
                 }
                 for i, u in enumerate(self.units)
             },
+            "param_groups": [
+                {**{k: v for k, v in g.items() if k != "params"}, "params": list(range(len(self.units)))}
+            ],
+            "optimizer": self.spec.name,
+            "scalars": self.scalar_state(),
+            "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a shard written by :meth:`state_dict` on the same rank, plan, model and optimizer type
-        (a state without ``optimizer`` is AdamW's, as written before the type was recorded)."""
+        (a state without ``optimizer`` is AdamW's, as written before the type was recorded). The layout
+        keyed by unit name (``{"step", "units": {name: {...}}, ...}``, written before the optimizer was a
+        ``torch.optim.Optimizer``) loads too."""
+        sd = _by_unit(state_dict)
         saved = spec_for(sd.get("optimizer", "AdamW"))
         if saved.name != self.spec.name:
             raise ZerotopoError(
@@ -445,7 +505,8 @@ class ShardedOptimizer(TorchOnShards):
                 bufs[i].copy_(s[name])
             self._gather_params(u, self.master[i])
         for k, v in sd["param_groups"][0].items():
-            self.param_groups[0][k] = tuple(v) if k == "betas" else v
+            if k != "params":
+                self.param_groups[0][k] = tuple(v) if k == "betas" else v
         self.step_count = int(sd["step"])
         for i, opt in enumerate(self.optims):
             if opt is not None:
@@ -456,5 +517,41 @@ class ShardedOptimizer(TorchOnShards):
         self.runtime.invalidate_secondaries()
 
 
-ShardedAdamW = ShardedOptimizer
-"""The name the sharded optimizer had when it ran AdamW only."""
+def _by_unit(sd: dict[str, Any]) -> dict[str, Any]:
+    """A state dict in the layout keyed by unit name: torch's layout (``state``/``param_groups``, from
+    :meth:`ShardedOptimizer.state_dict`) converted, the older layout as it is."""
+    if "units" in sd:
+        return sd
+    if "state" not in sd or "param_groups" not in sd:
+        raise ZerotopoError(
+            f"not a ShardedOptimizer state dict: it has keys {sorted(sd)}, expected state and param_groups"
+        )
+    units = {}
+    for entry in sd["state"].values():
+        entry = dict(entry)
+        units[entry.pop("unit")] = entry
+    steps = {int(e["step"]) for e in units.values()}
+    return {
+        "step": steps.pop() if steps else 0,
+        "optimizer": sd.get("optimizer", "AdamW"),
+        "scalars": sd.get("scalars"),
+        "param_groups": sd["param_groups"],
+        "loss_scaler": sd.get("loss_scaler"),
+        "units": units,
+    }
+
+
+def _optimizer_name(optimizer_class: type[torch.optim.Optimizer] | str) -> str:
+    """The table's name for ``optimizer_class`` (a torch class or a name the table knows)."""
+    if isinstance(optimizer_class, str):
+        return optimizer_class
+    if isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer):
+        if optimizer_class is torch.optim.Adam:
+            raise ZerotopoError(
+                "torch.optim.Adam (weight decay added to the gradient) is not in the optimizer table; pass "
+                "torch.optim.AdamW (decoupled weight decay, what GPT-NeoX's Adam runs)"
+            )
+        return optimizer_class.__name__
+    raise ZerotopoError(
+        f"optimizer_class must be a torch.optim.Optimizer subclass or its name, got {optimizer_class!r}"
+    )

@@ -4,13 +4,15 @@
 a :class:`Ready` holder: the tensor plus the event that marks it written. A consumer calls
 :meth:`Ready.wait` before it reads; :meth:`Ready.wait` makes the *consumer's* stream wait on the event
 (device) or blocks the reading thread (the CPU emulation), and records that the wait happened so the
-sanitizer can check rule 1 of DESIGN.md cheaply: one flag per holder, checked when a collective reads it.
+sanitizer can check rule 1 (docs/engine.md, "Synchronization") cheaply: one flag per holder, checked when a
+collective reads it.
 
-[Note: emulated copy engine] A CPU has no streams, so the race of papers/000 (the secondary partition
+[Note: emulated copy engine] A CPU has no streams, so the race of Dai et al., "Enhancing Stability for
+Large Models Training in Constrained Bandwidth Networks" (ICML 2024 ES-FoMo workshop) (the secondary partition
 written by an asynchronous device-to-device copy into an uninitialized buffer while a prefetched
 all-gather already reads it) cannot happen by itself. :class:`CopyEngine` is a worker thread that lands
 each copy ``delay`` seconds after it was issued, into a destination that was poisoned with NaN when it
-was allocated, and sets an :class:`EmulatedEvent` when it has landed. The unordered hook (``parallelize(..., unordered_secondary=True)``) never waits on that
+was allocated, and sets an :class:`EmulatedEvent` when it has landed. The unordered hook (``DebugOptions(unordered_secondary=True)``) never waits on that
 event, so a gather that runs before the copy landed reads NaN, exactly like the uninitialized buffer of
 stock hpZ.
 """
@@ -36,7 +38,8 @@ DEVICE_CLOCK_HZ = 1.5e9
 
 
 class OrderingError(ZerotopoError):
-    """A collective read a buffer whose ready-event its consumer never waited on (DESIGN.md rule 1)."""
+    """A collective read a buffer whose ready-event its consumer never waited on (docs/engine.md,
+    "Synchronization", rule 1)."""
 
 
 class EmulatedEvent:

@@ -14,9 +14,8 @@ a third stops them at once (see :class:`_Stops`).
 
 By default every rank is a new interpreter (``spawn``) that imports torch itself. With
 ``ZEROTOPO_START_METHOD=forkserver`` ranks start as forks of a fork server that has imported torch
-once (:data:`PRELOAD`): on this project's 2-core machine a start of 8 ranks that only meet at a barrier
-took 12.1 s with ``spawn`` (median of 3; 10.0-15.2) and 0.25 s this way, once the server had started
-(4.5 s, one import). A forked rank still starts clean (the server only imported modules) and gets the
+once (:data:`PRELOAD`), which starts ranks far faster once the server runs (docs/launch.md gives the
+measured start-up times and their command). A forked rank still starts clean (the server only imported modules) and gets the
 launcher's environment, working directory, ``sys.path`` and standard output and error as they are at
 the start, as a spawned one would. It is not the default yet: in one run of the whole test suite with
 it as the default, a launcher process sent SIGINT while its ranks slept did not exit (twice, in

@@ -2,10 +2,13 @@
 
 A *degree* ``d`` means: groups of ``d`` ranks with consecutive topological index hold one full copy of
 that state between them. A plan names degrees for the primary parameters (``params``), an optional
-``secondary`` partition used by the backward all-gather (ZeRO++ hpZ, papers/003), the gradients
+``secondary`` partition used by the backward all-gather (ZeRO++ hpZ; Xu et al., "Scaling Large Language
+Model Training on Frontier with Low-Bandwidth Partitioning" (arXiv:2501.04266)), the gradients
 (``grads``) and the optimizer states (``optim``). Degrees nest, ``params | grads | optim | world``: each
 rank keeps only the gradients and optimizer states of parameters it holds (the dependency rule of
-papers/003 §V and papers/004 §IV-B). Degrees may be numbers or tier names (``package``, ``node``,
+Xu et al. (arXiv:2501.04266) §V and Chen et al., "Lins: Reducing Communication Overhead of ZeRO for
+Efficient LLM Training" (IWQoS 2024, doi:10.1109/IWQoS61813.2024.10682856) §IV-B). Degrees may be numbers
+or tier names (``package``, ``node``,
 ``world``, ``inner`` for the innermost tier), resolved against a :class:`~zerotopo.placement.topology.Topology`.
 
 Every placement of DeepSpeed ZeRO-1/2/3, ZeRO++, MiCS, FSDP/HSDP and Lins is a :class:`Plan`.
@@ -26,7 +29,7 @@ from zerotopo.placement.yamlio import load_yaml_file, load_yaml_text
 
 SYNC_MODES = ("event", "host")
 #: The stock (racy) ordering of ZeRO++ hpZ: never a plan option, only the engine's test and benchmark hook
-#: ``parallelize(..., unordered_secondary=True)``, so no user can select a racy schedule.
+#: ``zerotopo.engine.debug.DebugOptions(unordered_secondary=True)``, so no user can select a racy schedule.
 RACY_SYNC = "none"
 SECONDARY_DTYPES = ("bf16", "int8")
 GRAD_REDUCE_MODES = ("reduce_scatter", "allreduce")
@@ -70,7 +73,8 @@ class Plan:
     secondary: Degree | None = None
     """Degree of the secondary weight partition for the backward pass (None: gather from ``params``)."""
     secondary_dtype: str = "bf16"
-    """Storage of the secondary partition: ``bf16`` (ZeRO++ hpZ) or ``int8`` (papers/003)."""
+    """Storage of the secondary partition: ``bf16`` (ZeRO++ hpZ) or ``int8`` (Xu et al.
+    (arXiv:2501.04266))."""
     quantize_weights: bool = False
     """int8 block quantization of the forward weight all-gather (ZeRO++ qwZ)."""
     quantize_grads: bool = False
@@ -87,7 +91,8 @@ class Plan:
     across optimizer replicas, or ``allreduce`` of the whole gradient shard then select (the papers)."""
     grad_dtype: str | None = None
     """Gradients' width, in the per-micro-batch reduction and in the accumulated shard: ``fp32``, or
-    ``param`` (the parameter dtype, 2 bytes for fp16/bf16, as DeepSpeed ZeRO and papers/003 Tables V-VI).
+    ``param`` (the parameter dtype, 2 bytes for fp16/bf16, as DeepSpeed ZeRO and Xu et al.
+    (arXiv:2501.04266) Tables V-VI).
     Unset: the caller's default (``parallelize``: fp32; ``zerotopo train``/``plan`` on a NeoX config:
     DeepSpeed's, whose ``data_types.grad_accum_dtype`` defaults to the model dtype, i.e. ``param``)."""
     description: str = field(default="", compare=False)
@@ -112,7 +117,7 @@ class Plan:
                 f"sync must be one of {', '.join(SYNC_MODES)}, got {self.sync!r}"
                 + (
                     " (the unordered stock hpZ schedule races and is not a plan option; it exists only as "
-                    "the engine's test hook parallelize(..., unordered_secondary=True))"
+                    "the engine's test hook zerotopo.engine.debug.DebugOptions(unordered_secondary=True))"
                     if self.sync == RACY_SYNC
                     else ""
                 ),
@@ -189,7 +194,7 @@ def validate_degrees(d: Degrees, *, plan_name: str = "plan", topology: Topology 
     if d.grads % d.params:
         raise PlanError(
             f"{where}: degrees must nest params | grads | optim, but params={d.params} does not divide "
-            f"grads={d.grads}; a rank must hold the gradients of parameters it holds (papers/004 §IV-B)"
+            f"grads={d.grads}; a rank must hold the gradients of parameters it holds (Lins, IWQoS 2024, §IV-B)"
         )
     if d.optim % d.grads:
         raise PlanError(

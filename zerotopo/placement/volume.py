@@ -1,7 +1,9 @@
 """Bytes each rank sends in one collective: the one accounting shared by the ledger and the cost model.
 
-Ring/direct algorithms are assumed, as NCCL and RCCL use for large messages (and as papers/003 Tables
-VII-VIII and papers/004 count): in a group of ``d`` ranks, each rank sends ``d-1`` chunks of the
+Ring/direct algorithms are assumed, as NCCL and RCCL use for large messages (and as Xu et al.
+(arXiv:2501.04266) Tables
+VII-VIII and Lins (Chen et al., IWQoS 2024) count): in a group of ``d`` ranks, each rank sends ``d-1``
+chunks of the
 message's per-rank share. An all-reduce is a reduce-scatter plus an all-gather. Quantized payloads
 carry one fp32 scale per block of ``block`` elements, per chunk (each destination chunk is quantized on
 its own, so its blocks never straddle two ranks).

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from zerotopo.dtypes import PRECISIONS
 from zerotopo.errors import ZerotopoError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = PRECISIONS
 
 
 def optimizer_kinds(checkpoint: str | os.PathLike) -> tuple[str, ...]:

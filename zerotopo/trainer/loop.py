@@ -1,6 +1,7 @@
 """One rank of a training run: build the mesh, the model and the data, then train, evaluate and log.
 
-[Note: host synchronization] Following DESIGN.md rule 3, per-step losses stay on the device and are
+[Note: host synchronization] Following the rule that the host synchronizes only when logging
+(docs/engine.md, "Synchronization", rule 3), per-step losses stay on the device and are
 summed across ranks only at each ``log_interval`` (one all-reduce of a short vector), and so are the
 engine's per-step figures (gradient norm, fp16 overflow flag and loss scale: 0-d device tensors) and the
 ledger's event times; the host never waits on the device inside a logging window.
@@ -27,7 +28,9 @@ from zerotopo.comm.mesh import build_mesh
 from zerotopo.config.neox import NeoXArgs
 from zerotopo.data.dataset import DistributedBatches
 from zerotopo.data.tokenizers import build_tokenizer
-from zerotopo.engine import parallelize
+from zerotopo.dtypes import PRECISIONS
+from zerotopo.engine import MixedPrecision, ShardedOptimizer, debug
+from zerotopo.engine.optim import make_scaler
 from zerotopo.errors import ConfigError, ZerotopoError
 from zerotopo.fsutil import write_text_atomic
 from zerotopo.launch.advice import topology_mismatch_advice
@@ -52,7 +55,7 @@ from zerotopo.trainer.longrun import (
     config_hash,
     per_step_means,
 )
-from zerotopo.trainer.lr_schedule import held_schedule, schedule_for
+from zerotopo.trainer.lr_schedule import ScheduleLR, held_schedule, schedule_for
 from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
 from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
 from zerotopo.trainer.preempt import EXIT_PREEMPTED, Preempted, Preemption, preemption_signals, signal_name
@@ -74,7 +77,7 @@ from zerotopo.trainer.steps import (
 
 log = get_logger("train")
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = PRECISIONS
 
 
 @dataclass
@@ -139,8 +142,11 @@ class Trainer:
     """``(micro, accumulation steps, global batch)`` in samples."""
     iters: int
     lr_at: Any
+    """``step -> learning rate`` of the config's schedule (held at skipped fp16 steps)."""
     run_dir: Path
     start_step: int = 0
+    scheduler: Any = None
+    """The torch LR scheduler that sets the optimizer's rate (built once the start step is known)."""
     consumed: int = 0
     train_batches: Any = None
     valid_ds: Any = None
@@ -233,6 +239,7 @@ def setup(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
     tr = build_model(args, job, run, ctx, topology, plan, mesh, tokenizer, probe)
     tr.start_step, tr.consumed = resume(args, job, tr.model, tr.optimizer, tr.cfg, ctx)
+    tr.scheduler = ScheduleLR(tr.optimizer, tr.lr_at, start_step=tr.start_step)
     if ctx.is_main:
         log.info("zerotopo train: opening the data")
     open_data(tr)
@@ -270,18 +277,17 @@ def build_model(
     loss_scale: Any = None
     if args.resolved_precision == "fp16":
         loss_scale = fp16.loss_scale if fp16.loss_scale else "dynamic"
-    model, optimizer = parallelize(
+    model = debug.parallelize(
+        model, mesh=mesh, mp_policy=MixedPrecision(param_dtype), options=debug.DebugOptions(ledger=ledger)
+    )
+    optimizer = ShardedOptimizer(
         model,
-        mesh=mesh,
-        param_dtype=param_dtype,
+        args.optimizer.type,
         lr=args.lr,
         weight_decay=args.effective_weight_decay,
-        optimizer=args.optimizer.type,
-        optimizer_params=args.optimizer.hyperparameters(),
         max_grad_norm=args.gradient_clipping or None,
-        loss_scale=loss_scale,
-        loss_scale_options=fp16.scaler_options(),
-        ledger=ledger,
+        loss_scale=make_scaler(loss_scale, param_dtype, **fp16.scaler_options()),
+        **args.optimizer.hyperparameters(),
     )
     iters = args.train_iters or 100
     schedule = schedule_for(args, iters)
@@ -381,12 +387,13 @@ def forward_backward_step(tr: Trainer) -> torch.Tensor:
 
 def train_step(tr: Trainer, step: int) -> tuple[int, torch.Tensor, dict[str, Any]]:
     """One optimizer step: ``(step number, mean loss on the device, the metrics row without its loss)``."""
-    lr = tr.lr_at(step)
-    for group in tr.optimizer.param_groups:
-        group["lr"] = lr
+    lr = tr.optimizer.param_groups[0]["lr"]  # set by tr.scheduler for this step
+    if isinstance(lr, torch.Tensor):
+        lr = lr.clone()  # the scheduler updates the group's tensor in place
     t0 = time.perf_counter()
     loss_sum = forward_backward_step(tr)
     stats = tr.optimizer.step()
+    tr.scheduler.step()
     tr.optimizer.zero_grad()
     dt = time.perf_counter() - t0
     comm = tr.ledger.mark_step()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from zerotopo.errors import ConfigError
 from zerotopo.placement import numbers
@@ -195,7 +196,8 @@ def held_schedule(schedule, iters: int, optimizer):
     Without a loss scaler every step is applied and this is ``schedule(step)``. With fp16 dynamic loss
     scaling an overflow skips the step on the device, and DeepSpeed (so NeoX) does not advance the
     scheduler then: the rate is the schedule at the count of applied steps, looked up on the device in
-    a table of the schedule, so the host never waits for the overflow flag (DESIGN.md rule 3)."""
+    a table of the schedule, so the host never waits for the overflow flag (docs/engine.md,
+    "Synchronization", rule 3)."""
     if getattr(optimizer, "scaler", None) is None:
         return schedule
     applied = optimizer._device_steps
@@ -205,3 +207,23 @@ def held_schedule(schedule, iters: int, optimizer):
         return table[applied.long().clamp(max=iters)]
 
     return lr_at
+
+
+class ScheduleLR(LRScheduler):
+    """A torch LR scheduler that sets every group's ``lr`` to ``lr_at(step)``, the rate of optimizer step
+    ``step`` (0-based; a float, or a 0-d tensor as :func:`held_schedule` gives with loss scaling).
+
+    Call :meth:`step` after each ``optimizer.step()``, as with torch's schedulers. ``start_step``: the
+    optimizer step the next ``optimizer.step()`` is (a resumed run's first step), so the groups hold
+    ``lr_at(start_step)`` after construction. Unlike ``LambdaLR``, which multiplies each group's initial
+    rate by a factor, the rate is ``lr_at``'s value bit for bit."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_at: Any, *, start_step: int = 0) -> None:
+        self.lr_at = lr_at
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        super().__init__(optimizer, last_epoch=start_step - 1)
+
+    def get_lr(self) -> list[Any]:
+        lr = self.lr_at(self.last_epoch)
+        return [lr for _ in self.optimizer.param_groups]

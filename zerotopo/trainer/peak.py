@@ -56,10 +56,9 @@ def unmap_large_frees(threshold: int = 1 << 16) -> bool:
     [Note: CPU ranks and glibc] The engine frees a whole unit after each use. glibc's default mmap
     threshold is dynamic: once a mapped block is freed it rises to that block's size (up to 32 MiB), so
     later unit-sized buffers come from the heap, whose freed holes stay resident. A CPU rank's resident
-    set then grows well past what it holds (measured: 3-4x the live model state of a 76M-parameter NeoX
-    under zero3 on 8 ranks). Setting the threshold turns that adjustment off; 64 KiB also maps the
-    activations of small models (benchmarks/memory_bench.py: a 1 MiB threshold left the resident peak
-    16-18% above the cost model, 64 KiB 6-7%)."""
+    set then grows well past what it holds. Setting the threshold turns that adjustment off; 64 KiB also
+    maps the activations of small models (docs/training.md gives the measured resident peaks under each
+    threshold, from benchmarks/memory_bench.py)."""
     name = ctypes.util.find_library("c")
     if not name:
         return False
