@@ -58,6 +58,8 @@ def test_every_unit_waits_its_forward_and_backward():
     assert waited.waited_s["layer backward"] + waited.arithmetic_s["layer backward"] >= 2 * 2 * FORWARD[
         "layer"
     ] * (1 - 1e-6)
+    x = torch.randint(0, 64, (1, 8))
+    assert model.head(model.layers[0](model.embed_in(x)))._base is None  # no unit output is a view
     for h in handles:
         h.remove()
     before = dict(waited.waited_s)

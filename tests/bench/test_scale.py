@@ -78,8 +78,9 @@ def test_the_report_holds_every_count_and_plots(tmp_path):
     assert [e["dilation"] for e in report["counts"]] == [12.5, 12.5]
     assert report["counts"][1]["workload"].startswith("24 micro-batches")
     s = series(report)
-    assert s["zero3"]["measured"] == [(2, 1.2), (4, 1.4)]
-    assert s["zero3"]["predicted"] == [(2, pytest.approx(1.3)), (4, pytest.approx(1.5))]
+    # in the target's seconds: each count's step over its own D
+    assert s["zero3"]["measured"] == [(2, pytest.approx(1.2 / 12.5)), (4, pytest.approx(1.4 / 12.5))]
+    assert s["zero3"]["predicted"] == [(2, pytest.approx(1.3 / 12.5)), (4, pytest.approx(1.5 / 12.5))]
     assert s["fsdp2-hsdp"]["predicted"] == [] and "zeropp" not in s or s["zeropp"]["measured"] == []
     text = format_scale(report)
     assert "4 nodes (16 ranks), D 12.5" in text and "zeropp           does not fit" in text

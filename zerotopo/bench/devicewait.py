@@ -55,12 +55,14 @@ class Waited:
 
 
 class _Mark(torch.autograd.Function):
-    """Identity whose backward calls ``fn`` (the device clock's backward bracket)."""
+    """Identity whose backward calls ``fn`` (the device clock's backward bracket). Its output is a copy,
+    not a view: a unit's output that is a view of another tensor loses a wrapping framework's
+    pre-backward hook to any in-place op on it (FSDP2 warns of exactly that)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, fn: Any) -> torch.Tensor:
         ctx.fn = fn
-        return x.view_as(x)
+        return x.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:

@@ -108,16 +108,18 @@ def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_b
 
 
 def series(report: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """Per row: (nodes, seconds) of its measured median step and of its prediction, in node order."""
+    """Per row: (nodes, seconds) of its measured median step and of its prediction, in node order, as
+    the target's seconds (over each count's own D: the counts' dilations differ)."""
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for entry in sorted(report["counts"], key=lambda e: e["nodes"]):
         for r in entry["rows"]:
             name = r["name"] + (f" ({entry['curves']})" if entry.get("curves") else "")
             s = out.setdefault(name, {"measured": [], "predicted": []})
+            D = entry.get("dilation") or 1.0
             if r.get("step_time_s"):
-                s["measured"].append((entry["nodes"], r["step_time_s"]))
+                s["measured"].append((entry["nodes"], r["step_time_s"] / D))
             if r.get("predicted_step_time_s"):
-                s["predicted"].append((entry["nodes"], r["predicted_step_time_s"]))
+                s["predicted"].append((entry["nodes"], r["predicted_step_time_s"] / D))
     return out
 
 
@@ -168,7 +170,7 @@ def plot(report: dict[str, Any], path: str) -> None:
             ax.plot(*zip(*s["predicted"]), "x--", color=color, label=f"{name} predicted")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("emulated nodes")
-    ax.set_ylabel("step time, s (device clock, dilated)")
+    ax.set_ylabel("target step time, s (step / D)")
     ax.set_title(f"bench scale ({report['mode']})")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
