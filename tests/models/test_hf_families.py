@@ -163,3 +163,16 @@ def test_export_refuses_what_no_architecture_holds():
     neox = hf_to_neox_config({"model_type": "gpt_neox", **SMALL})
     with pytest.raises(ZerotopoError, match="sliding_window: 8"):
         export_architecture(replace(neox, sliding_window=8))
+
+
+def test_runs_saved_before_the_new_fields_keep_their_identity():
+    """A model that uses none of the new switches has the run identity (and checkpoint compatibility) it
+    had before they existed, so its checkpoints resume; one that uses them differs."""
+    from dataclasses import asdict, replace
+
+    from zerotopo.models.config import LATER_FIELDS, NeoXConfig, model_identity
+
+    cfg = NeoXConfig(vocab_size=64, hidden_size=16, num_layers=2, num_attention_heads=2)
+    before = {k: v for k, v in asdict(cfg).items() if k != "checkpoint_activations" and k not in LATER_FIELDS}
+    assert model_identity(cfg) == before
+    assert model_identity(replace(cfg, sliding_window=8))["sliding_window"] == 8
