@@ -128,20 +128,23 @@ class _Args:
         self.seq_length = seq_length
 
 
-def test_a_window_the_sequence_never_exceeds_is_accepted_with_a_notice(tmp_path, caplog):
+def test_a_window_the_sequence_never_exceeds_is_accepted_with_a_notice(tmp_path):
     save_random(tmp_path, "mistral", sliding_window=4096)
     run = hf_to_neox_config(read_hf_config(tmp_path))
-    logger = logging.getLogger(
-        "zerotopo"
-    )  # read directly: it stops propagating once a CLI set up the console
-    logger.addHandler(caplog.handler)
+    seen: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("zerotopo.train")
+    level = logger.level
+    logger.addHandler(handler)  # on the logger itself: other tests may stop its propagation
+    logger.setLevel(logging.INFO)
     try:
-        with caplog.at_level(logging.INFO, logger="zerotopo"):
-            merged = merge_hf_config(tmp_path, _Args(64), run)
+        merged = merge_hf_config(tmp_path, _Args(64), run)
     finally:
-        logger.removeHandler(caplog.handler)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     assert merged.sliding_window == 4096
-    assert "sliding_window 4096 >= seq_length 64" in caplog.text
+    assert any("sliding_window 4096 >= seq_length 64" in m for m in seen), seen
 
 
 @pytest.mark.parametrize(
@@ -170,3 +173,16 @@ def test_export_refuses_what_no_architecture_holds():
     neox = hf_to_neox_config({"model_type": "gpt_neox", **SMALL})
     with pytest.raises(ZerotopoError, match="sliding_window: 8"):
         export_architecture(replace(neox, sliding_window=8))
+
+
+def test_runs_saved_before_the_new_fields_keep_their_identity():
+    """A model that uses none of the new switches has the run identity (and checkpoint compatibility) it
+    had before they existed, so its checkpoints resume; one that uses them differs."""
+    from dataclasses import asdict, replace
+
+    from zerotopo.models.config import LATER_FIELDS, NeoXConfig, model_identity
+
+    cfg = NeoXConfig(vocab_size=64, hidden_size=16, num_layers=2, num_attention_heads=2)
+    before = {k: v for k, v in asdict(cfg).items() if k != "checkpoint_activations" and k not in LATER_FIELDS}
+    assert model_identity(cfg) == before
+    assert model_identity(replace(cfg, sliding_window=8))["sliding_window"] == 8

@@ -80,3 +80,44 @@ def test_imported_trained_exported_matches_transformers(tmp_path, capfd, family,
     ids = torch.randint(0, 257, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), exported(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_neox_config_with_tied_embeddings_trains_and_exports_tied(tmp_path, capfd):
+    """``no_weight_tying: false`` in a NeoX config: trained on 8 ranks under the zerotopo plan, exported
+    as a tied GPTNeoXForCausalLM with the checkpoint's logits."""
+    from zerotopo.checkpoint.hf import export_hf
+
+    cfg = tmp_path / "run.yml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "num_layers": 2,
+                "hidden_size": 32,
+                "num_attention_heads": 4,
+                "no_weight_tying": False,
+                "seq_length": 32,
+                "max_position_embeddings": 32,
+                "train_micro_batch_size_per_gpu": 1,
+                "train_iters": 2,
+                "eval_iters": 0,
+                "log_interval": 1,
+                "precision": "fp32",
+                "tokenizer_type": "ByteTokenizer",
+                "topology": "emulated-4node",
+                "plan": "zerotopo",
+                "save": str(tmp_path / "save"),
+                "optimizer": {"type": "AdamW", "params": {"lr": 1.0e-3}},
+            }
+        )
+    )
+    code = main(["train", str(cfg), "--nodes", "2", "--run-dir", str(tmp_path / "run"), "--no-progress"])
+    out, err = capfd.readouterr()
+    assert code == 0, (out + err)[-3000:]
+    export_hf(tmp_path / "save", tmp_path / "hf-out")
+    config = json.loads((tmp_path / "hf-out" / "config.json").read_text())
+    assert config["architectures"] == ["GPTNeoXForCausalLM"] and config["tie_word_embeddings"] is True
+    exported = transformers.GPTNeoXForCausalLM.from_pretrained(tmp_path / "hf-out").eval()
+    ours = checkpoint_model(tmp_path / "save")
+    ids = torch.randint(0, 257, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), exported(ids).logits, rtol=0, atol=1e-5)

@@ -1,7 +1,8 @@
-"""Hugging Face GPT-NeoX and Llama directories in and out, one parameter slice at a time.
+"""Hugging Face GPT-NeoX, Llama, Qwen2 and Mistral directories in and out, one parameter slice at a time.
 
 In: ``config.json`` (GPT-NeoX: transformers <5 ``rotary_pct``/``rotary_emb_base`` or >=5 ``rope_parameters``;
-Llama, or Mistral without a sliding window) becomes a :class:`NeoXConfig`; weights come from ``model.safetensors`` or the shards an index
+Llama with default or ``llama3`` rope, Qwen2, Mistral with its sliding window) becomes a
+:class:`NeoXConfig`; weights come from ``model.safetensors`` or the shards an index
 (``model.safetensors.index.json``) names, and each rank reads only the elements of each parameter its
 optimizer chunk holds (``safe_open(...).get_slice``: a few rows, never a whole file).
 

@@ -806,7 +806,7 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
     from zerotopo.checkpoint.dcpmeta import TensorMeta
 
     mpath = ckpt.path / MANIFEST
-    saved = ckpt.manifest["model"]
+    saved = asdict(ckpt.manifest["config"])  # fields added since the checkpoint at their defaults
     ours = asdict(cfg)
     diffs = [
         f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}"

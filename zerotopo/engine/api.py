@@ -203,7 +203,9 @@ def parallelize(
     torch's optimizer class and its arguments, and is a ``torch.optim.Optimizer``.
 
     ``units``: ``(name, module)`` pairs; by default each child of every ``nn.ModuleList`` and every other
-    top-level child with parameters, plus a root unit for parameters owned by none of them.
+    top-level child with parameters, plus a root unit for parameters owned by none of them. A parameter
+    two units use (tied embeddings) belongs to the first and is gathered with the second (see [Note: tied
+    parameters] in ``units.py``); a unit with no parameters of its own besides such a one is refused.
 
     [Note: shard-only start-up] ``module`` may be built on the meta device (``with torch.device("meta"):``).
     Its units are then materialized one at a time, in unit order: the unit's padded fp32 buffer is

@@ -12,6 +12,31 @@ ACTIVATIONS = ("gelu", "silu")
 ROPE_TYPES = ("default", "llama3")
 
 
+#: Fields added after runs were first saved, with the value every earlier run had: a run's identity
+#: (:func:`model_identity`) leaves them out at that value, so checkpoints written before they existed resume.
+LATER_FIELDS: dict[str, object] = {
+    "qkv_bias": None,
+    "rope_type": "default",
+    "rope_factor": 1.0,
+    "rope_low_freq_factor": 1.0,
+    "rope_high_freq_factor": 4.0,
+    "rope_original_max_position": 8192,
+    "sliding_window": None,
+}
+
+
+def model_identity(cfg: NeoXConfig) -> dict[str, object]:
+    """The fields that make two runs' models the same model (``checkpoint_activations`` and
+    :data:`LATER_FIELDS` at their earlier value left out)."""
+    from dataclasses import asdict
+
+    return {
+        k: v
+        for k, v in asdict(cfg).items()
+        if k != "checkpoint_activations" and not (k in LATER_FIELDS and v == LATER_FIELDS[k])
+    }
+
+
 def mlp_width(hidden_size: int, intermediate_size: int | None, multiple_of: int | None, style: str) -> int:
     """The MLP width (of each gate/up projection when gated) as GPT-NeoX derives it.
 

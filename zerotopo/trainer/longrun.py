@@ -116,10 +116,11 @@ def config_hash(args: NeoXArgs, cfg: NeoXConfig) -> str:
     the sequence length, the tokenizer and the data (file names, not directories, which may move)."""
     import hashlib
     import json
-    from dataclasses import asdict
+
+    from zerotopo.models.config import model_identity
 
     ident = {
-        "model": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_activations"},
+        "model": model_identity(cfg),
         "seq_length": args.seq_length,
         "tokenizer": args.tokenizer_type,
         "data": [os.path.basename(p) for p in args.data_path or ()],
