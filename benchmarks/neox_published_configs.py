@@ -241,7 +241,8 @@ def main() -> int:
                     trained, wall = train(files, cwd, data)
                     if same is not None and trained.startswith("trained"):
                         seen[same] = name
-            rows.append(f"| `{name}` | {with_} | {planned} | {trained} | {wall:.0f} |")
+            row = f"| `{name}` | {with_} | {planned} | {trained} | {wall:.0f} |"
+            rows.append(row.replace(f"{a.configs.resolve()}/", "").replace(f"{a.configs}/", ""))
             print(rows[-1], file=sys.stderr, flush=True)
     print("\n".join(rows))
     return 0

@@ -35,16 +35,18 @@ def test_changed_schedule_is_refused_by_default_naming_what_changed(tmp_path):
 
 def test_override_true_follows_the_config_with_a_notice(tmp_path):
     saved = {"lr_schedule": schedule_record(_args(tmp_path, ""), 40)}
-    _args(tmp_path, "")
-    args = load_neox_config(
-        [tmp_path / "c.yml"], {"override_lr_scheduler": True, "min_lr": 0.0, "train_iters": 80}
-    )
+    overrides = {"override_lr_scheduler": True, "min_lr": 0.0, "train_iters": 80}
+    args = load_neox_config([tmp_path / "c.yml"], overrides)
     notice = check_resumed_schedule(args, 80, saved, "ckpt/step_20")
-    assert (
-        "follows this config" in notice
-        and "min_lr 2e-05 -> 0.0" in notice
-        and "train_iters 40 -> 80" in notice
-    )
+    assert "follows this config" in notice and "min_lr 2e-05 -> 0.0" in notice
+    assert "lr_decay_iters 40 -> 80" in notice  # train_iters grew and the decay follows it
+
+
+def test_growing_train_iters_with_a_fixed_decay_resumes_under_the_default(tmp_path):
+    saved = {"lr_schedule": schedule_record(_args(tmp_path, "lr_decay_iters: 40\n"), 40)}
+    args = load_neox_config([tmp_path / "c.yml"], {"train_iters": 80})
+    assert not args.override_lr_scheduler
+    assert check_resumed_schedule(args, 80, saved, "ckpt/step_20") is None
 
 
 def test_a_checkpoint_without_a_record_follows_the_config_with_a_notice(tmp_path):

@@ -303,8 +303,8 @@ class NeoXArgs:
     override_lr_scheduler: bool = _key(c.boolean, False)
     """GPT-NeoX's switch between the config's schedule and the checkpoint's on a resume. zerotopo's schedule
     always follows the config's keys (what ``true`` asks for). ``false`` (NeoX's default) on a resume checks
-    that the schedule keys (``lr``, ``min_lr``, ``warmup``, ``lr_decay_iters``, ``lr_decay_style``,
-    ``train_iters``, ``scheduler``) are those the checkpoint was trained with, and refuses the run, naming
+    that the schedule keys (``lr``, ``min_lr``, ``warmup``, ``lr_decay_iters`` (``train_iters`` when not
+    set), ``lr_decay_style``, ``scheduler``) are those the checkpoint was trained with, and refuses the run, naming
     each that differs, where they are not, as NeoX does."""
     scheduler: dict[str, Any] | None = _key(c.optional(c.mapping))
     """DeepSpeed's ``scheduler`` block (``WarmupLR`` or ``WarmupDecayLR`` with their ``params``); when

@@ -16,14 +16,15 @@ from zerotopo.errors import ConfigError
 
 
 def schedule_record(args: NeoXArgs, iters: int) -> dict[str, Any]:
-    """The settings that fix the learning rate of every step, as a checkpoint records them."""
+    """The settings that fix the learning rate of every step, as a checkpoint records them (GPT-NeoX's
+    scheduler checks the same: peak and floor, warmup, decay length and style; ``train_iters`` may grow,
+    ``lr_decay_iters`` then follows it unless set)."""
     return {
         "lr": args.lr,
         "min_lr": args.min_lr,
         "warmup": args.warmup,
         "lr_decay_iters": args.decay_iters or iters,
         "lr_decay_style": args.lr_decay_style,
-        "train_iters": iters,
         "scheduler": args.scheduler,
     }
 
