@@ -47,7 +47,7 @@ import torch
 
 from zerotopo.comm import collectives as C
 from zerotopo.comm.mesh import Mesh
-from zerotopo.config.optimizers import spec_for
+from zerotopo.config.optimizers import is_muon, spec_for
 from zerotopo.engine.optim_torch import (
     TorchOnShards,
     _fused_supported,
@@ -193,7 +193,14 @@ class ShardedOptimizer(TorchOnShards):
     shards of every unit; ``param_groups[0]`` holds the hyperparameters (set ``param_groups[0]["lr"]``
     for a schedule, as with torch optimizers). ``states[name][i]`` is unit ``i``'s flat buffer of the
     per-element state ``name`` (Adam's ``exp_avg``, SGD's ``momentum_buffer``, ...), laid out as
-    ``master[i]``."""
+    ``master[i]``. ``optimizer="Muon"`` builds :class:`~zerotopo.engine.muon.MuonOnShards` instead."""
+
+    def __new__(cls, *args: Any, optimizer: str = "AdamW", **kwargs: Any) -> ShardedOptimizer:
+        if cls is ShardedOptimizer and is_muon(optimizer):
+            from zerotopo.engine.muon import MuonOnShards
+
+            cls = MuonOnShards
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -296,13 +303,19 @@ class ShardedOptimizer(TorchOnShards):
         norm = sq.sqrt().squeeze(0)
         coef = self._clip_coef(norm)
         self._host_steps += 1
+        if coef is not None:
+            for g in grads:
+                g.mul_(coef)
+        self._before_apply(grads)
         for i, u in enumerate(self.units):
-            if coef is not None:
-                grads[i].mul_(coef)
             self._apply(i, grads[i])
             self._gather_params(u, self.master[i], lazy=self.lazy_param_gather)
         self.runtime.invalidate_secondaries()
         return {"grad_norm": norm, "skipped": False, "loss_scale": 1.0}
+
+    def _before_apply(self, grads: list[torch.Tensor]) -> None:
+        """Work across units between clipping and the per-unit updates (none for elementwise types;
+        Muon's whole-matrix exchange, :mod:`zerotopo.engine.muon`)."""
 
     def _clip_coef(self, norm: torch.Tensor) -> torch.Tensor | None:
         if self.max_grad_norm is not None and self.max_grad_norm > 0:
