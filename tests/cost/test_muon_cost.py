@@ -67,5 +67,6 @@ def test_plan_cli_shows_muon_beside_adamw(capsys):
         ("mics", "Muon"),
     }
     adamw, muon = (next(r for r in rows if r[:2] == ["zero1", k]) for k in ("AdamW", "Muon"))
-    assert float(muon[2]) == pytest.approx(float(adamw[2]) * 16 / 12, abs=0.01)  # optimizer GiB (printed to 0.01)
+    # optimizer GiB, printed to 0.01
+    assert float(muon[2]) == pytest.approx(float(adamw[2]) * 16 / 12, abs=0.01)
     assert float(muon[5]) > float(adamw[5])  # step s
