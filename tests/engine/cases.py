@@ -81,7 +81,9 @@ def reference(
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     wd = opts.get("weight_decay", 0.0)
     groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
-    if "optimizer" in opts:  # torch's class the engine runs, with the hyperparameters the case gives it
+    if "make_optimizer" in opts:  # an optimizer (or several behind one step) built on the model
+        opt = opts["make_optimizer"](model)
+    elif "optimizer" in opts:  # torch's class the engine runs, with the hyperparameters the case gives it
         cls = getattr(torch.optim, opts["optimizer"])
         opt = cls(groups, lr=opts.get("lr", 1e-2), foreach=False, **opts.get("optimizer_params", {}))
     else:
@@ -191,10 +193,12 @@ def train_worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[dic
         loss_scale = opts.get("loss_scale", "dynamic")
         optimizer = ShardedOptimizer(
             model,
+            opts.get("optimizer", "AdamW"),
             lr=opts.get("lr", 1e-2),
             weight_decay=opts.get("weight_decay", 0.0),
             max_grad_norm=opts.get("max_grad_norm"),
             loss_scale=make_scaler(loss_scale, param_dtype, **(opts.get("loss_scale_options") or {})),
+            **(opts.get("optimizer_params") or {}),
         )
         out: dict[str, Any] = {"name": case.get("name", plan.name), "losses": [], "stats": [], "error": None}
         if opts.get("eager_params"):

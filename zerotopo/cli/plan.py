@@ -96,6 +96,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="layers per gather unit the planner may choose from, comma-separated (default 1, the "
         "engine's; larger units send larger messages and hold larger buffers)",
     )
+    parser.add_argument(
+        "--optimizer",
+        default=None,
+        help="adamw,muon: after the ranking, each plan under each optimizer side by side (Muon's state "
+        "bytes, Newton-Schulz time and exchange; see docs/optimizers.md)",
+    )
 
 
 def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -434,6 +440,11 @@ def run(args: argparse.Namespace) -> int:
         if advice:
             print()
             print(advice)
+        if args.optimizer:
+            from zerotopo.cli.plan_optim import optimizer_table, parse_kinds
+
+            print()
+            print(optimizer_table(est, topo, shape, options, parse_kinds(args.optimizer)))
         print(searched)
     return 0
 

@@ -151,7 +151,7 @@ REFUSED = {
 
 def supported() -> str:
     """The accepted names, as an error message lists them."""
-    return "Adam, " + ", ".join(s.name for s in SPECS.values())
+    return "Adam, " + ", ".join(s.name for s in SPECS.values()) + ", Muon"
 
 
 def spec_for(name: str) -> OptimizerSpec:
@@ -160,6 +160,10 @@ def spec_for(name: str) -> OptimizerSpec:
     key = ALIASES.get(key, key)
     if key in SPECS:
         return SPECS[key]
+    if key == "muon":
+        from zerotopo.config.muon import MUON
+
+        return MUON
     why = f"{REFUSED[key]}, so it cannot run on flat shards; " if key in REFUSED else ""
     raise ValueError(f"{why}expected one of {supported()} (torch's elementwise optimizers)")
 
@@ -203,3 +207,8 @@ class HyperparameterError(ValueError):
 def state_names() -> frozenset[str]:
     """Every per-element state name of the table (the checkpoint keys ``<state>/<parameter>``)."""
     return frozenset(n for spec in SPECS.values() for n, _ in spec.states)
+
+
+def is_muon(name: str) -> bool:
+    """Whether ``name`` is Muon (any case): the matrix optimizer of :mod:`zerotopo.config.muon`."""
+    return str(name).lower() == "muon"

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from zerotopo.comm import collectives as C
-from zerotopo.config.optimizers import spec_for
+from zerotopo.config.optimizers import is_muon, spec_for
 from zerotopo.engine.optim_torch import (
     TorchOnShards,
     _fused_supported,
@@ -215,7 +215,18 @@ class ShardedOptimizer(TorchOnShards, torch.optim.Optimizer):
     is taken as well). Its ``params`` are this rank's fp32 master chunks, one per unit (``master[i]``);
     ``states[name][i]`` is unit ``i``'s flat buffer of the per-element state ``name`` (Adam's
     ``exp_avg``, SGD's ``momentum_buffer``, ...), laid out as ``master[i]``. :meth:`step` returns
-    ``{"grad_norm", "skipped", "loss_scale"}``."""
+    ``{"grad_norm", "skipped", "loss_scale"}``.
+
+    ``optimizer_class`` ``torch.optim.Muon`` (or ``"Muon"``) builds
+    :class:`~zerotopo.engine.muon.MuonOnShards` instead: Muon on the layers' matrices and an elementwise
+    aux optimizer on the rest."""
+
+    def __new__(cls, model: Any = None, optimizer_class: Any = torch.optim.AdamW, *args: Any, **kwargs: Any):
+        if cls is ShardedOptimizer and is_muon(_optimizer_name(optimizer_class)):
+            from zerotopo.engine.muon import MuonOnShards
+
+            cls = MuonOnShards
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -345,13 +356,19 @@ class ShardedOptimizer(TorchOnShards, torch.optim.Optimizer):
         norm = sq.sqrt().squeeze(0)
         coef = self._clip_coef(norm)
         self._host_steps += 1
+        if coef is not None:
+            for g in grads:
+                g.mul_(coef)
+        self._before_apply(grads)
         for i, u in enumerate(self.units):
-            if coef is not None:
-                grads[i].mul_(coef)
             self._apply(i, grads[i])
             self._gather_params(u, self.master[i], lazy=self.lazy_param_gather)
         self.runtime.invalidate_secondaries()
         return {"grad_norm": norm, "skipped": False, "loss_scale": 1.0}
+
+    def _before_apply(self, grads: list[torch.Tensor]) -> None:
+        """Work across units between clipping and the per-unit updates (none for elementwise types;
+        Muon's whole-matrix exchange, :mod:`zerotopo.engine.muon`)."""
 
     def _clip_coef(self, norm: torch.Tensor) -> torch.Tensor | None:
         if self.max_grad_norm is not None and self.max_grad_norm > 0:

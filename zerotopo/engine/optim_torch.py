@@ -94,6 +94,10 @@ class TorchOnShards:
         """Adam's flat second moments per unit (``states["exp_avg_sq"]``)."""
         return self.states["exp_avg_sq"]
 
+    def _elementwise(self, slot: Any) -> bool:
+        """Whether the torch optimizer runs on ``slot``'s elements (every one; Muon keeps its matrices)."""
+        return True
+
     def _hyper(self) -> dict[str, Any]:
         """The hyperparameters torch's optimizer takes from ``param_groups[0]`` (weight decay per group)."""
         return {k: v for k, v in self.param_groups[0].items() if k not in ("params", "weight_decay")}
@@ -104,7 +108,7 @@ class TorchOnShards:
         and one without. None when the chunk has nothing trainable."""
         groups = []
         for decay in (True, False):
-            runs = u.runs(lambda s, d=decay: s.trainable and s.decay is d)
+            runs = u.runs(lambda s, d=decay: s.trainable and s.decay is d and self._elementwise(s))
             views = [self.master[i][a:b] for a, b in runs]
             self.pieces[i] += [(v, a) for v, (a, _) in zip(views, runs)]
             if views:

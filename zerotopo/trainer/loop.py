@@ -349,6 +349,8 @@ def open_run_dir(tr: Trainer) -> MetricsWriter:
         f"{micro} x {accum} micro x {tr.ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; "
         f"run dir {run_dir}"
     )
+    if hasattr(tr.optimizer, "describe"):  # Muon: which parameters each optimizer runs on
+        log.info(tr.optimizer.describe())
     return writer
 
 

@@ -1,0 +1,98 @@
+"""What Muon adds to a plan's step (see [Note: Muon on element shards] in ``zerotopo/engine/muon.py``):
+the Newton-Schulz FLOPs on the busiest owner of the ``optim`` group, its imbalance, the two bf16
+all-to-alls that carry each matrix's pieces to its owner and back, and the optimizer state bytes.
+
+The engine keeps the fp32 master and every state on the element shards, each laid out over the whole
+chunk, so the state bytes per parameter are ``4 × (1 + states)``: 16 with an AdamW aux (master, its two
+moments and Muon's momentum), against AdamW's 12. The parameter all-gather and the gradient
+reduce-scatter move the same bytes as under AdamW; the exchange is the extra traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerotopo.placement.layout import group_of, optim_range, padded_numel
+from zerotopo.placement.matrices import Matrix, assign_owners, exchange
+from zerotopo.placement.plan import Degrees
+from zerotopo.placement.schedule import group_tier
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import Topology
+
+#: Newton-Schulz runs in bf16 (torch's ``Muon``): priced at the device's peak × this efficiency unless a
+#: measured rate is given.
+NS_EFFICIENCY = 0.5
+
+
+def model_matrices(shape: ModelShape) -> list[Matrix]:
+    """The 2-D weights Muon updates, as the engine chooses them (every unit but the first and the last:
+    the layers), at their offsets in the units' flat buffers."""
+    out = []
+    units = shape.units()
+    for u, unit in enumerate(units[1:-1], start=1):
+        off = 0
+        for p in unit.params:
+            if len(p.shape) == 2:
+                out.append(Matrix(p.name, u, off, *p.shape))
+            off += p.numel
+    return out
+
+
+@dataclass(frozen=True)
+class MuonCost:
+    """Muon's share of one step on one rank of a plan."""
+
+    matrices: int
+    ns_flops: int
+    """Newton-Schulz FLOPs of the busiest owner per step."""
+    flops_imbalance: float
+    """Busiest owner over the mean (the step waits for the busiest)."""
+    exchange_bytes: int
+    """Bytes one rank sends per step in the two all-to-alls (bf16, padded to the largest pair)."""
+    exchange_tier: str | None
+    """The outermost tier the ``optim`` group crosses (None: one position, no exchange)."""
+    ns_s: float
+    exchange_s: float
+    state_bytes_per_param: int
+
+    @property
+    def seconds(self) -> float:
+        """Added to the step: the exchange and the owner's Newton-Schulz run one after the other."""
+        return self.ns_s + self.exchange_s
+
+
+def muon_cost(
+    shape: ModelShape,
+    d: Degrees,
+    topology: Topology,
+    *,
+    ns_steps: int = 5,
+    aux_states: int = 2,
+    efficiency: float = NS_EFFICIENCY,
+    achieved_tflops: float | None = None,
+) -> MuonCost:
+    """Muon's cost under degrees ``d`` for rank 0's ``optim`` group (every group is alike):
+    ``aux_states`` per-element states of the aux type (AdamW 2), ``achieved_tflops`` a measured bf16 rate
+    (else the device's peak × ``efficiency``). The exchange is priced at the crossed tier's per-device
+    bandwidth, not overlapped with anything."""
+    mats = model_matrices(shape)
+    own = assign_owners(mats, d.optim, steps=ns_steps)
+    members = group_of(0, d, "optim")
+    numels = [padded_numel(u.numel, d) for u in shape.units()]
+    ranges = [[optim_range(t, d, n) for n in numels] for t in members]
+    ex = exchange(mats, own.owners, ranges)
+    tier = group_tier(topology, d, "optim")
+    nbytes = 2 * ex.padded_bytes(2) if d.optim > 1 else 0
+    rate = (achieved_tflops or topology.device.peak_tflops * efficiency) * 1e12
+    busiest = max(own.flops) if own.flops else 0
+    link = topology.bandwidth_gbps(tier) * 1e9 if tier is not None else 0.0
+    return MuonCost(
+        matrices=len(mats),
+        ns_flops=busiest,
+        flops_imbalance=own.flops_imbalance,
+        exchange_bytes=nbytes,
+        exchange_tier=tier,
+        ns_s=busiest / rate,
+        exchange_s=nbytes / link if link else 0.0,
+        state_bytes_per_param=4 * (1 + aux_states + 1),
+    )
