@@ -16,8 +16,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from zerotopo.checkpoint.store import verify_checkpoint
 
+    # One piece at a time, each a few MB: one thread checks it at memory speed, while several spin
+    # against each other (and against a run that shares the node) between such short passes.
+    torch.set_num_threads(1)
     report = verify_checkpoint(args.checkpoint)
     note = (
         f"; {report.unchecked} pieces carry no checksum (written by an earlier zerotopo): dtype and size checked"
