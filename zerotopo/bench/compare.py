@@ -30,7 +30,7 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -1325,23 +1325,35 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotopo.bench.quiet import log_path, stdout_to
-
     opts = options_from_args(args)
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench compare"
+    report = emit(args, lambda: compare(opts, command=command), plot, format_report)
+    return 0 if report["losses_agree"] else 1
+
+
+def emit(
+    args: argparse.Namespace,
+    measure: Callable[[], dict[str, Any]],
+    draw: Callable[[dict[str, Any], str], Any],
+    text_of: Callable[[dict[str, Any]], str],
+) -> dict[str, Any]:
+    """Run ``measure`` and hand its report on as a bench command's flags say: ``--json`` prints the JSON
+    alone on stdout (the ranks' output goes to ``--log`` or a new log file, named on stderr), ``-o`` writes
+    it to a file, ``--plot`` draws it; otherwise ``text_of`` prints the table."""
+    from zerotopo.bench.quiet import log_path, stdout_to
+
     if args.json:
-        # stdout carries the JSON alone: the ranks' output goes to a log
         log = getattr(args, "log", None) or log_path()
         print(f"# rank output: {log}", file=sys.stderr)
         with stdout_to(log):
-            report = compare(opts, command=command)
+            report = measure()
     else:
-        report = compare(opts, command=command)
+        report = measure()
     text = json.dumps(report, indent=1, default=str)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text + "\n")
     if args.plot:
-        plot(report, args.plot)
-    print(text if args.json else format_report(report))
-    return 0 if report["losses_agree"] else 1
+        draw(report, args.plot)
+    print(text if args.json else text_of(report))
+    return report

@@ -21,7 +21,6 @@ predicted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import replace
@@ -204,8 +203,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotopo.bench.compare import CLOCK_BATCH, CLOCK_SEQ, CompareOptions
-    from zerotopo.bench.quiet import log_path, stdout_to
+    from zerotopo.bench.compare import CLOCK_BATCH, CLOCK_SEQ, CompareOptions, emit
 
     nodes = parse_nodes(args.nodes)
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
@@ -226,18 +224,10 @@ def run(args: argparse.Namespace) -> int:
                           timeout_s=args.timeout)  # fmt: skip
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench scale"
     curves = {"both": (None, *CURVES), "off": (None,)}.get(args.curves, (args.curves,))
-    if args.json:
-        log = args.log or log_path()
-        print(f"# rank output: {log}", file=sys.stderr)
-        with stdout_to(log):
-            report = scale(base, nodes, args.mode, args.micro_batches, command, curves=curves)
-    else:
-        report = scale(base, nodes, args.mode, args.micro_batches, command, curves=curves)
-    text = json.dumps(report, indent=1, default=str)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
-    if args.plot:
-        plot(report, args.plot)
-    print(text if args.json else format_scale(report))
+    report = emit(
+        args,
+        lambda: scale(base, nodes, args.mode, args.micro_batches, command, curves=curves),
+        plot,
+        format_scale,
+    )
     return 0 if all(e["losses_agree"] for e in report["counts"]) else 1

@@ -426,33 +426,20 @@ def write_save(pending: PendingSave, group: Any = None) -> Path:
     return final
 
 
-def save_checkpoint(
-    root: Path,
-    model,
-    optimizer,
-    *,
-    step: int,
-    consumed_samples: int,
-    cfg: NeoXConfig,
-    plan_name: str = "",
-    plan_label: str = "",
-    seed: int = 0,
-    tokenizer: dict[str, Any] | None = None,
-    config_hash: str = "",
-    lr_schedule: dict[str, Any] | None = None,
-) -> Path:
+def save_checkpoint(root: Path, model, optimizer, **manifest: Any) -> Path:
     """Collective: every rank writes its shards of ``step`` under ``root``; returns ``root/step_<step>``.
 
-    ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the run's tokenizer (files are copied);
-    ``config_hash``: the run's identity beside seed and plan (see :func:`check_identity`);
-    ``lr_schedule``: the settings of the learning-rate schedule, recorded for the resume's check. Raises
-    :class:`NonFiniteError` without writing anything when the optimizer state is not finite."""
-    pending = snapshot_save(
-        root, model, optimizer, step=step, consumed_samples=consumed_samples, cfg=cfg, plan_name=plan_name,
-        plan_label=plan_label, seed=seed, tokenizer=tokenizer, config_hash=config_hash,
-        lr_schedule=lr_schedule,
-    )  # fmt: skip
-    return write_save(pending)
+    ``manifest``: :func:`snapshot_save`'s keywords (``step`` and ``consumed_samples`` required; ``copy``
+    is refused, this save is synchronous). ``tokenizer``: ``{"type", "eod", "files": [paths]}`` of the
+    run's tokenizer (files are copied); ``config_hash``: the run's identity beside seed and plan (see
+    :func:`check_identity`); ``lr_schedule``: the settings of the learning-rate schedule, recorded for the
+    resume's check. Raises :class:`NonFiniteError` without writing anything when the optimizer state is
+    not finite."""
+    if manifest.get("copy"):
+        raise ValueError(
+            "save_checkpoint writes synchronously; use snapshot_save(copy=True) for a background save"
+        )
+    return write_save(snapshot_save(root, model, optimizer, **manifest))
 
 
 def settle_optimizer(

@@ -231,13 +231,21 @@ def table(est: list[PlanEstimate], topo: Topology, shape: ModelShape, options: C
                 "yes" if e.fits else "NO",
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = [
-        head,
-        "memory per device in GiB; max B: the largest model (billions of parameters) whose model states "
-        "fit a device (no buffers or activations); bytes each device sends per step in GB",
-        "",
-    ]
+    return columns(
+        [
+            head,
+            "memory per device in GiB; max B: the largest model (billions of parameters) whose model states "
+            "fit a device (no buffers or activations); bytes each device sends per step in GB",
+        ],
+        rows,
+    )
+
+
+def columns(head: list[str], rows: list[list[str]]) -> str:
+    """``head``'s lines, a blank line, then ``rows`` in columns: the first two left-aligned (names),
+    the rest right-aligned (figures)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [*head, ""]
     for r in rows:
         lines.append(
             "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))

@@ -8,6 +8,7 @@ both are added to the step time, not overlapped with anything.
 
 from __future__ import annotations
 
+from zerotopo.cli.plan import columns
 from zerotopo.cost.memory import GIB
 from zerotopo.cost.muon import muon_cost
 from zerotopo.cost.planner import CostOptions, PlanEstimate
@@ -66,15 +67,11 @@ def optimizer_table(
                 [e.name, "Muon" if kind == "muon" else "AdamW", f"{optim / GIB:.2f}", f"{total / GIB:.2f}",
                  "yes" if total <= limit else "NO", f"{e.time.step_time_s + extra:.3f}", *muon]
             )  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [
-        "optimizers side by side: optimizer state per device (AdamW 12 B/param, Muon + AdamW aux 16), the "
-        "step with Muon's Newton-Schulz on the busiest owner (bf16, 5 steps) and its exchange "
-        "(two bf16 all-to-alls in the optim group, padded to the largest pair) added",
-        "",
-    ]
-    for r in rows:
-        lines.append(
-            "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        )
-    return "\n".join(lines)
+    return columns(
+        [
+            "optimizers side by side: optimizer state per device (AdamW 12 B/param, Muon + AdamW aux 16), the "
+            "step with Muon's Newton-Schulz on the busiest owner (bf16, 5 steps) and its exchange "
+            "(two bf16 all-to-alls in the optim group, padded to the largest pair) added",
+        ],
+        rows,
+    )
