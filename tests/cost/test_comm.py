@@ -1,4 +1,4 @@
-"""Collectives per step against papers/003 Tables VII-VIII and papers/004's T_p, T_os, worked by hand.
+"""Collectives per step against Xu et al. Tables VII-VIII and Lins (Chen et al.)'s T_p, T_os, worked by hand.
 
 Units of ``U = 3·2^20`` elements split evenly over every degree used here (up to 384 ranks), so the
 unpadded counts are the papers' closed forms. Quantized payloads carry one 4-byte scale per block per

@@ -1,5 +1,5 @@
 """Gradient width: the plan's ``grad_dtype`` drives the cost model's memory and bytes, a NeoX config's
-default is DeepSpeed's (the parameter dtype), and ``zerotopo plan`` then reproduces papers/003's 2-node
+default is DeepSpeed's (the parameter dtype), and ``zerotopo plan`` then reproduces Xu et al.'s 2-node
 maximum model sizes (§II: ZeRO-3 about 68B, ZeRO++ about 55B on 16 GCDs of 64 GiB)."""
 
 from __future__ import annotations

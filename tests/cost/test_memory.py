@@ -1,4 +1,4 @@
-"""Memory per device against papers/003 Tables V-VI and papers/004 §IV-D, worked by hand."""
+"""Memory per device against Xu et al. Tables V-VI and Lins (Chen et al.) §IV-D, worked by hand."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_table_vi_gradient_shards_with_fp16_gradients(nodes):
 
 
 def test_lins_model_state_formula_for_every_nested_triple():
-    # papers/004 §IV-D: D_modelstate = 2Φ/s_p + 2Φ/s_g + 12Φ/s_os (fp16 params and grads, Adam in fp32)
+    # Lins (Chen et al.) §IV-D: D_modelstate = 2Φ/s_p + 2Φ/s_g + 12Φ/s_os (fp16 params and grads, Adam in fp32)
     t = load_topology("frontier", nodes=2)
     for plan in enumerate_plans(t, quantized=False, secondary=False):
         d = plan.degrees(t)

@@ -1,4 +1,4 @@
-"""The cost model against papers/003's published figures, fixed expectations with stated tolerances.
+"""The cost model against Xu et al.'s published figures, fixed expectations with stated tolerances.
 
 Nothing in the model was fitted to these figures: the Frontier bandwidth curves are the PCCL
 reproducer's published RCCL measurements (topologies/bandwidth/frontier.yaml), the overlap parameters
@@ -20,7 +20,7 @@ from zerotopo.cost.presets import COST_PRESETS
 from zerotopo.placement.plan import get_preset
 from zerotopo.placement.topology import load_topology
 
-# papers/003 §VI / Fig. 7, GPT-NeoX-20B on 384 GCDs (48 nodes), TFLOPS per GCD
+# Xu et al. §VI / Fig. 7, GPT-NeoX-20B on 384 GCDs (48 nodes), TFLOPS per GCD
 PAPER_ZEROPP_OVER_ZERO3 = 1.405  # "a 40.5% increase in TFLOPS per GPU over naive ZeRO-3"
 PAPER_TOPO_OVER_ZERO3 = 2.398  # "up to 139.8% ... increases in TFLOPS per GPU over ZeRO-3"
 PAPER_SCALING_EFFICIENCY = 0.94  # "a scaling efficiency of 0.94 for up to 384 GCDs"
@@ -37,7 +37,7 @@ def _plan_json(capsys, nodes: int) -> dict[str, dict]:
 
 
 def test_max_model_size_on_two_nodes_with_fp16_gradients():
-    # papers/003 §I: on 2 nodes (16 GCDs of 64 GB), mixed precision and Adam, "the max model size ZeRO++
+    # Xu et al. §I: on 2 nodes (16 GCDs of 64 GB), mixed precision and Adam, "the max model size ZeRO++
     # can support is around 55B, while ZeRO-3 can support around 68B" (model states only)
     t = load_topology("frontier", nodes=2)
     z3 = max_model_params(t, get_preset("zero3"), grad_bytes=2)
@@ -94,7 +94,7 @@ def test_secondary_partition_that_saves_nothing_is_flagged(capsys):
 
 
 def test_llama_7b_on_1024_a800_against_papers_004():
-    # papers/004 §VI-B: LLaMA-7B, sequence 4096, micro-batch 1, global batch 4M tokens (M = 128 on 8
+    # Lins (Chen et al.) §VI-B: LLaMA-7B, sequence 4096, micro-batch 1, global batch 4M tokens (M = 128 on 8
     # GPUs, 1 on 1024), bf16, no recomputation. MFU on 1024 GPUs: Lins 51%, DeepSpeed ZeRO-1 36%,
     # DeepSpeed MiCS 35%; on 8 GPUs ZeRO-1 reaches 63% (§II-A) and MiCS 50% (§III), so the compute
     # efficiency is set from the ZeRO-1 point (0.65), not from 1024. The baselines are priced on

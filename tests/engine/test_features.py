@@ -15,7 +15,7 @@ from zerotopo.placement.topology import load_topology
 
 pytestmark = pytest.mark.slow
 
-# papers/003's plan: int8 secondary partition per node (the copy is a quantization into fresh buffers).
+# Xu et al.'s plan: int8 secondary partition per node (the copy is a quantization into fresh buffers).
 HPZ = {"preset": "zerotopo", "name": "zerotopo"}
 DELAY_MS = 50.0
 # Stock ordering never waits, so a long delay costs nothing and keeps the race certain on a loaded machine.

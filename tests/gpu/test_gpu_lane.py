@@ -9,7 +9,7 @@ with CUDA tensors (NCCL refuses two ranks on one device). The checks that must s
 1. engine parity: every preset on CUDA matches the same ranks on CPU (1e-5 unquantized);
 2. ``torch.cuda.set_sync_debug_mode("error")`` around steady-state steps of every preset raises nothing;
 3. ``TORCH_CUDA_SANITIZER=1`` over steps with the secondary partition reports no unsynchronized access;
-4. the race of papers/000 on the device: the unordered hook with a delayed copy stream reads a stale
+4. the race of Dai et al. on the device: the unordered hook with a delayed copy stream reads a stale
    secondary partition (the loss leaves the reference); ``event`` and ``host`` match it;
 5. quantization kernels: compiled and reference bit-identical on the device and to the CPU reference,
    transient memory within the output size, throughput against the device's copy bandwidth;
@@ -270,7 +270,7 @@ def test_gpu_race_reproduced_and_ordered_schedules_exact() -> None:
         racy = torch.tensor(res["unordered"]["losses"])
         assert racy[0] == ref[0]  # the first forward reads no secondary partition
         # The backward read a partition the delayed copy had not written: the update and the loss leave the
-        # reference (as papers/000 saw it), whether or not the values turn non-finite.
+        # reference (as Dai et al. saw it), whether or not the values turn non-finite.
         assert not torch.allclose(racy[1:], ref[1:], rtol=1e-4, atol=0), (racy.tolist(), ref.tolist())
 
 

@@ -171,7 +171,7 @@ def papers_003(shape: ModelShape, base: CostOptions) -> list[Band]:
         "scaling": ("ZeRO-topo scaling efficiency, 16 to 384 GCDs (TFLOPS per GCD, Fig. 7)", topo, topo2),
     }
     return [
-        Band("papers/003", text, PAPER_003[key], tuple(zip(points, (a / b for a, b in zip(num, den)))))
+        Band("Xu et al.", text, PAPER_003[key], tuple(zip(points, (a / b for a, b in zip(num, den)))))
         for key, (text, num, den) in figures.items()
     ]
 
@@ -195,7 +195,7 @@ def papers_004() -> tuple[list[Band], Ranking]:
     labels = {"lins": "Lins", "deepspeed-zero1": "DeepSpeed ZeRO-1", "deepspeed-mics": "DeepSpeed MiCS"}
     bands = [
         Band(
-            "papers/004", f"{labels[n]} MFU on 1,024 A800s (§VI-B)", PAPER_004[n], tuple(zip(points, mfu[n]))
+            "Lins (Chen et al.)", f"{labels[n]} MFU on 1,024 A800s (§VI-B)", PAPER_004[n], tuple(zip(points, mfu[n]))
         )
         for n in PAPER_004
     ]
@@ -204,7 +204,7 @@ def papers_004() -> tuple[list[Band], Ranking]:
         tuple(sorted(PAPER_004, key=lambda n: mfu[n][i], reverse=True)) for i in range(len(points))
     ]
     ranking = Ranking(
-        "papers/004",
+        "Lins (Chen et al.)",
         "ranking by MFU on 1,024 A800s (§VI-B)",
         order,
         tuple(p for p, o in zip(points, model_orders) if o == order),
@@ -241,21 +241,21 @@ def validate() -> tuple[list[Band], Ranking]:
 def report(bands: list[Band], ranking: Ranking) -> str:
     """The plain-text report ``zerotopo plan --validate papers`` prints."""
     lines = [
-        "papers/003: GPT-NeoX-20B on Frontier (configs/neox-20b.yml, one micro-batch per step); DeepSpeed "
+        "Xu et al.: GPT-NeoX-20B on Frontier (configs/neox-20b.yml, one micro-batch per step); DeepSpeed "
         "ZeRO-3, ZeRO++ and the paper's placement on DeepSpeed (cost presets deepspeed-zero3, "
         "deepspeed-zeropp, deepspeed-zerotopo) at 48 nodes, and at 2 for the scaling; bands over "
         f"micro-batch {MICRO_BATCHES[0]}-{MICRO_BATCHES[-1]}, efficiency {EFFICIENCIES[0]:g}-"
         f"{EFFICIENCIES[-1]:g} and the curve sets {', '.join(CURVE_SETS)} "
         f"({len(MICRO_BATCHES) * len(EFFICIENCIES) * len(CURVE_SETS)} inputs)",
     ]
-    lines += [f"  {b.line(3)}" for b in bands if b.paper == "papers/003"]
+    lines += [f"  {b.line(3)}" for b in bands if b.paper == "Xu et al."]
     lines += [
-        "papers/004: LLaMA-7B (sequence 4096, micro-batch 1, bf16, no recomputation) on 128 A800 nodes; "
+        "Lins (Chen et al.): LLaMA-7B (sequence 4096, micro-batch 1, bf16, no recomputation) on 128 A800 nodes; "
         "Lins (p=1 g=1 o=8, all-reduce) on the engine's schedule, DeepSpeed ZeRO-1 and MiCS on DeepSpeed's; "
         "no measured curves (alpha-beta); bands over efficiency "
         f"{EFFICIENCIES[0]:g}-{EFFICIENCIES[-1]:g}",
     ]
-    lines += [f"  {b.line(3)}" for b in bands if b.paper == "papers/004"]
+    lines += [f"  {b.line(3)}" for b in bands if b.paper == "Lins (Chen et al.)"]
     lines.append(f"  {ranking.line()}")
     inside = sum(b.inside for b in bands)
     lines.append(f"{inside} of {len(bands)} published figures inside the model's band")

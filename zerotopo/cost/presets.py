@@ -125,7 +125,7 @@ COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
             PRESETS["zero3"],
             name="deepspeed-zero3",
             grad_dtype="param",
-            description="DeepSpeed ZeRO-3 as papers/003 ran it: per-module gathers, fp16 gradient buckets",
+            description="DeepSpeed ZeRO-3 as Xu et al. ran it: per-module gathers, fp16 gradient buckets",
         ),
         DEEPSPEED,
     ),
@@ -155,7 +155,7 @@ COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
             name="deepspeed-zerotopo",
             grad_dtype="param",
             grad_reduce="allreduce",
-            description="papers/003 as it ran: weights on 2 GCDs (int8 secondary per node), gradients per "
+            description="Xu et al. as it ran: weights on 2 GCDs (int8 secondary per node), gradients per "
             "node all-reduced across nodes per reduce bucket then select-and-drop, optimizer over the job, "
             "on DeepSpeed's per-module schedule",
         ),

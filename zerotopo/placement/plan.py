@@ -265,7 +265,7 @@ PRESETS: dict[str, Plan] = {
         secondary_dtype="int8",
         quantize_weights=True,
         quantize_grads=True,
-        description="papers/003: weights on a package's GCDs, int8 secondary per node, "
+        description="Xu et al.: weights on a package's GCDs, int8 secondary per node, "
         "gradients per node, optimizer states over the job",
     ),
     "zerotopo-pkg": Plan(
