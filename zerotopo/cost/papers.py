@@ -195,7 +195,10 @@ def papers_004() -> tuple[list[Band], Ranking]:
     labels = {"lins": "Lins", "deepspeed-zero1": "DeepSpeed ZeRO-1", "deepspeed-mics": "DeepSpeed MiCS"}
     bands = [
         Band(
-            "Lins (Chen et al.)", f"{labels[n]} MFU on 1,024 A800s (§VI-B)", PAPER_004[n], tuple(zip(points, mfu[n]))
+            "Lins (Chen et al.)",
+            f"{labels[n]} MFU on 1,024 A800s (§VI-B)",
+            PAPER_004[n],
+            tuple(zip(points, mfu[n])),
         )
         for n in PAPER_004
     ]
