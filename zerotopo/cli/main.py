@@ -37,8 +37,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("zerotopo.cli.calibrate", "measure per-tier bandwidth and latency for the cost model"),
     "export-hf": (
         "zerotopo.cli.export",
-        "write a checkpoint as a Hugging Face directory (sharded safetensors): GPTNeoXForCausalLM, or "
-        "LlamaForCausalLM for Llama- and Mistral-style models",
+        "write a checkpoint as a Hugging Face directory (sharded safetensors): GPTNeoXForCausalLM, "
+        "LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM, after the model's family",
     ),
     "env": ("zerotopo.cli.env", "show what rank discovery found and warn about bad settings"),
     "export": (

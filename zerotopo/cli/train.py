@@ -96,8 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from-hf",
         metavar="DIR",
-        help="start from a Hugging Face model directory (config.json + safetensors) of GPT-NeoX, Llama or "
-        "Mistral (model_type gpt_neox, llama, mistral): its config.json sets the architecture, each rank reads "
+        help="start from a Hugging Face model directory (config.json + safetensors) of GPT-NeoX, Llama, "
+        "Mistral or Qwen2 (model_type gpt_neox, llama, mistral, qwen2): its config.json sets the architecture, each rank reads "
         "only its slices of the weights",
     )
     p.add_argument("--run-dir", help="directory for metrics.csv, plots, summary (default runs/<time>-<plan>)")
