@@ -55,9 +55,11 @@ def test_resume_summary_covers_the_whole_run_and_a_changed_schedule_needs_overri
     assert summary["wall_s_total"] == pytest.approx(first["wall_s"] + summary["wall_s"])
     assert [r["step"] for r in read_metrics(run / "metrics.csv") if r["kind"] == "train"] == [1, 2, 3, 4]
     assert "4 steps (2 after resuming at step 2)" in out
-    # another peak rate: refused before any rank starts (NeoX's default override_lr_scheduler: false) ...
+    # another peak rate: refused before any rank starts under NeoX's override_lr_scheduler: false ...
     load = "load=" + str(tmp_path / "save")
-    code, out = train("train_iters=6", "lr_decay_iters=2", "optimizer.params.lr=0.01", load)
+    code, out = train(
+        "train_iters=6", "lr_decay_iters=2", "optimizer.params.lr=0.01", load, "override_lr_scheduler=false"
+    )
     assert code == 2 and "lr 0.001 -> 0.01" in out and "override_lr_scheduler: true" in out
     # ... and followed, with a notice, when the config says so
     code, out = train(

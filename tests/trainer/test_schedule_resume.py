@@ -23,14 +23,23 @@ def test_same_schedule_resumes_under_either_setting(tmp_path):
         assert check_resumed_schedule(args, 40, manifest, "ckpt/step_20") is None
 
 
-def test_changed_schedule_is_refused_by_default_naming_what_changed(tmp_path):
+def test_changed_schedule_is_refused_under_neox_false_naming_what_changed(tmp_path):
     saved = {"lr_schedule": schedule_record(_args(tmp_path, ""), 40)}
-    changed = _args(tmp_path, "lr_decay_style: cosine\nwarmup: 0.1\n")
+    changed = _args(tmp_path, "lr_decay_style: cosine\nwarmup: 0.1\noverride_lr_scheduler: false\n")
     with pytest.raises(ConfigError) as exc:
         check_resumed_schedule(changed, 40, saved, "ckpt/step_20")
     text = str(exc.value)
     assert "lr_decay_style 'linear' -> 'cosine'" in text and "warmup 0.01 -> 0.1" in text
     assert "override_lr_scheduler: true" in text and "ckpt/step_20" in text
+
+
+def test_changed_schedule_follows_the_config_with_a_notice_when_the_key_is_not_set(tmp_path):
+    saved = {"lr_schedule": schedule_record(_args(tmp_path, ""), 40)}
+    args = load_neox_config([tmp_path / "c.yml"], {"train_iters": 80})
+    assert args.override_lr_scheduler is None
+    notice = check_resumed_schedule(args, 80, saved, "ckpt/step_20")
+    assert "follows this config" in notice and "lr_decay_iters 40 -> 80" in notice
+    assert "override_lr_scheduler: false" in notice  # how to get NeoX's refusal
 
 
 def test_override_true_follows_the_config_with_a_notice(tmp_path):

@@ -300,12 +300,14 @@ class NeoXArgs:
     """Fraction of ``lr_decay_iters`` spent warming up linearly from 0."""
     min_lr: float = _key(c.number(0.0), 0.0)
     """Learning rate at the end of decay."""
-    override_lr_scheduler: bool = _key(c.boolean, False)
+    override_lr_scheduler: bool | None = _key(c.optional(c.boolean))
     """GPT-NeoX's switch between the config's schedule and the checkpoint's on a resume. zerotopo's schedule
     always follows the config's keys (what ``true`` asks for). ``false`` (NeoX's default) on a resume checks
     that the schedule keys (``lr``, ``min_lr``, ``warmup``, ``lr_decay_iters`` (``train_iters`` when not
     set), ``lr_decay_style``, ``scheduler``) are those the checkpoint was trained with, and refuses the run, naming
-    each that differs, where they are not, as NeoX does."""
+    each that differs, where they are not, as NeoX does. Not set: the schedule follows the config, and a
+    resume whose schedule keys differ from the checkpoint's says which (zerotopo's behaviour before it read
+    this key, kept so that a run resumed with more ``train_iters`` continues)."""
     scheduler: dict[str, Any] | None = _key(c.optional(c.mapping))
     """DeepSpeed's ``scheduler`` block (``WarmupLR`` or ``WarmupDecayLR`` with their ``params``); when
     given it sets the learning rate instead of ``lr_decay_style``/``warmup``/``min_lr``, as in DeepSpeed."""

@@ -46,6 +46,12 @@ DIFFERS_FROM_NEOX: dict[str, tuple[Any, str]] = {
         "Adam",
         "AdamW trains the same: NeoX's Adam is FusedAdam in its default AdamW mode (decoupled weight decay)",
     ),
+    "override_lr_scheduler": (
+        False,
+        "not set means the schedule follows the config on a resume and a notice names the keys that differ "
+        "from the checkpoint's (a run resumed with more train_iters continues); set false for NeoX's check, "
+        "which refuses such a resume",
+    ),
     "wandb_host": ("https://api.wandb.ai", "not set means wandb's own server, which is that address"),
 }
 

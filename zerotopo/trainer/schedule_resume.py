@@ -4,7 +4,8 @@ zerotopo's schedule is a function of the config's keys and the step, so a resume
 checkpoint's schedule exactly when those keys are the checkpoint's. Each checkpoint records them
 (``lr_schedule`` in its manifest). On a resume, ``override_lr_scheduler: true`` follows the config's keys
 (a notice names what changed); ``false``, GPT-NeoX's default, refuses a run whose keys differ from the
-checkpoint's, naming each, as GPT-NeoX's ``AnnealingLR`` does when it loads a checkpoint.
+checkpoint's, naming each, as GPT-NeoX's ``AnnealingLR`` does when it loads a checkpoint. Not set, the
+schedule follows the config with the same notice (zerotopo's default, see config/neox_defaults.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def check_resumed_schedule(args: NeoXArgs, iters: int, manifest: dict[str, Any],
     """Compare this run's schedule with the one recorded in a checkpoint's ``manifest``.
 
     Returns a notice for rank 0 (None: nothing to say). Raises :class:`ConfigError` when the schedule
-    differs and ``override_lr_scheduler`` is false."""
+    differs and ``override_lr_scheduler`` is set to false."""
     saved = manifest.get("lr_schedule")
     if not isinstance(saved, dict):
         return (
@@ -44,6 +45,11 @@ def check_resumed_schedule(args: NeoXArgs, iters: int, manifest: dict[str, Any],
     diffs = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in mine.items() if _differs(saved.get(k), v)]
     if not diffs:
         return None
+    if args.override_lr_scheduler is None:
+        return (
+            f"the learning-rate schedule follows this config, not {where}: {', '.join(diffs)} (set "
+            "override_lr_scheduler: false to refuse such a resume, as GPT-NeoX does)"
+        )
     if args.override_lr_scheduler:
         return f"override_lr_scheduler: the schedule follows this config, not {where}: {', '.join(diffs)}"
     raise ConfigError(
