@@ -38,7 +38,7 @@ from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 from zerotopo.comm import collectives as C
 from zerotopo.config.muon import run_spec, split_hyperparameters
-from zerotopo.engine.optim import LossScaler, ShardedOptimizer, make_scaler
+from zerotopo.engine.optim import LossScaler, ShardedOptimizer, make_scaler, shard_state
 from zerotopo.engine.optim_torch import resolve_optimizer
 from zerotopo.engine.units import FlatUnit, ParamSlot, default_no_decay
 from zerotopo.errors import ZerotopoError
@@ -74,11 +74,7 @@ class MuonOnShards(ShardedOptimizer):
         loss_scale: LossScaler | str | float | None = "dynamic",
         **hyperparameters: Any,
     ) -> None:
-        state = getattr(model, "_zerotopo", None)
-        if state is None:
-            raise ZerotopoError(
-                f"ShardedOptimizer takes a model sharded by zerotopo.engine.parallelize, got {type(model).__name__}"
-            )
+        state = shard_state(model)
         scaler = (
             loss_scale if isinstance(loss_scale, LossScaler) else make_scaler(loss_scale, state.param_dtype)
         )

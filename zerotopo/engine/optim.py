@@ -240,11 +240,7 @@ class ShardedOptimizer(TorchOnShards, torch.optim.Optimizer):
         loss_scale: LossScaler | str | float | None = "dynamic",
         **hyperparameters: Any,
     ) -> None:
-        state = getattr(model, "_zerotopo", None)
-        if state is None:
-            raise ZerotopoError(
-                f"ShardedOptimizer takes a model sharded by zerotopo.engine.parallelize, got {type(model).__name__}"
-            )
+        state = shard_state(model)
         if state.optimizer is not None:
             raise ZerotopoError("this model already has a ShardedOptimizer; build one per parallelized model")
         units, mesh, runtime = state.units, state.mesh, state.runtime
@@ -556,6 +552,16 @@ def _by_unit(sd: dict[str, Any]) -> dict[str, Any]:
         "loss_scaler": sd.get("loss_scaler"),
         "units": units,
     }
+
+
+def shard_state(model: Any) -> Any:
+    """What :func:`~zerotopo.engine.api.parallelize` attached to ``model``; a clear error for any other."""
+    state = getattr(model, "_zerotopo", None)
+    if state is None:
+        raise ZerotopoError(
+            f"ShardedOptimizer takes a model sharded by zerotopo.engine.parallelize, got {type(model).__name__}"
+        )
+    return state
 
 
 def _optimizer_name(optimizer_class: type[torch.optim.Optimizer] | str) -> str:
