@@ -340,6 +340,7 @@ def snapshot_save(
     otherwise, nothing written). ``copy``: the shards are copied off the optimizer's buffers (host memory),
     so the next step may change them while a background writer persists the copy."""
     root = Path(root)
+    optimizer.sync_shards()  # state held elsewhere (Muon's matrix owners) into the per-parameter chunks
     check_finite_state(optimizer, step=step, root=root)
     rank, world = dist.get_rank(), dist.get_world_size()
     manifest = _manifest(

@@ -456,6 +456,75 @@ def all_to_all(
     )  # fmt: skip
 
 
+def all_to_all_uneven(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    out_splits: Sequence[int],
+    in_splits: Sequence[int],
+    group: Any,
+    **options: Unpack[RunOptions],
+) -> Pending | None:
+    """All-to-all with a count per pair, no padding: ``inp`` is ``in_splits[j]`` elements for position
+    ``j`` after one another (position order), ``out`` receives ``out_splits[j]`` elements from position
+    ``j`` in the same way; position ``j``'s ``in_splits`` entry for this rank must equal this rank's
+    ``out_splits[j]``. The ledger records the elements that leave this rank (its own chunk stays)."""
+    d = group.size
+    if len(out_splits) != d or len(in_splits) != d or min((*out_splits, *in_splits), default=0) < 0:
+        raise ValueError(
+            f"all_to_all_uneven: need one non-negative count per position of a group of {d}, got "
+            f"{list(in_splits)} to send and {list(out_splits)} to receive"
+        )
+    if inp.numel() != sum(in_splits) or out.numel() != sum(out_splits) or out.dtype != inp.dtype:
+        raise ValueError(
+            f"all_to_all_uneven: input ({inp.numel()} {inp.dtype}) and output ({out.numel()} {out.dtype}) "
+            f"must hold the {sum(in_splits)} and {sum(out_splits)} elements the counts name, in one dtype"
+        )
+    sent = sum(n for j, n in enumerate(in_splits) if j != group.position)
+    return run_collective(
+        "all_to_all", group, out, numel=inp.numel(), nbytes=sent * inp.element_size(), dtype=inp.dtype,
+        issue=lambda: _issue_all_to_all_uneven(out, inp, list(out_splits), list(in_splits), group),
+        **options,
+    )  # fmt: skip
+
+
+def _issue_all_to_all_uneven(
+    out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any
+) -> tuple[Any, list[Finish]]:
+    """torch's ``all_to_all_single`` with split sizes (gloo has it); a group that torch numbers otherwise
+    than by position sends and receives its chunks in torch's order, put back in position order on finish."""
+    out_f, inp_f = _flat(out, "all_to_all output"), _flat(inp, "all_to_all input")
+    if group.size == 1:
+        out_f.copy_(inp_f)
+        return None, []
+    if _in_order(group):
+        send, recv, finish = inp_f, out_f, []
+        o_pg, i_pg = out_splits, in_splits
+    else:
+        by_pg = sorted(range(group.size), key=lambda p: group.pg_ranks[p])  # positions in torch's order
+        chunks = inp_f.split(in_splits)
+        send = torch.cat([chunks[p] for p in by_pg])
+        o_pg, i_pg = [out_splits[p] for p in by_pg], [in_splits[p] for p in by_pg]
+        recv = torch.empty_like(out_f)
+
+        def unpermute() -> None:
+            pieces = dict(zip(by_pg, recv.split(o_pg)))
+            torch.cat([pieces[p] for p in range(group.size)], out=out_f)
+
+        finish = [unpermute]
+
+    def native() -> Any:
+        return dist.all_to_all_single(recv, send, o_pg, i_pg, group=group.pg, async_op=True)
+
+    def fallback() -> Any:
+        w = send.element_size()
+        return dist.all_to_all_single(
+            _bits(recv), _bits(send), [n * w for n in o_pg], [n * w for n in i_pg], group=group.pg,
+            async_op=True,
+        )  # fmt: skip
+
+    return _native_or_fallback(group, "all_to_all", out_f.dtype, native, fallback), finish
+
+
 def broadcast(
     t: torch.Tensor,
     src_position: int,

@@ -137,7 +137,9 @@ class ShardedModule:
     def memory_report(self) -> dict[str, int]:
         """Bytes this rank holds per model state: ``params``, ``secondary``, ``grads``, ``optim``."""
         secondary = sum(u.secondary_bytes() for u in self.units)
-        return memory_bytes(self.units, secondary, self._optimizer.bytes_per_element)
+        out = memory_bytes(self.units, secondary, self._optimizer.bytes_per_element)
+        out["optim"] += self._optimizer.owned_bytes  # Muon: the matrices this rank owns
+        return out
 
     def unit_numels(self) -> list[int]:
         """Unpadded element counts of the units in forward order (the cost model's input)."""
@@ -186,6 +188,7 @@ class ShardedModule:
             lo, hi = u.p_range
             u.settle_params()  # an update in flight must not land over the loaded weights
             u.param_shard.copy_(flat[lo:hi])
+        opt.shards_written()  # Muon: the owners take the loaded matrices
         self._runtime.invalidate_secondaries()
 
 

@@ -1,25 +1,39 @@
 """Muon on the sharded optimizer: torch's ``Muon`` update on the 2-D weight matrices of the layers,
-with whole-matrix Newton-Schulz owners inside the ``optim`` group, and an elementwise aux optimizer
+each matrix's state held whole by one owner inside the ``optim`` group, and an elementwise aux optimizer
 (AdamW by default) on everything else (see [Note: the Muon split] in :mod:`zerotopo.config.muon`).
 
-[Note: Muon on element shards] torch's ``Muon`` step of a matrix ``W`` with gradient ``G`` is::
+[Note: Muon with owner-held state] Each matrix has one owner in the ``optim`` group
+(:func:`zerotopo.placement.matrices.assign_owners`: Newton-Schulz FLOPs balanced, then bytes), which
+holds its fp32 master and its ``momentum_buffer`` whole (``owned_master[k]``, ``owned_momentum[k]``,
+shape ``(rows, cols)``) and runs torch's own ``Muon`` step on them. A step, after the gradient
+reduction and clipping:
 
-    B ← B.lerp(G, 1 - μ)                      (momentum, elementwise)
-    U ← G.lerp(B, μ) if nesterov else B       (elementwise)
-    O ← NS(bf16(U))                           (Newton-Schulz: needs the whole matrix)
-    W ← W·(1 - lr·λ);  W ← W - lr·adjust(shape)·O   (elementwise)
+1. every position sends its fp32 gradient pieces of each matrix to the owner (one all-to-all over the
+   ``optim`` group, each pair exactly its pieces: :func:`zerotopo.comm.collectives.all_to_all_uneven`);
+2. the owner runs ``torch.optim.Muon`` on the whole matrices it owns (momentum, Newton-Schulz in bf16,
+   weight decay, update of the whole fp32 master): the same operations on the same inputs as the
+   single-process reference;
+3. the owner sends the updated fp32 weights back to the positions that hold the matrix's elements (the
+   reverse all-to-all), which write them into their master chunk ``master[i]``.
 
-Only ``NS`` needs the whole matrix, and its input is cast to bf16 before anything else. So the fp32
-master ``W`` and the momentum ``B`` stay on the element shards (``master[i]`` and
-``states["momentum_buffer"][i]``, laid out as every state is, so checkpoints, resharding and export
-treat them like any optimizer's: stored per parameter); each position computes ``U`` on its pieces,
-sends them in bf16 to the matrix's owner (one all-to-all over the ``optim`` group), the owner runs
-torch's own Newton-Schulz on the whole matrix, and sends ``O`` (bf16) back (a second all-to-all); each
-position applies the elementwise update to its pieces. Owners are assigned by
-:func:`zerotopo.placement.matrices.assign_owners` (balanced Newton-Schulz FLOPs). Every value is computed
-by the same operations on the same inputs as torch's single-process ``Muon``. The parameter all-gather
-after the step is unchanged; the two all-to-alls are the extra traffic, ``(o - 1) × width`` bf16
-elements each way per rank (:class:`~zerotopo.placement.matrices.Exchange`).
+fp32 both ways is the cheapest choice that keeps the rest unchanged: the momentum update needs the fp32
+gradient (the Newton-Schulz input is computed from it on the owner), and the chunk ``master[i]`` is what
+the parameter all-gather casts and sends, what exports read and what checkpoints store as the weights,
+so receiving the exact fp32 values leaves the all-gather, exports and the checkpoint's weights as they
+are (returning bf16 would halve that direction but leave ``master[i]`` rounded, and every reader of it
+would have to ask the owners instead). The per-rank traffic is
+:meth:`~zerotopo.placement.matrices.Exchange.step_bytes`: 4 bytes per matrix element a position sends to
+other owners, plus 4 per element of its own matrices the others hold.
+
+Memory, per rank: the element chunks keep ``master[i]`` and every state buffer over the whole chunk, as
+for an elementwise type (``4 × (1 + states)`` bytes per chunk element, 16 with an AdamW aux), and the
+owner adds 8 bytes per element it owns (master and momentum); :meth:`MuonOnShards.state_bytes` and the
+start line report both and the owners' imbalance. The chunk's ``momentum_buffer`` over a matrix is the
+checkpoint's per-parameter layout, not the running state: :meth:`MuonOnShards.sync_shards` (collective)
+copies the owners' momentum into it before a save, and loading (``load_state_dict``, which the
+checkpoint load and a Hugging Face or NeoX import end with) hands the chunks' master and momentum to
+the owners. So checkpoints, resharding to another world size or ``optim`` degree, ``ckpt verify`` and
+export store and read every state per parameter, whatever the assignment.
 
 A fused matrix (NeoX's ``query_key_value``, a gated MLP's fused up projection) is orthogonalized as
 stored, one matrix, as torch's ``Muon`` does for the same module.
@@ -34,7 +48,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 from zerotopo.comm import collectives as C
 from zerotopo.config.muon import run_spec, split_hyperparameters
@@ -60,7 +73,10 @@ class MuonOnShards(ShardedOptimizer):
     type and its hyperparameters (its ``lr`` is scaled by ``lr`` over the peak ``lr`` given here, so a
     schedule that sets ``param_groups[0]["lr"]`` moves both). ``states`` holds the aux type's states and
     ``momentum_buffer``, each a flat buffer per unit laid out as ``master``; ``owners`` and ``ownership``
-    say which position of the ``optim`` group orthogonalizes each matrix."""
+    say which position of the ``optim`` group owns each matrix, ``owned_master`` and ``owned_momentum``
+    (matrix index to ``(rows, cols)`` fp32 tensor) the state of the matrices this rank owns (see
+    [Note: Muon with owner-held state]). :meth:`state_dict` and :meth:`load_state_dict` are collective
+    over the ``optim`` group (the owners' state moves to and from the chunks)."""
 
     def __init__(
         self,
@@ -107,6 +123,7 @@ class MuonOnShards(ShardedOptimizer):
         self.defaults = {k: v for k, v in group.items() if k != "params"}
         self.states.setdefault("momentum_buffer", [torch.zeros_like(m) for m in self.master])
         self._plan_exchange()
+        self.shards_written()
 
     # -- the split ----------------------------------------------------------------------------------------
     def _elementwise(self, slot: Any) -> bool:
@@ -138,20 +155,44 @@ class MuonOnShards(ShardedOptimizer):
         n_mat = sum(s.numel for _, s in self.matrices)
         n_all = sum(s.numel for u in self.units for s in u.slots if s.trainable)
         own = self.ownership
+        mem = self.state_bytes()
         return (
             f"optimizer Muon (lr {g['lr']:g}, weight decay {g['weight_decay']:g}, momentum {g['momentum']:g}, "
             f"{g['ns_steps']} Newton-Schulz steps, adjust_lr_fn {g['adjust_lr_fn'] or 'original'}) on "
             f"{len(self.matrices)} matrices ({n_mat / 1e6:.3f}M of {n_all / 1e6:.3f}M parameters: "
             f"{', '.join(s.name for _, s in self.matrices[:3])}{', ...' if len(self.matrices) > 3 else ''}); "
             f"{aux['type']} (lr {aux['lr']:g}, weight decay {aux['weight_decay']:g}) on the other "
-            f"{(n_all - n_mat) / 1e6:.3f}M (embedding, head, norms, biases); Newton-Schulz owners over "
-            f"{len(own.flops)} optimizer positions, FLOPs imbalance {own.flops_imbalance:.2f}, "
-            f"exchange {self.exchange.width} elements per pair"
+            f"{(n_all - n_mat) / 1e6:.3f}M (embedding, head, norms, biases); matrix owners over "
+            f"{len(own.flops)} optimizer positions, imbalance (max/mean) FLOPs {own.flops_imbalance:.2f}, "
+            f"bytes {own.bytes_imbalance:.2f}; optimizer state on this rank {mem['per_param']:.2f} bytes per "
+            f"parameter ({mem['shards'] / 2**20:.2f} MiB on the element shards, {mem['owned'] / 2**20:.2f} MiB "
+            f"owned); exchange {self.exchange.step_bytes(self._me) / 2**20:.2f} MiB per step from this rank"
         )
 
-    # -- the whole-matrix exchange ------------------------------------------------------------------------
+    def state_bytes(self) -> dict[str, float]:
+        """This rank's optimizer-state bytes: ``shards`` (the element chunks: master and every state
+        buffer), ``owned`` (the owned matrices' fp32 master and momentum), and ``per_param``: their sum
+        per model parameter over the ``optim`` group's size (the bytes per parameter this rank holds,
+        to compare with an elementwise type's ``bytes_per_element``)."""
+        shards = sum(t.numel() * t.element_size() for t in (*self.master, *self._state_tensors()))
+        owned = self.owned_bytes
+        n_all = sum(u.numel for u in self.units)
+        per_param = (shards + owned) * self.degrees.optim / n_all if n_all else 0.0
+        return {"shards": shards, "owned": owned, "per_param": per_param}
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return [t for bufs in self.states.values() for t in bufs]
+
+    @property
+    def owned_bytes(self) -> int:
+        """Bytes of the owned matrices' state on this rank (fp32 master and momentum)."""
+        tensors = (*self.owned_master.values(), *self.owned_momentum.values())
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # -- the owners and the exchange -----------------------------------------------------------------
     def _plan_exchange(self) -> None:
-        """Owners, the pieces each position sends, and this rank's send and receive lists."""
+        """Owners, the pieces each position sends, this rank's send and receive lists, and the torch
+        ``Muon`` over the whole matrices this rank owns."""
         d = self.degrees
         members = layout.group_of(self.mesh.topo_index, d, "optim")
         me = members.index(self.mesh.topo_index)
@@ -161,66 +202,130 @@ class MuonOnShards(ShardedOptimizer):
                 f"optim group position {self.group.position} is not topological position {me}: the mesh "
                 "and the layout disagree"
             )
+        self._me = me
         mats = [Matrix(s.name, i, s.offset, *s.shape) for i, s in self.matrices]
         self.ownership = assign_owners(mats, d.optim, steps=int(self.param_groups[0]["ns_steps"]))
         self.owners = self.ownership.owners
         ranges = [[layout.optim_range(t, d, u.padded) for u in self.units] for t in members]
         self.exchange = ex = exchange(mats, self.owners, ranges)
-        w = ex.width
-        # what this rank sends: (unit, offset in its chunk, count, offset in the send buffer, matrix)
-        self._send: list[tuple[int, int, int, int, int]] = []
-        for dst, pieces in enumerate(ex.pieces[me]):
-            off = dst * w
+        # what this rank holds of each owner's matrices, in send order:
+        # (unit, offset in its chunk, count, offset in the send buffer)
+        self._send_counts = ex.counts(me)
+        self._send: list[tuple[int, int, int, int]] = []
+        off = 0
+        for pieces in ex.pieces[me]:
             for p in pieces:
                 m = mats[p.matrix]
-                self._send.append((m.unit, m.offset + p.lo - ranges[me][m.unit][0], p.numel, off, p.matrix))
+                self._send.append((m.unit, m.offset + p.lo - ranges[me][m.unit][0], p.numel, off))
                 off += p.numel
         # what this rank receives as an owner: per owned matrix, (lo, hi, offset in the receive buffer)
+        self._recv_counts = tuple(ex.counts(src)[me] for src in range(d.optim))
         self._recv: dict[int, list[tuple[int, int, int]]] = {}
+        off = 0
         for src in range(d.optim):
-            off = src * w
             for p in ex.pieces[src][me]:
                 self._recv.setdefault(p.matrix, []).append((p.lo, p.hi, off))
                 off += p.numel
-        self._shapes = [(m.rows, m.cols) for m in mats]
-        self._decay = [s.decay for _, s in self.matrices]
+        owned = [k for k, q in enumerate(self.owners) if q == me]
+        dev = self.mesh.device
+        self.owned_master = {k: torch.zeros(mats[k].rows, mats[k].cols, device=dev) for k in owned}
+        self.owned_momentum = {k: torch.zeros_like(self.owned_master[k]) for k in owned}
+        groups = []
+        for decay in (True, False):
+            params = [self.owned_master[k] for k in owned if self.matrices[k][1].decay is decay]
+            if params:
+                groups.append({"params": params, "decay": decay})
+        self._muon = torch.optim.Muon(groups) if groups else None
+        if self._muon is not None:
+            for k in owned:
+                self._muon.state[self.owned_master[k]] = {"momentum_buffer": self.owned_momentum[k]}
 
-    def _swap(self, send: torch.Tensor, tag: str) -> torch.Tensor:
+    def _to_owners(self, chunks: list[torch.Tensor], tag: str) -> torch.Tensor:
+        """This rank's pieces of every matrix out of the flat ``chunks`` (fp32), to their owners: the
+        receive buffer of the matrices this rank owns (:attr:`_recv` says where each piece lies)."""
+        send = torch.empty(sum(self._send_counts), dtype=torch.float32, device=self.mesh.device)
+        for i, a, n, off in self._send:
+            send[off : off + n].copy_(chunks[i][a : a + n])
         if self.group is None:
             return send
-        recv = torch.empty_like(send)
-        C.all_to_all(recv, send, self.group, ledger=self.ledger, tag=tag)
+        recv = torch.empty(sum(self._recv_counts), dtype=torch.float32, device=self.mesh.device)
+        C.all_to_all_uneven(
+            recv, send, self._recv_counts, self._send_counts, self.group, ledger=self.ledger, tag=tag
+        )
         return recv
+
+    def _from_owners(self, owned: dict[int, torch.Tensor], chunks: list[torch.Tensor], tag: str) -> None:
+        """The owned whole matrices ``owned`` (fp32) back to the positions that hold their elements,
+        written into the flat ``chunks``."""
+        back = torch.empty(sum(self._recv_counts), dtype=torch.float32, device=self.mesh.device)
+        for k, spans in self._recv.items():
+            flat = owned[k].reshape(-1)
+            for lo, hi, off in spans:
+                back[off : off + hi - lo].copy_(flat[lo:hi])
+        if self.group is None:
+            ret = back
+        else:
+            ret = torch.empty(sum(self._send_counts), dtype=torch.float32, device=self.mesh.device)
+            C.all_to_all_uneven(
+                ret, back, self._send_counts, self._recv_counts, self.group, ledger=self.ledger, tag=tag
+            )
+        for i, a, n, off in self._send:
+            chunks[i][a : a + n].copy_(ret[off : off + n])
+
+    def _assemble(self, recv: torch.Tensor, into: dict[int, torch.Tensor]) -> None:
+        """Write each owned matrix's pieces out of ``recv`` into its whole tensor in ``into``."""
+        for k, spans in self._recv.items():
+            flat = into[k].view(-1)
+            for lo, hi, off in spans:
+                flat[lo:hi].copy_(recv[off : off + hi - lo])
+
+    @torch.no_grad()
+    def shards_written(self) -> None:
+        """Collective over the ``optim`` group: take the chunks' ``master`` and ``momentum_buffer`` over
+        each matrix as the owners' state (after the chunks were written from outside: construction, a
+        checkpoint, a Hugging Face or NeoX import, a full state dict)."""
+        self._assemble(self._to_owners(self.master, "muon master to owners"), self.owned_master)
+        bufs = self.states["momentum_buffer"]
+        self._assemble(self._to_owners(bufs, "muon momentum to owners"), self.owned_momentum)
+
+    @torch.no_grad()
+    def sync_shards(self) -> None:
+        """Collective over the ``optim`` group: copy the owners' momentum into the chunks'
+        ``momentum_buffer`` (and their master into ``master``, which already holds it), so the chunks
+        hold the whole state per parameter, as a checkpoint stores it."""
+        self._from_owners(self.owned_master, self.master, "muon master to shards")
+        self._from_owners(self.owned_momentum, self.states["momentum_buffer"], "muon momentum to shards")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collective over the ``optim`` group (:meth:`sync_shards`), then the elementwise layout: the
+        momentum of the matrices is stored per element like every state."""
+        self.sync_shards()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Collective over the ``optim`` group: the chunks as for an elementwise type, then handed to the
+        owners (:meth:`shards_written`)."""
+        super().load_state_dict(state_dict)
+        self.shards_written()
 
     @torch.no_grad()
     def _before_apply(self, grads: list[torch.Tensor]) -> None:
-        """Muon's step of every matrix (see [Note: Muon on element shards])."""
+        """Muon's step of every matrix (see [Note: Muon with owner-held state])."""
         if not self.matrices:
             return
-        g = self.param_groups[0]
-        mom, nesterov = float(g["momentum"]), bool(g["nesterov"])
-        bufs = self.states["momentum_buffer"]
-        send = torch.zeros(
-            self.degrees.optim * self.exchange.width, dtype=torch.bfloat16, device=self.mesh.device
-        )
-        for i, a, n, off, _ in self._send:
-            grad, buf = grads[i][a : a + n], bufs[i][a : a + n]
-            buf.lerp_(grad, 1 - mom)
-            send[off : off + n].copy_(grad.lerp(buf, mom) if nesterov else buf)
-        recv = self._swap(send, "muon updates")
-        back = torch.zeros_like(recv)
-        coeffs, steps, eps = tuple(g["ns_coefficients"]), int(g["ns_steps"]), float(g["eps"])
-        for k, spans in self._recv.items():
-            rows, cols = self._shapes[k]
-            whole = torch.empty(rows * cols, dtype=torch.bfloat16, device=self.mesh.device)
-            for lo, hi, off in spans:
-                whole[lo:hi] = recv[off : off + hi - lo]
-            ortho = _zeropower_via_newtonschulz(whole.view(rows, cols), coeffs, steps, eps).reshape(-1)
-            for lo, hi, off in spans:
-                back[off : off + hi - lo] = ortho[lo:hi]
-        ortho_pieces = self._swap(back, "muon orthogonalized")
-        lr = float(g["lr"])
-        for i, a, n, off, k in self._send:
-            w = self.master[i][a : a + n]
-            w.mul_(1 - lr * (float(g["weight_decay"]) if self._decay[k] else 0.0))
-            w.add_(ortho_pieces[off : off + n], alpha=-_adjust_lr(lr, g["adjust_lr_fn"], self._shapes[k]))
+        recv = self._to_owners(grads, "muon grads to owners")
+        if self._muon is not None:
+            g = self.param_groups[0]
+            whole = {k: torch.empty_like(t) for k, t in self.owned_master.items()}
+            self._assemble(recv, whole)
+            for k, t in self.owned_master.items():
+                t.grad = whole[k]
+            for group in self._muon.param_groups:
+                for key in ("lr", "momentum", "nesterov", "eps", "ns_steps", "adjust_lr_fn"):
+                    group[key] = g[key]
+                group["ns_coefficients"] = tuple(g["ns_coefficients"])
+                group["weight_decay"] = g["weight_decay"] if group["decay"] else 0.0
+            self._muon.step()
+            for t in self.owned_master.values():
+                t.grad = None
+        self._from_owners(self.owned_master, self.master, "muon weights to shards")

@@ -362,6 +362,18 @@ class ShardedOptimizer(TorchOnShards, torch.optim.Optimizer):
         self.runtime.invalidate_secondaries()
         return {"grad_norm": norm, "skipped": False, "loss_scale": 1.0}
 
+    owned_bytes: int = 0
+    """Optimizer-state bytes this rank holds beyond the chunks (Muon's owned matrices; none here)."""
+
+    def sync_shards(self) -> None:
+        """Collective: make ``master`` and ``states`` hold this rank's whole optimizer state over its
+        chunks, as checkpoints store it (they always do for elementwise types; Muon copies its owners'
+        state in, :mod:`zerotopo.engine.muon`)."""
+
+    def shards_written(self) -> None:
+        """Collective: ``master`` and ``states`` were written from outside (a full state dict); take them
+        as the state (nothing to do for elementwise types; Muon hands the matrices to their owners)."""
+
     def _before_apply(self, grads: list[torch.Tensor]) -> None:
         """Work across units between clipping and the per-unit updates (none for elementwise types;
         Muon's whole-matrix exchange, :mod:`zerotopo.engine.muon`)."""

@@ -1,12 +1,12 @@
 """Whole-matrix ownership inside an optimizer group, for matrix optimizers (Muon): which position of the
-``optim`` group orthogonalizes each matrix, and which element pieces move to it and back.
+``optim`` group holds and updates each matrix, and which element pieces move to it and back.
 
 [Note: whole-matrix owners] The optimizer chunks cut the flat unit buffers by element, so a chunk holds
-slices of matrices. Muon's update of a matrix is elementwise except for one step, the Newton-Schulz
-orthogonalization, which needs the whole matrix. Each matrix therefore gets one *owner* in the group
-(:func:`assign_owners`, balancing Newton-Schulz FLOPs, then bytes); every position sends its pieces of
-the Newton-Schulz input to the owner and receives its pieces of the output back (:func:`exchange`), one
-equal-chunk all-to-all each way. Pure Python: no torch, no process group.
+slices of matrices. A matrix optimizer's update needs the whole matrix, so each matrix gets one *owner*
+in the group (:func:`assign_owners`, balancing Newton-Schulz FLOPs, then bytes), which holds its fp32
+master and its momentum whole. Each step every position sends its pieces of each matrix's gradient to
+the owner and receives its pieces of the updated weights back (:func:`exchange`): one all-to-all each
+way, each pair exchanging exactly its pieces (no padding). Pure Python: no torch, no process group.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Ownership:
     flops: tuple[int, ...]
     """Newton-Schulz FLOPs per position per step."""
     elements: tuple[int, ...]
-    """Matrix elements each position orthogonalizes (its bytes: 2 per element in bf16, twice: in and out)."""
+    """Matrix elements each position owns (it holds their fp32 master and momentum: 8 bytes each)."""
 
     @property
     def flops_imbalance(self) -> float:
@@ -55,8 +55,12 @@ class Ownership:
 
     @property
     def bytes_imbalance(self) -> float:
-        """Largest position's matrix elements over the mean."""
+        """Largest position's matrix elements (its owned state bytes) over the mean."""
         return _imbalance(self.elements)
+
+    def state_bytes(self, position: int, bytes_per_element: int = 8) -> int:
+        """Bytes of owned state ``position`` holds: fp32 master and momentum (8 per element) by default."""
+        return self.elements[position] * bytes_per_element
 
 
 def _imbalance(values: Sequence[int]) -> float:
@@ -98,17 +102,35 @@ class Piece:
 class Exchange:
     """What moves between positions: ``pieces[src][dst]`` are the pieces position ``src`` holds of the
     matrices position ``dst`` owns, in a fixed order (unit, matrix, offset). Each direction is one
-    all-to-all of ``width`` elements per (src, dst) pair (the largest pair; the others are padded)."""
+    all-to-all in which each (src, dst) pair exchanges exactly its pieces (:meth:`counts`); ``width`` is
+    the largest pair, what an equal-chunk all-to-all would pad every pair to."""
 
     pieces: tuple[tuple[tuple[Piece, ...], ...], ...]
     width: int
+
+    def counts(self, src: int) -> tuple[int, ...]:
+        """Elements position ``src`` holds of each position's matrices (its own entry included): the
+        split sizes of its send towards the owners, and of its receive on the way back."""
+        return tuple(sum(p.numel for p in ps) for ps in self.pieces[src])
 
     def sent(self, src: int) -> int:
         """Elements position ``src`` sends to other positions (its own pieces stay)."""
         return sum(p.numel for dst, ps in enumerate(self.pieces[src]) if dst != src for p in ps)
 
+    def received(self, dst: int) -> int:
+        """Elements of ``dst``'s matrices the other positions hold (what it receives as their owner)."""
+        return sum(p.numel for src, row in enumerate(self.pieces) if src != dst for p in row[dst])
+
+    def step_bytes(self, position: int, element_size: int = 4) -> int:
+        """Bytes ``position`` sends per step, both ways, without padding: its gradient pieces to the
+        owners and, as an owner, the updated weights back to the positions that hold them
+        (``element_size`` 4: both in fp32, see [Note: Muon with owner-held state] in
+        ``zerotopo/engine/muon.py``). The busiest position: ``max(step_bytes(q) for q in range(group))``."""
+        return (self.sent(position) + self.received(position)) * element_size
+
     def padded_bytes(self, element_size: int = 2) -> int:
-        """Bytes one position sends in one direction with the padding: ``(group - 1) × width``."""
+        """Bytes one position would send in one direction of an equal-chunk all-to-all padded to the
+        largest pair: ``(group - 1) × width`` (the layout before owner-held state; kept for comparison)."""
         return (len(self.pieces) - 1) * self.width * element_size
 
 
