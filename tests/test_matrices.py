@@ -63,3 +63,31 @@ def test_exchange_covers_each_matrix_once(degrees):
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
     assert ex.padded_bytes(2) == (degrees.optim - 1) * ex.width * 2
     assert all(ex.sent(q) <= sum(hi - lo for lo, hi in ranges[q]) for q in range(degrees.optim))
+
+
+@pytest.mark.parametrize("degrees", [Degrees(1, 1, 8, 8), Degrees(4, 4, 4, 8)])
+def test_exchange_counts_each_pair_exactly_and_prices_both_directions(degrees):
+    # the owners receive exactly their matrices' elements held elsewhere, and each rank's traffic per
+    # step is its pieces out (gradients) plus, as an owner, the others' pieces back (weights), unpadded
+    units = [[("w1", 5, 7, 3), ("w2", 4, 4, 40)], [("w3", 9, 2, 0), ("w4", 3, 11, 30)]]
+    numels = [padded_numel(80, degrees), padded_numel(70, degrees)]
+    mats = [Matrix(n, u, off, r, c) for u, ms in enumerate(units) for n, r, c, off in ms]
+    own = assign_owners(mats, degrees.optim)
+    ranges = [[optim_range(t, degrees, n) for n in numels] for t in range(degrees.optim)]
+    ex = exchange(mats, own.owners, ranges)
+    o = degrees.optim
+    counts = [ex.counts(q) for q in range(o)]
+    assert all(len(c) == o for c in counts)
+    for dst in range(o):
+        assert sum(counts[src][dst] for src in range(o)) == own.elements[dst]
+        assert ex.received(dst) == own.elements[dst] - counts[dst][dst]
+    for q in range(o):
+        assert ex.sent(q) == sum(counts[q]) - counts[q][q]
+        assert ex.step_bytes(q) == 4 * (ex.sent(q) + ex.received(q))
+        assert ex.step_bytes(q, 2) == 2 * (ex.sent(q) + ex.received(q))
+    assert sum(sum(c) for c in counts) == sum(m.numel for m in mats)
+    # the unpadded exchange never moves more than the padded one did (bf16 both ways, per rank)
+    assert max(ex.step_bytes(q, 2) for q in range(o)) <= 2 * ex.padded_bytes(2)
+    assert max(counts[s][d] for s in range(o) for d in range(o)) == ex.width
+    assert [own.state_bytes(q) for q in range(o)] == [8 * e for e in own.elements]
+    assert own.bytes_imbalance == max(own.elements) / (sum(own.elements) / o)

@@ -321,8 +321,9 @@ class MuonOnShards(ShardedOptimizer):
             for k, t in self.owned_master.items():
                 t.grad = whole[k]
             for group in self._muon.param_groups:
-                for key in ("lr", "momentum", "nesterov", "eps", "ns_steps", "adjust_lr_fn"):
+                for key in ("momentum", "nesterov", "eps", "ns_steps", "adjust_lr_fn"):
                     group[key] = g[key]
+                group["lr"] = float(g["lr"])  # a scheduler may hold it as a 0-d tensor
                 group["ns_coefficients"] = tuple(g["ns_coefficients"])
                 group["weight_decay"] = g["weight_decay"] if group["decay"] else 0.0
             self._muon.step()
