@@ -14,7 +14,8 @@ reduction and clipping:
    weight decay, update of the whole fp32 master): the same operations on the same inputs as the
    single-process reference;
 3. the owner sends the updated fp32 weights back to the positions that hold the matrix's elements (the
-   reverse all-to-all), which write them into their master chunk ``master[i]``.
+   reverse all-to-all), which write them into their master chunk ``master[i]``: the chunks keep a copy
+   of the matrices' fp32 master, refreshed every step; the owner's is the one the update runs on.
 
 fp32 both ways is the cheapest choice that keeps the rest unchanged: the momentum update needs the fp32
 gradient (the Newton-Schulz input is computed from it on the owner), and the chunk ``master[i]`` is what
@@ -28,7 +29,10 @@ other owners, plus 4 per element of its own matrices the others hold.
 Memory, per rank: the element chunks keep ``master[i]`` and every state buffer over the whole chunk, as
 for an elementwise type (``4 × (1 + states)`` bytes per chunk element, 16 with an AdamW aux), and the
 owner adds 8 bytes per element it owns (master and momentum); :meth:`MuonOnShards.state_bytes` and the
-start line report both and the owners' imbalance. The chunk's ``momentum_buffer`` over a matrix is the
+start line report both and the owners' imbalance. Over the element layout (16 bytes per parameter) this
+adds the owned 8: the chunks' regions over the matrices of the aux states, of ``momentum_buffer`` and
+of the master copy are what a compact chunk layout would drop (every reader of the chunks, checkpoints
+and exports included, would then read the matrices from their owners). The chunk's ``momentum_buffer`` over a matrix is the
 checkpoint's per-parameter layout, not the running state: :meth:`MuonOnShards.sync_shards` (collective)
 copies the owners' momentum into it before a save, and loading (``load_state_dict``, which the
 checkpoint load and a Hugging Face or NeoX import end with) hands the chunks' master and momentum to
