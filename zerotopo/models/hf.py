@@ -27,40 +27,11 @@ import torch
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
 
-# zerotopo name -> Hugging Face name; layer keys are matched by their suffix after "layers.{i}."
-_TOP_LEVEL = {
-    "embed_in.weight": "gpt_neox.embed_in.weight",
-    "head.final_layer_norm.weight": "gpt_neox.final_layer_norm.weight",
-    "head.final_layer_norm.bias": "gpt_neox.final_layer_norm.bias",
-    "head.embed_out.weight": "embed_out.weight",
-}
-_LLAMA_TOP_LEVEL = {
-    "embed_in.weight": "model.embed_tokens.weight",
-    "head.final_layer_norm.weight": "model.norm.weight",
-    "head.embed_out.weight": "lm_head.weight",
-}
-_LLAMA_LAYER = {
-    "input_layernorm": "input_layernorm",
-    "post_attention_layernorm": "post_attention_layernorm",
-    "attention.dense": "self_attn.o_proj",
-    "mlp.w1": "mlp.gate_proj",
-    "mlp.w3": "mlp.up_proj",
-    "mlp.w2": "mlp.down_proj",
-}
 # Hugging Face's non-parameter buffers: functions of the config, never loaded
 IGNORABLE = (".attention.bias", ".attention.masked_bias", ".inv_freq")
 
 Segment = tuple[str, int, int]
 """``(hf_name, first_row, rows)``: a run of rows of a Hugging Face tensor inside a zerotopo parameter."""
-
-
-def _hf_name(name: str) -> str:
-    """The ``GPTNeoXForCausalLM`` name of a zerotopo parameter."""
-    if name in _TOP_LEVEL:
-        return _TOP_LEVEL[name]
-    if name.startswith("layers."):
-        return "gpt_neox." + name
-    raise KeyError(f"parameter {name!r} has no Hugging Face GPT-NeoX name")
 
 
 def is_llama(cfg: NeoXConfig) -> bool:
@@ -129,34 +100,14 @@ def export_architecture(cfg: NeoXConfig) -> str:
 
 
 def hf_segments(cfg: NeoXConfig, name: str, rows: int) -> list[Segment]:
-    """Where the ``rows`` rows of zerotopo parameter ``name`` come from in the Hugging Face state dict."""
-    if not is_llama(cfg):
-        return [(_hf_name(name), 0, rows)]
-    if name in _LLAMA_TOP_LEVEL:
-        return [(_LLAMA_TOP_LEVEL[name], 0, rows)]
-    prefix, _, rest = name.partition(".")
-    index, _, rest = rest.partition(".")
-    module, _, kind = rest.rpartition(".")
-    base = f"model.layers.{index}."
-    if prefix == "layers" and module in _LLAMA_LAYER:
-        return [(f"{base}{_LLAMA_LAYER[module]}.{kind}", 0, rows)]
-    if prefix == "layers" and module == "attention.query_key_value":
-        q, k, v = (f"{base}self_attn.{p}_proj.{kind}" for p in "qkv")
-        N, K, D = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
-        if K == N:  # per head q|k|v, see [Note: NeoX layout]
-            return [(t, n * D, D) for n in range(N) for t in (q, k, v)]
-        return [(q, 0, N * D), (k, 0, K * D), (v, 0, K * D)]
-    raise KeyError(f"parameter {name!r} has no Hugging Face Llama name")
+    """Where the ``rows`` rows of zerotopo parameter ``name`` come from in the Hugging Face state dict of
+    the architecture :func:`hf_model_type` picks (the description's names)."""
+    return cfg.hf_segments(hf_model_type(cfg), name, rows)
 
 
 def hf_shapes(cfg: NeoXConfig, shapes: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The Hugging Face tensors (name -> shape) that zerotopo parameters of ``shapes`` become."""
-    out: dict[str, tuple[int, ...]] = {}
-    for name, shape in shapes.items():
-        shape = tuple(int(s) for s in shape)
-        for hf, row0, rows in hf_segments(cfg, name, shape[0]):
-            out[hf] = (max(out.get(hf, (0,))[0], row0 + rows), *shape[1:])
-    return out
+    return cfg.hf_shapes(hf_model_type(cfg), shapes)
 
 
 def split_to_hf(cfg: NeoXConfig, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -5,15 +5,10 @@ the input embedding ``embed_in``, the transformer layers ``layers[i]`` and the `
 output projection). The sharding engine wraps those as units; nothing here knows about sharding.
 
 The Llama family is the same model with NeoX's switches (``norm: rmsnorm``, a gated SiLU MLP, grouped-query
-attention through ``num_kv_heads``, no biases, full rotary, sequential residual); the unit description in
-``shape.py`` lists every parameter each switch adds or removes.
-
-[Note: NeoX layout] With one key/value head per query head the fused ``query_key_value`` projection
-produces, per token, ``heads`` groups of ``[q | k | v]`` each ``head_dim`` wide (``[heads, 3·head_dim]``), not
-``[q_all | k_all | v_all]``. Keeping this layout lets Hugging Face ``GPTNeoXForCausalLM`` and NeoX checkpoints
-load without any permutation. With fewer key/value heads (grouped-query attention) NeoX splits the projection
-into blocks instead, ``[q_all | k_all | v_all]`` (``heads·head_dim``, then ``kv_heads·head_dim`` twice), and
-so does this model.
+attention through ``num_kv_heads``, no biases, full rotary, sequential residual). Every projection and norm
+is built from the architecture's description (:meth:`~zerotopo.placement.architecture.Architecture.layer_modules`:
+its shape and whether it has a bias), the same description the cost model counts and the checkpoint name
+mapping reads; the fused ``query_key_value`` layout is its [Note: NeoX layout].
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zerotopo.models.config import INIT_METHODS, NeoXConfig
+from zerotopo.placement.architecture import ModuleSpec
 
 
 def init_std(method: str, cfg: NeoXConfig) -> float:
@@ -114,11 +110,19 @@ class RMSNorm(nn.Module):
         return self.weight * y if self.bias is None else self.weight * y + self.bias
 
 
-def make_norm(cfg: NeoXConfig) -> nn.Module:
-    """The configured norm over the model width (``norm``, its epsilon, ``use_bias_in_norms``)."""
+def make_norm(cfg: NeoXConfig, spec: ModuleSpec | None = None) -> nn.Module:
+    """The configured norm (``norm``, its epsilon) of the described module ``spec`` (its size and bias);
+    the model width with ``use_bias_in_norms`` when None."""
+    size, bias = (spec.shape[0], spec.bias) if spec else (cfg.hidden_size, cfg.use_bias_in_norms)
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.hidden_size, cfg.rms_norm_epsilon, cfg.use_bias_in_norms)
-    return nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon, bias=cfg.use_bias_in_norms)
+        return RMSNorm(size, cfg.rms_norm_epsilon, bias)
+    return nn.LayerNorm(size, eps=cfg.layernorm_epsilon, bias=bias)
+
+
+def make_linear(spec: ModuleSpec) -> nn.Linear:
+    """The described projection: weight ``[out, in]`` and its bias, if any."""
+    out_features, in_features = spec.shape
+    return nn.Linear(in_features, out_features, bias=spec.bias)
 
 
 def activation(cfg: NeoXConfig):
@@ -135,10 +139,8 @@ class NeoXAttention(nn.Module):
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
         self.num_heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
-        h, d = cfg.hidden_size, cfg.head_dim
-        qkv_out = (self.num_heads + 2 * self.kv_heads) * d
-        self.query_key_value = nn.Linear(h, qkv_out, bias=cfg.has_qkv_bias)
-        self.dense = nn.Linear(self.num_heads * d, h, bias=cfg.use_bias_in_attn_linear)
+        self.query_key_value = make_linear(cfg.module_spec("attention.query_key_value"))
+        self.dense = make_linear(cfg.module_spec("attention.dense"))
         llama3 = (
             (
                 cfg.rope_factor,
@@ -186,8 +188,8 @@ class NeoXMLP(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.use_bias_in_mlp)
-        self.dense_4h_to_h = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.use_bias_in_mlp)
+        self.dense_h_to_4h = make_linear(cfg.module_spec("mlp.dense_h_to_4h"))
+        self.dense_4h_to_h = make_linear(cfg.module_spec("mlp.dense_4h_to_h"))
         self.act = activation(cfg)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -203,10 +205,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        h, f = cfg.hidden_size, cfg.ffn_size
-        self.w1 = nn.Linear(h, f, bias=cfg.use_bias_in_mlp)  # gate
-        self.w3 = nn.Linear(h, f, bias=cfg.use_bias_in_mlp)  # up
-        self.w2 = nn.Linear(f, h, bias=cfg.use_bias_in_mlp)  # down
+        self.w1 = make_linear(cfg.module_spec("mlp.w1"))  # gate
+        self.w3 = make_linear(cfg.module_spec("mlp.w3"))  # up
+        self.w2 = make_linear(cfg.module_spec("mlp.w2"))  # down
         self.act = activation(cfg)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -222,8 +223,8 @@ class NeoXLayer(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.input_layernorm = make_norm(cfg)
-        self.post_attention_layernorm = make_norm(cfg)
+        self.input_layernorm = make_norm(cfg, cfg.module_spec("input_layernorm"))
+        self.post_attention_layernorm = make_norm(cfg, cfg.module_spec("post_attention_layernorm"))
         self.attention = NeoXAttention(cfg)
         self.mlp = GatedMLP(cfg) if cfg.gated_mlp else NeoXMLP(cfg)
         self.gpt_j_residual = cfg.gpt_j_residual
@@ -252,7 +253,8 @@ class NeoXHead(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.final_layer_norm = make_norm(cfg)
+        self.final_layer_norm = make_norm(cfg, cfg.module_spec("final_layer_norm"))
+        # tied: the description has no projection of its own; GPTNeoX shares the embedding's after build
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
