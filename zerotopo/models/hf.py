@@ -26,6 +26,7 @@ import torch
 
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
+from zerotopo.placement.architecture import HF_FAMILIES, Architecture
 
 # Hugging Face's non-parameter buffers: functions of the config, never loaded
 IGNORABLE = (".attention.bias", ".attention.masked_bias", ".inv_freq")
@@ -41,22 +42,41 @@ def is_llama(cfg: NeoXConfig) -> bool:
 
 
 #: Hugging Face ``model_type`` -> architecture class, for the model types zerotopo writes.
-ARCHITECTURES = {
-    "gpt_neox": "GPTNeoXForCausalLM",
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
+ARCHITECTURES = {model_type: family.architecture for model_type, family in HF_FAMILIES.items()}
+
+
+def _marked(cfg: NeoXConfig) -> str | None:
+    """The family whose :attr:`~zerotopo.placement.architecture.HFFamily.marks` ``cfg`` has, if any."""
+    for model_type, family in HF_FAMILIES.items():
+        if any(getattr(cfg, k) == v for k, v in family.marks.items()):
+            return model_type
+    return None
 
 
 def hf_model_type(cfg: NeoXConfig) -> str:
-    """The Hugging Face ``model_type`` that holds ``cfg``'s model: ``qwen2`` for biases on q/k/v alone,
-    ``mistral`` for a sliding window, ``llama`` for Llama's other switches, else ``gpt_neox``."""
+    """The Hugging Face ``model_type`` that holds ``cfg``'s model: a family of the description whose
+    switches it has, ``qwen2`` for biases on q/k/v alone, ``mistral`` for a sliding window, ``llama`` for
+    Llama's other switches, else ``gpt_neox``."""
     if not is_llama(cfg):
         return "gpt_neox"
+    marked = _marked(cfg)
+    if marked is not None:
+        return marked
     if cfg.has_qkv_bias and not cfg.use_bias_in_attn_linear:
         return "qwen2"
     return "mistral" if cfg.sliding_window is not None else "llama"
+
+
+def _family_keys(cfg: NeoXConfig, model_type: str) -> list[tuple[str, Any, Any]]:
+    """``(key, ours, needed)`` for the switches the description's families mark and the values the
+    chosen family holds (every other family needs a marked switch at its default)."""
+    family = HF_FAMILIES[model_type]
+    defaults = {f.name: f.default for f in Architecture.switches()}
+    wrong = [(k, getattr(cfg, k), v) for k, v in family.holds.items()]
+    for other in HF_FAMILIES.values():
+        for k in other.marks:
+            wrong.append((k, getattr(cfg, k), family.marks.get(k, defaults.get(k))))
+    return wrong
 
 
 def export_architecture(cfg: NeoXConfig) -> str:
@@ -73,7 +93,7 @@ def export_architecture(cfg: NeoXConfig) -> str:
             ("rotary_pct", cfg.rotary_pct, 1.0),
             ("gpt_j_residual", cfg.gpt_j_residual, False),
         ]
-        if model_type != "llama":  # Qwen2 and Mistral have no MLP biases, Mistral no attention biases
+        if model_type in ("qwen2", "mistral"):  # no MLP biases; Mistral no attention biases either
             wrong.append(("use_bias_in_mlp", cfg.use_bias_in_mlp, False))
         if model_type == "mistral":
             wrong.append(("qkv_bias", cfg.has_qkv_bias, False))
@@ -87,7 +107,8 @@ def export_architecture(cfg: NeoXConfig) -> str:
             ("sliding_window", cfg.sliding_window, None),
             ("qkv_bias", cfg.has_qkv_bias, cfg.use_bias_in_attn_linear),
         ]
-    bad = [f"{key}: {ours!r} (needs {want!r})" for key, ours, want in wrong if ours != want]
+    wrong += _family_keys(cfg, model_type)
+    bad = [f"{key}: {ours!r} (needs {want!r})" for key, ours, want in dict.fromkeys(wrong) if ours != want]
     if bad:
         raise ZerotopoError(
             f"this model has no Hugging Face architecture: as the nearest, {name}, it would need "
@@ -237,8 +258,10 @@ def _llama_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
         out["rope_scaling"] = out["rope_parameters"]  # the key transformers <5 reads
     if model_type == "mistral":
         out["sliding_window"] = cfg.sliding_window
-    if model_type != "llama":  # Qwen2's and Mistral's biases are fixed by the architecture
+    if model_type in ("qwen2", "mistral"):  # their biases are fixed by the architecture
         del out["attention_bias"], out["mlp_bias"]
+    for key in HF_FAMILIES[model_type].config_drop:
+        out.pop(key, None)
     if model_type == "qwen2":
         window = cfg.sliding_window
         out.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)

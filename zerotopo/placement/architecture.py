@@ -218,8 +218,11 @@ class Architecture:
 
 @dataclass(frozen=True)
 class HFFamily:
-    """How one Hugging Face architecture names a model's tensors."""
+    """One Hugging Face architecture: its class, how it names a model's tensors and, for a family that
+    holds switches the others do not, which switch values select it and which it fixes."""
 
+    architecture: str
+    """The ``architectures`` entry of its ``config.json`` (``LlamaForCausalLM``)."""
     top: dict[str, str]
     """zerotopo parameter -> Hugging Face tensor, for the embedding and head."""
     layer_prefix: str
@@ -227,7 +230,15 @@ class HFFamily:
     layer: dict[str, str] = field(default_factory=dict)
     """zerotopo module in a layer -> Hugging Face module, where they differ."""
     split_qkv: tuple[str, str, str] | None = None
-    """The q, k and v projections the fused ``query_key_value`` is cut into; None: one fused tensor."""
+    """The q, k and v projections the fused ``query_key_value`` is cut into; None: one fused tensor (and
+    GPT-NeoX's config keys); otherwise a Llama-family ``config.json``."""
+    marks: dict[str, Any] = field(default_factory=dict)
+    """Switch values only this family holds: a model with any of them is written as this family, and
+    every other family needs each at its default. Reading the family's ``config.json`` sets them all."""
+    holds: dict[str, Any] = field(default_factory=dict)
+    """Config values the family fixes besides Llama's (reading sets them, writing requires them)."""
+    config_drop: tuple[str, ...] = ()
+    """Llama ``config.json`` keys the family has no use for (left out when writing)."""
 
 
 _LLAMA_LAYER = {
@@ -238,19 +249,24 @@ _LLAMA_LAYER = {
     "mlp.w3": "mlp.up_proj",
     "mlp.w2": "mlp.down_proj",
 }
-_LLAMA = HFFamily(
-    top={
-        "embed_in.weight": "model.embed_tokens.weight",
-        "head.final_layer_norm.weight": "model.norm.weight",
-        "head.embed_out.weight": "lm_head.weight",
-    },
-    layer_prefix="model.layers.",
-    layer=_LLAMA_LAYER,
-    split_qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-)
-#: Hugging Face ``model_type`` -> its tensor names (Qwen2 and Mistral name theirs as Llama does).
+_LLAMA_TOP = {
+    "embed_in.weight": "model.embed_tokens.weight",
+    "head.final_layer_norm.weight": "model.norm.weight",
+    "head.embed_out.weight": "lm_head.weight",
+}
+_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+
+
+def _llama_named(architecture: str, **kw: Any) -> HFFamily:
+    """A family that names its tensors as Llama does (``layer`` entries added to or replacing Llama's)."""
+    layer = {**_LLAMA_LAYER, **kw.pop("layer", {})}
+    return HFFamily(architecture, _LLAMA_TOP, "model.layers.", layer, _QKV, **kw)
+
+
+#: Hugging Face ``model_type`` -> its architecture (Qwen2 and Mistral name their tensors as Llama does).
 HF_FAMILIES: dict[str, HFFamily] = {
     "gpt_neox": HFFamily(
+        "GPTNeoXForCausalLM",
         top={
             "embed_in.weight": "gpt_neox.embed_in.weight",
             "head.final_layer_norm.weight": "gpt_neox.final_layer_norm.weight",
@@ -259,9 +275,9 @@ HF_FAMILIES: dict[str, HFFamily] = {
         },
         layer_prefix="gpt_neox.layers.",
     ),
-    "llama": _LLAMA,
-    "qwen2": _LLAMA,
-    "mistral": _LLAMA,
+    "llama": _llama_named("LlamaForCausalLM"),
+    "mistral": _llama_named("MistralForCausalLM"),
+    "qwen2": _llama_named("Qwen2ForCausalLM"),
 }
 
 #: GPT-NeoX's pipeline: the embedding is layer 0, a function without parameters layer 1, the transformer
