@@ -23,6 +23,8 @@ CONFIGS = {
     "llama-gqa": dict(LLAMA, num_kv_heads=2, intermediate_size=48),
     "llama-mha": dict(LLAMA),
     "qwen2": dict(LLAMA, num_kv_heads=2, qkv_bias=True),
+    "olmo2": dict(LLAMA, num_kv_heads=2, qk_norm=True, post_norm=True),
+    "olmo2-mha": dict(LLAMA, qk_norm=True, post_norm=True),
 }
 
 

@@ -152,6 +152,9 @@ class NeoXAttention(nn.Module):
             else None
         )
         self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, llama3)
+        qk = cfg.qk_norm  # OLMo-2: over the whole projections, before rotary
+        self.q_norm = make_norm(cfg, cfg.module_spec("attention.q_norm")) if qk else None
+        self.k_norm = make_norm(cfg, cfg.module_spec("attention.k_norm")) if qk else None
         self.sliding_window = cfg.sliding_window
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -179,8 +182,17 @@ class NeoXAttention(nn.Module):
             q_BSND, k_BSKD, v_BSKD = qkv.split([N * D, K * D, K * D], dim=-1)
             q = q_BSND.view(B, S, N, D).transpose(1, 2)
             k, v = (t.view(B, S, K, D).transpose(1, 2) for t in (k_BSKD, v_BSKD))
+        if self.q_norm is not None:
+            q, k = _whole_norm(self.q_norm, q), _whole_norm(self.k_norm, k)
         cos, sin = self.rotary.cos_sin(S, x_BSH.device, q.dtype)
         return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
+
+
+def _whole_norm(norm: nn.Module, x_BNSD: torch.Tensor) -> torch.Tensor:
+    """``norm`` over all heads of each token at once (OLMo-2's QK-norm), shape kept."""
+    B, N, S, D = x_BNSD.shape
+    y_BSX = norm(x_BNSD.transpose(1, 2).reshape(B, S, N * D))  # heads in order, as q_proj/k_proj rows
+    return y_BSX.view(B, S, N, D).transpose(1, 2)
 
 
 class NeoXMLP(nn.Module):
@@ -228,6 +240,7 @@ class NeoXLayer(nn.Module):
         self.attention = NeoXAttention(cfg)
         self.mlp = GatedMLP(cfg) if cfg.gated_mlp else NeoXMLP(cfg)
         self.gpt_j_residual = cfg.gpt_j_residual
+        self.post_norm = cfg.post_norm
         self.checkpoint_activations = cfg.checkpoint_activations
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -237,6 +250,12 @@ class NeoXLayer(nn.Module):
         return self._body(x_BSH)
 
     def _body(self, x: torch.Tensor) -> torch.Tensor:
+        if self.post_norm:  # OLMo-2: x + norm(attn(x)), then x + norm(mlp(x))
+            a = self.input_layernorm(self.attention(x))
+            if self.gpt_j_residual:
+                return x + a + self.post_attention_layernorm(self.mlp(x))
+            x = x + a
+            return x + self.post_attention_layernorm(self.mlp(x))
         if self.gpt_j_residual:
             return x + self.attention(self.input_layernorm(x)) + self.mlp(self.post_attention_layernorm(x))
         x = x + self.attention(self.input_layernorm(x))

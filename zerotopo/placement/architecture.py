@@ -108,6 +108,14 @@ class Architecture:
     """Biases (offsets) in the norms; Llama has none."""
     tie_embeddings: bool = _switch(False, "no_weight_tying", "tie_word_embeddings")
     """The head's projection reuses the embedding matrix (one shared parameter)."""
+    qk_norm: bool = _switch(False, "qk_norm", "model_type (olmo2: q_norm, k_norm)", False, later=True)
+    """OLMo-2's QK-norm: the configured ``norm`` over the whole query projection (``heads·head_dim``) and
+    the whole key projection (``kv_heads·head_dim``), before rotary (Team OLMo, "2 OLMo 2 Furious",
+    arXiv:2501.00656)."""
+    post_norm: bool = _switch(False, "post_norm", "model_type (olmo2)", False, later=True)
+    """OLMo-2's norm placement: the layer's norms on the outputs of attention and MLP,
+    ``x + norm(attn(x))``, instead of on their inputs (``input_layernorm`` then follows attention and
+    ``post_attention_layernorm`` the MLP)."""
 
     @property
     def ffn_size(self) -> int:
@@ -143,6 +151,8 @@ class Architecture:
         mods.append(ModuleSpec("attention.query_key_value", "linear", qkv, self.has_qkv_bias))
         N = self.num_attention_heads
         mods.append(ModuleSpec("attention.dense", "linear", (h, N * d), self.use_bias_in_attn_linear))
+        if self.qk_norm:
+            mods += [self._norm("attention.q_norm", N * d), self._norm("attention.k_norm", self.kv_heads * d)]
         if self.gated_mlp:
             mlp = [("mlp.w1", (f, h)), ("mlp.w3", (f, h)), ("mlp.w2", (h, f))]  # gate, up, down
         else:
@@ -278,6 +288,18 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "llama": _llama_named("LlamaForCausalLM"),
     "mistral": _llama_named("MistralForCausalLM"),
     "qwen2": _llama_named("Qwen2ForCausalLM"),
+    "olmo2": _llama_named(
+        "Olmo2ForCausalLM",
+        layer={
+            "input_layernorm": "post_attention_layernorm",  # post_norm: after attention
+            "post_attention_layernorm": "post_feedforward_layernorm",  # and after the MLP
+            "attention.q_norm": "self_attn.q_norm",
+            "attention.k_norm": "self_attn.k_norm",
+        },
+        marks={"qk_norm": True, "post_norm": True},
+        holds={"use_bias_in_mlp": False, "sliding_window": None},
+        config_drop=("mlp_bias", "head_dim"),
+    ),
 }
 
 #: GPT-NeoX's pipeline: the embedding is layer 0, a function without parameters layer 1, the transformer
