@@ -1,7 +1,8 @@
-"""Hugging Face GPT-NeoX, Llama, Qwen2 and Mistral directories in and out, one parameter slice at a time.
+"""Hugging Face GPT-NeoX, Llama, Qwen2, Mistral and OLMo-2 directories in and out, one parameter slice at a time.
 
 In: ``config.json`` (GPT-NeoX: transformers <5 ``rotary_pct``/``rotary_emb_base`` or >=5 ``rope_parameters``;
-Llama with default or ``llama3`` rope, Qwen2, Mistral with its sliding window) becomes a
+Llama with default or ``llama3`` rope, Qwen2, Mistral with its sliding window, and every other family of
+:data:`zerotopo.placement.architecture.HF_FAMILIES`, such as OLMo-2) becomes a
 :class:`NeoXConfig`; weights come from ``model.safetensors`` or the shards an index
 (``model.safetensors.index.json``) names, and each rank reads only the elements of each parameter its
 optimizer chunk holds (``safe_open(...).get_slice``: a few rows, never a whole file).
@@ -194,7 +195,8 @@ def _config_json_errors(source: str) -> Iterator[None]:
 
 
 def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
-    """A ``LlamaConfig``, ``MistralConfig`` or ``Qwen2Config`` (biases on q/k/v, none elsewhere)."""
+    """A ``LlamaConfig``, ``MistralConfig``, ``Qwen2Config`` (biases on q/k/v, none elsewhere) or the config of
+    another Llama-named family of the description (its marked switches and fixed values set)."""
     rope = _rope(raw, source)
     positions = raw.get("max_position_embeddings", 2048)
     qwen2 = raw.get("model_type") == "qwen2"

@@ -1,14 +1,16 @@
-"""Hugging Face ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``MistralForCausalLM``
-state dicts, configs and safetensors files.
+"""Hugging Face ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``
+and ``Olmo2ForCausalLM`` state dicts, configs and safetensors files.
 
-A model with NeoX's own architecture (LayerNorm, GELU MLP, one key/value head per query head) is a
-``GPTNeoXForCausalLM``: the names differ only by prefix and the fused QKV layout is the same (see [Note: NeoX
-layout] in ``neox.py``), so conversion is a renaming. A Llama-architecture model (RMSNorm without biases,
-gated SiLU MLP, full rotary, sequential residual; any number of key/value heads) is a ``LlamaForCausalLM``:
-the fused ``query_key_value`` rows are cut into ``q_proj``/``k_proj``/``v_proj`` (per head when there are as
-many key/value heads as query heads, in three blocks otherwise) and the MLP's ``w1``/``w3``/``w2`` are
-``gate_proj``/``up_proj``/``down_proj``; Llama's rotary is the same non-interleaved ``rotate_half`` form.
-Qwen2 (biases on q/k/v only) and Mistral (a sliding window) name their tensors as Llama does.
+Every tensor name comes from the architecture's description
+(:data:`zerotopo.placement.architecture.HF_FAMILIES`). A model with NeoX's own architecture (LayerNorm,
+GELU MLP, one key/value head per query head) is a ``GPTNeoXForCausalLM``: the names differ only by prefix
+and the fused QKV layout is the same (the description's [Note: NeoX layout]), so conversion is a renaming.
+A Llama-architecture model (RMSNorm without biases, gated SiLU MLP, full rotary, sequential residual; any
+number of key/value heads) is a ``LlamaForCausalLM``: the fused ``query_key_value`` rows are cut into
+``q_proj``/``k_proj``/``v_proj`` (per head when there are as many key/value heads as query heads, in three
+blocks otherwise) and the MLP's ``w1``/``w3``/``w2`` are ``gate_proj``/``up_proj``/``down_proj``; Llama's
+rotary is the same non-interleaved ``rotate_half`` form. Qwen2 (biases on q/k/v only), Mistral (a sliding
+window) and OLMo-2 (QK-norm, norms after attention and MLP) name their tensors as Llama does.
 Anything else has no Hugging Face architecture that holds it, and :func:`export_architecture` says which
 key prevents each.
 
@@ -113,7 +115,7 @@ def export_architecture(cfg: NeoXConfig) -> str:
         raise ZerotopoError(
             f"this model has no Hugging Face architecture: as the nearest, {name}, it would need "
             f"{'; '.join(bad)}. transformers' GPTNeoXForCausalLM always has MLP and LayerNorm biases and "
-            "plain rotary over all positions; LlamaForCausalLM (and Qwen2, Mistral) needs RMSNorm, a gated "
+            "plain rotary over all positions; LlamaForCausalLM (and Qwen2, Mistral, OLMo-2) needs RMSNorm, a gated "
             "SiLU MLP, full rotary and a sequential residual; Qwen2 biases q/k/v only, Mistral nothing. "
             "Train with those keys to export, or keep the zerotopo checkpoint"
         )

@@ -110,10 +110,9 @@ class RMSNorm(nn.Module):
         return self.weight * y if self.bias is None else self.weight * y + self.bias
 
 
-def make_norm(cfg: NeoXConfig, spec: ModuleSpec | None = None) -> nn.Module:
-    """The configured norm (``norm``, its epsilon) of the described module ``spec`` (its size and bias);
-    the model width with ``use_bias_in_norms`` when None."""
-    size, bias = (spec.shape[0], spec.bias) if spec else (cfg.hidden_size, cfg.use_bias_in_norms)
+def make_norm(cfg: NeoXConfig, spec: ModuleSpec) -> nn.Module:
+    """The configured norm (``norm``, its epsilon) of the described module ``spec`` (its size and bias)."""
+    size, bias = spec.shape[0], spec.bias
     if cfg.norm == "rmsnorm":
         return RMSNorm(size, cfg.rms_norm_epsilon, bias)
     return nn.LayerNorm(size, eps=cfg.layernorm_epsilon, bias=bias)
