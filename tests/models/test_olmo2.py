@@ -115,3 +115,19 @@ def test_neox_yaml_keys_select_olmo2(tmp_path):
     cfg = load_neox_config([path]).model_config(96)
     assert cfg.qk_norm and cfg.post_norm
     assert export_architecture(cfg) == "Olmo2ForCausalLM"
+
+
+def test_a_config_asking_for_qk_norm_refuses_a_llama_directory(tmp_path):
+    """``qk_norm: true`` in the run's config and a Hugging Face Llama directory disagree: refused by name."""
+    from zerotopo.checkpoint.hf import merge_hf_config
+
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).save_pretrained(tmp_path)
+    llama = hf_to_neox_config(read_hf_config(tmp_path))
+
+    class Args:
+        sources = {"qk_norm": "run.yml"}
+        seq_length = 64
+
+    with pytest.raises(ZerotopoError, match="qk_norm: True in run.yml"):
+        merge_hf_config(tmp_path, Args(), replace(llama, qk_norm=True))
+    assert merge_hf_config(tmp_path, Args(), llama) == llama

@@ -61,7 +61,7 @@ ARCH_KEYS = [
 ARCH_KEYS += [
     (f.metadata["neox_key"], f.name, f.metadata["hf"])
     for f in Architecture.switches()
-    if f.name not in {field for _, field, _ in ARCH_KEYS} and f.name != "qkv_bias"
+    if f.metadata["neox_key"] and f.name not in {field for _, field, _ in ARCH_KEYS}
 ]
 HF_MODEL_TYPES = tuple(HF_FAMILIES)
 #: rope types read from ``rope_parameters`` / ``rope_scaling`` (see :func:`zerotopo.models.neox.llama3_inv_freq`)

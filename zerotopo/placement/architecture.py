@@ -66,14 +66,12 @@ class ModuleSpec:
         return out + ([ParamSpec(f"{prefix}bias", self.shape[:1])] if self.bias else [])
 
 
-def _switch(default: Any, neox_key: str, hf: str, earlier: Any = None, *, later: bool = False) -> Any:
-    """A field of :class:`Architecture`: its default, the NeoX YAML key that sets it, where Hugging Face
-    says it (for messages) and, for a switch added after runs were first saved (``later``), the value
-    every such run had (a run's identity leaves the switch out at that value)."""
-    meta = {"neox_key": neox_key, "hf": hf}
-    if later:
-        meta["earlier"] = earlier
-    return field(default=default, metadata=meta)
+def _switch(default: Any, neox_key: str | None, hf: str, *, later: bool = False) -> Any:
+    """A switch of :class:`Architecture`: its default, the NeoX YAML key that sets it (None: only a Hugging
+    Face ``config.json`` does), where Hugging Face says it (for messages) and whether it was added after
+    runs were first saved (``later``: every such run had the default, and a run's identity leaves the
+    switch out at that value, so their checkpoints resume)."""
+    return field(default=default, metadata={"neox_key": neox_key, "hf": hf, "later": later})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +97,7 @@ class Architecture:
     matrices instead of two."""
     use_bias_in_attn_linear: bool = _switch(True, "use_bias_in_attn_linear", "attention_bias")
     """Biases on ``query_key_value`` and ``attention.dense``."""
-    qkv_bias: bool | None = _switch(None, "qkv_bias", "model_type (qwen2)", None, later=True)
+    qkv_bias: bool | None = _switch(None, None, "model_type (qwen2)", later=True)
     """Biases on ``query_key_value`` alone; None: as ``use_bias_in_attn_linear``. Qwen2 has them (true)
     with an unbiased output projection (``use_bias_in_attn_linear: false``)."""
     use_bias_in_mlp: bool = _switch(True, "use_bias_in_mlp", "mlp_bias")
@@ -108,11 +106,11 @@ class Architecture:
     """Biases (offsets) in the norms; Llama has none."""
     tie_embeddings: bool = _switch(False, "no_weight_tying", "tie_word_embeddings")
     """The head's projection reuses the embedding matrix (one shared parameter)."""
-    qk_norm: bool = _switch(False, "qk_norm", "model_type (olmo2: q_norm, k_norm)", False, later=True)
+    qk_norm: bool = _switch(False, "qk_norm", "model_type (olmo2: q_norm, k_norm)", later=True)
     """OLMo-2's QK-norm: the configured ``norm`` over the whole query projection (``heads·head_dim``) and
     the whole key projection (``kv_heads·head_dim``), before rotary (Team OLMo, "2 OLMo 2 Furious",
     arXiv:2501.00656)."""
-    post_norm: bool = _switch(False, "post_norm", "model_type (olmo2)", False, later=True)
+    post_norm: bool = _switch(False, "post_norm", "model_type (olmo2)", later=True)
     """OLMo-2's norm placement: the layer's norms on the outputs of attention and MLP,
     ``x + norm(attn(x))``, instead of on their inputs (``input_layernorm`` then follows attention and
     ``post_attention_layernorm`` the MLP)."""
@@ -217,13 +215,13 @@ class Architecture:
 
     @classmethod
     def switches(cls) -> list[Any]:
-        """The switch fields (those with a NeoX key), for messages and identities."""
+        """The switch fields (each a :func:`_switch`), for messages and identities."""
         return [f for f in fields(cls) if "neox_key" in f.metadata]
 
     @classmethod
     def later_fields(cls) -> dict[str, Any]:
         """Switches added after runs were first saved, with the value every earlier run had."""
-        return {f.name: f.metadata["earlier"] for f in cls.switches() if "earlier" in f.metadata}
+        return {f.name: f.default for f in cls.switches() if f.metadata["later"]}
 
 
 @dataclass(frozen=True)
