@@ -131,3 +131,17 @@ def test_a_config_asking_for_qk_norm_refuses_a_llama_directory(tmp_path):
     with pytest.raises(ZerotopoError, match="qk_norm: True in run.yml"):
         merge_hf_config(tmp_path, Args(), replace(llama, qk_norm=True))
     assert merge_hf_config(tmp_path, Args(), llama) == llama
+
+
+def test_a_manifest_written_before_the_switches_reads_as_the_same_model():
+    """A checkpoint's model config saved before ``qk_norm``/``post_norm`` existed (no such keys) reads
+    as the model it was: both off, equal to today's config of the same run."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from zerotopo.checkpoint.store import _model_config
+    from zerotopo.models.config import NeoXConfig
+
+    cfg = NeoXConfig(vocab_size=64, hidden_size=16, num_layers=2, num_attention_heads=2)
+    old = {k: v for k, v in asdict(cfg).items() if k not in ("qk_norm", "post_norm")}
+    assert _model_config(old, Path("checkpoint.json")) == cfg
