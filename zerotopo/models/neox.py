@@ -297,7 +297,8 @@ class GPTNeoX(nn.Module):
         # torch layers draw their own default init when built; building on meta skips those draws, so
         # the generator is consumed by NeoX's init alone (the same draws an engine replays per unit)
         with torch.device("meta"):
-            self.embed_in = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            (embedding,) = cfg.embedding_modules()
+            self.embed_in = nn.Embedding(*embedding.shape)  # [vocab, hidden]
             self.layers = nn.ModuleList(NeoXLayer(cfg) for _ in range(cfg.num_layers))
             self.head = NeoXHead(cfg)
         if device.type != "meta":
