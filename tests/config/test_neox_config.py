@@ -174,7 +174,7 @@ def test_model_config_and_vocab_padding(tmp_path):
     assert cfg.vocab_size == 384 and cfg.tie_embeddings and cfg.gelu_approximate
     assert cfg.max_position_embeddings == 64
     shape = args.model_shape(257)
-    assert shape.seq_length == 64 and shape.tied_embeddings and shape.vocab_size == 384
+    assert shape.seq_length == 64 and shape.tie_embeddings and shape.vocab_size == 384
 
 
 def test_to_dict_dumps_and_reloads(tmp_path):

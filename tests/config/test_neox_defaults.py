@@ -114,11 +114,11 @@ NEOX_DEFAULTS: dict[str, object] = {
     "fp16.min_loss_scale": 1.0,
 }
 
-# Honoured keys GPT-NeoX does not have: zerotopo's own, DeepSpeed's scheduler spelling, the older
-# save_interval and the older mlp_type.
+# Honoured keys GPT-NeoX does not have: zerotopo's own (OLMo-2's qk_norm and post_norm among them),
+# DeepSpeed's scheduler spelling, the older save_interval and the older mlp_type.
 ZEROTOPO_ONLY = {
     "mlp_type", "eod_token", "save_interval", "strict_saves", "async_save", "fresh_start", "topology", "plan", "num_nodes",
-    "optimizer.params.weight_decay",
+    "optimizer.params.weight_decay", "qk_norm", "post_norm",
 }  # fmt: skip
 
 

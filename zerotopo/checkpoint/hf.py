@@ -1,7 +1,8 @@
-"""Hugging Face GPT-NeoX, Llama, Qwen2 and Mistral directories in and out, one parameter slice at a time.
+"""Hugging Face GPT-NeoX, Llama, Qwen2, Mistral and OLMo-2 directories in and out, one parameter slice at a time.
 
 In: ``config.json`` (GPT-NeoX: transformers <5 ``rotary_pct``/``rotary_emb_base`` or >=5 ``rope_parameters``;
-Llama with default or ``llama3`` rope, Qwen2, Mistral with its sliding window) becomes a
+Llama with default or ``llama3`` rope, Qwen2, Mistral with its sliding window, and every other family of
+:data:`zerotopo.placement.architecture.HF_FAMILIES`, such as OLMo-2) becomes a
 :class:`NeoXConfig`; weights come from ``model.safetensors`` or the shards an index
 (``model.safetensors.index.json``) names, and each rank reads only the elements of each parameter its
 optimizer chunk holds (``safe_open(...).get_slice``: a few rows, never a whole file).
@@ -31,6 +32,7 @@ from zerotopo.dtypes import PRECISIONS
 from zerotopo.errors import ZerotopoError
 from zerotopo.fsutil import read_json_object
 from zerotopo.models.config import NeoXConfig
+from zerotopo.placement.architecture import HF_FAMILIES, Architecture
 
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"
@@ -56,7 +58,12 @@ ARCH_KEYS = [
     ("mlp_type", "gated_mlp", "model_type (llama: gated)"),
     ("activation", "activation", "hidden_act"),
 ]
-HF_MODEL_TYPES = ("gpt_neox", "llama", "mistral", "qwen2")
+ARCH_KEYS += [
+    (f.metadata["neox_key"], f.name, f.metadata["hf"])
+    for f in Architecture.switches()
+    if f.metadata["neox_key"] and f.name not in {field for _, field, _ in ARCH_KEYS}
+]
+HF_MODEL_TYPES = tuple(HF_FAMILIES)
 #: rope types read from ``rope_parameters`` / ``rope_scaling`` (see :func:`zerotopo.models.neox.llama3_inv_freq`)
 HF_ROPE_TYPES = ("default", "llama3")
 
@@ -72,7 +79,7 @@ def read_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
     if raw.get("model_type", "gpt_neox") not in HF_MODEL_TYPES:
         raise ZerotopoError(
             f"{path}: model_type is {raw.get('model_type')!r}; zerotopo reads {', '.join(HF_MODEL_TYPES)} "
-            "(GPTNeoXForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
+            f"({', '.join(f.architecture for f in HF_FAMILIES.values())})"
         )
     return raw
 
@@ -145,7 +152,8 @@ def _sliding_window(raw: dict[str, Any], layers: int, source: str) -> int | None
 def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXConfig:
     """The model a ``GPTNeoXConfig`` or ``LlamaConfig``/``MistralConfig`` dict describes (both the <5 and
     the >=5 transformers layouts)."""
-    if raw.get("model_type", "gpt_neox") in ("llama", "mistral", "qwen2"):
+    family = HF_FAMILIES.get(raw.get("model_type", "gpt_neox"))
+    if family is not None and family.split_qkv is not None:  # a Llama-family config.json
         return _llama_to_config(raw, source)
     rope = _rope(raw, source)
     if rope["rope_type"] != "default":
@@ -187,10 +195,12 @@ def _config_json_errors(source: str) -> Iterator[None]:
 
 
 def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
-    """A ``LlamaConfig``, ``MistralConfig`` or ``Qwen2Config`` (biases on q/k/v, none elsewhere)."""
+    """A ``LlamaConfig``, ``MistralConfig``, ``Qwen2Config`` (biases on q/k/v, none elsewhere) or the config of
+    another Llama-named family of the description (its marked switches and fixed values set)."""
     rope = _rope(raw, source)
     positions = raw.get("max_position_embeddings", 2048)
     qwen2 = raw.get("model_type") == "qwen2"
+    family = HF_FAMILIES[raw["model_type"]]
     with _config_json_errors(source):
         window = _sliding_window(raw, int(raw["num_hidden_layers"]), source)
         rope_fields = _rope_fields(rope, int(positions), source)
@@ -207,7 +217,7 @@ def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
         raise ZerotopoError(f"{source}: pretraining_tp {raw['pretraining_tp']}; only 1 is supported")
     with _config_json_errors(source):
         base = float(rope.get("rope_theta", raw.get("rope_theta", 10000)))
-        return NeoXConfig(
+        fields: dict[str, Any] = dict(
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
             num_layers=int(raw["num_hidden_layers"]),
@@ -229,8 +239,11 @@ def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             init_std=float(raw.get("initializer_range", 0.02)),
             sliding_window=window,
-            **rope_fields,
         )
+        fields.update(rope_fields)
+        fields.update(family.marks)  # what only this family holds (OLMo-2's norms), and what it fixes
+        fields.update(family.holds)
+        return NeoXConfig(**fields)
 
 
 def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> NeoXConfig:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from zerotopo.errors import ZerotopoError
+from zerotopo.placement.architecture import from_neox
 
 GLOBAL_STEP = re.compile(r"global_step(\d+)")
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
@@ -104,20 +105,16 @@ def read_layers(step_dir: Path) -> dict[int, dict[str, torch.Tensor]]:
 
 
 def to_zerotopo_names(layers: dict[int, dict[str, torch.Tensor]], num_layers: int) -> dict[str, torch.Tensor]:
-    """NeoX pipeline-layer names to zerotopo's parameter names (see the module docstring)."""
+    """NeoX pipeline-layer names to zerotopo's parameter names (the description's
+    :func:`~zerotopo.placement.architecture.from_neox`; see the module docstring)."""
     out: dict[str, torch.Tensor] = {}
     for idx, params in layers.items():
         for name, t in params.items():
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
-            if idx == 0 and name == "word_embeddings.weight":
-                out["embed_in.weight"] = t
-            elif 2 <= idx < num_layers + 2:
-                out[f"layers.{idx - 2}.{name}"] = t
-            elif name.startswith("norm."):
-                out["head.final_layer_norm." + name.removeprefix("norm.")] = t
-            elif name == "final_linear.weight":
-                out["head.embed_out.weight"] = t
+            zerotopo = from_neox(idx, name, num_layers)
+            if zerotopo is not None:
+                out[zerotopo] = t
             else:
                 raise ZerotopoError(
                     f"pipeline layer {idx:02d} holds {name!r}, which a {num_layers}-layer GPT-NeoX model "

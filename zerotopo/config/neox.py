@@ -264,6 +264,12 @@ class NeoXArgs:
     """Biases on the QKV and attention output projections."""
     use_bias_in_mlp: bool = _key(c.boolean, True)
     """Biases on the MLP projections."""
+    qk_norm: bool = _key(c.boolean, False)
+    """OLMo-2's QK-norm: ``norm`` over the whole query and key projections before rotary (not NeoX's
+    per-head ``use_qk_layernorm``)."""
+    post_norm: bool = _key(c.boolean, False)
+    """OLMo-2's norm placement: each layer's norms on the outputs of attention and MLP instead of their
+    inputs."""
     make_vocab_size_divisible_by: int = _key(c.integer(1, 1 << 20), 128)
     """The tokenizer's vocabulary is padded up to a multiple of this (fast matmuls)."""
     no_weight_tying: bool = _key(c.boolean, True)
@@ -512,6 +518,8 @@ class NeoXArgs:
             layernorm_epsilon=self.layernorm_epsilon,
             use_bias_in_attn_linear=self.use_bias_in_attn_linear,
             use_bias_in_mlp=mlp_bias,
+            qk_norm=self.qk_norm,
+            post_norm=self.post_norm,
             gelu_approximate=self.bias_gelu_fusion,
             tie_embeddings=not self.no_weight_tying,
             init_method=self.init_method,

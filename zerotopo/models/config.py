@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from zerotopo.placement.architecture import Architecture
 from zerotopo.placement.shape import ModelShape
 
 INIT_METHODS = ("normal", "scaled_normal", "small_init", "wang_init")
@@ -15,7 +16,7 @@ ROPE_TYPES = ("default", "llama3")
 #: Fields added after runs were first saved, with the value every earlier run had: a run's identity
 #: (:func:`model_identity`) leaves them out at that value, so checkpoints written before they existed resume.
 LATER_FIELDS: dict[str, object] = {
-    "qkv_bias": None,
+    **Architecture.later_fields(),
     "rope_type": "default",
     "rope_factor": 1.0,
     "rope_low_freq_factor": 1.0,
@@ -61,21 +62,12 @@ def mlp_width(hidden_size: int, intermediate_size: int | None, multiple_of: int 
     return up(ffn)
 
 
-@dataclass
-class NeoXConfig:
-    """Hyperparameters of a GPT-NeoX model (names follow the NeoX YAML keys)."""
+@dataclass(frozen=True, kw_only=True)
+class NeoXConfig(Architecture):
+    """Hyperparameters of a GPT-NeoX model (names follow the NeoX YAML keys): its
+    :class:`~zerotopo.placement.architecture.Architecture` (dimensions and the switches that decide its
+    parameters) and what the forward computes and how it is initialized."""
 
-    vocab_size: int
-    """Rows of the embedding and the output projection (already padded, see ``NeoXArgs.padded_vocab``)."""
-    hidden_size: int
-    """Model width ``h``."""
-    num_layers: int
-    """Transformer layers ``L``."""
-    num_attention_heads: int
-    """Attention heads; ``hidden_size`` must be a multiple."""
-    intermediate_size: int | None = None
-    """MLP width (of each of the gate and up projections when ``gated_mlp``); ``4·hidden_size`` when None.
-    NeoX's derivations from its keys are in :func:`mlp_width`."""
     max_position_embeddings: int = 2048
     """Longest sequence the model is meant for (recorded for Hugging Face's config; rotary tables are
     computed for the actual length)."""
@@ -87,14 +79,8 @@ class NeoXConfig:
     """Parallel residual ``x + attn(ln1(x)) + mlp(ln2(x))`` (NeoX-20B, Pythia); False: sequential."""
     layernorm_epsilon: float = 1e-5
     """Epsilon of every LayerNorm."""
-    use_bias_in_attn_linear: bool = True
-    """Biases on ``query_key_value`` and ``attention.dense``."""
-    use_bias_in_mlp: bool = True
-    """Biases on ``dense_h_to_4h`` and ``dense_4h_to_h``."""
     gelu_approximate: bool = False
     """Tanh-approximate GELU, which NeoX's fused ``bias_gelu_fusion`` kernel computes; False: exact erf GELU."""
-    tie_embeddings: bool = False
-    """The head's projection reuses ``embed_in.weight`` (one shared Parameter). NeoX default: untied."""
     init_method: str = "normal"
     """Init of the embeddings, ``query_key_value`` and ``dense_h_to_4h``: normal | scaled_normal |
     small_init | wang_init."""
@@ -108,17 +94,8 @@ class NeoXConfig:
     """``layernorm`` (GPT-NeoX, Pythia) or ``rmsnorm`` (Llama: ``x·rsqrt(mean(x²) + eps)·weight``)."""
     rms_norm_epsilon: float = 1e-8
     """Epsilon of every RMSNorm (NeoX's default 1e-8; Llama uses 1e-6 or 1e-5)."""
-    use_bias_in_norms: bool = True
-    """Biases (offsets) in the norms; Llama has none."""
     activation: str = "gelu"
     """The MLP's activation: ``gelu`` or ``silu`` (with ``gated_mlp``: SwiGLU)."""
-    gated_mlp: bool = False
-    """A gated MLP ``w2(act(w1·x) * w3·x)`` (NeoX's ``mlp_type: llama`` / ``activation: swiglu``)."""
-    num_kv_heads: int | None = None
-    """Key/value heads (grouped-query attention; 1 is multi-query); ``num_attention_heads`` when None."""
-    qkv_bias: bool | None = None
-    """Biases on ``query_key_value`` alone; None: as ``use_bias_in_attn_linear``. Qwen2 has them (true)
-    with an unbiased output projection (``use_bias_in_attn_linear: false``)."""
     rope_type: str = "default"
     """Rotary frequencies: ``default`` (``base^(-2i/d)``) or ``llama3`` (Llama 3.1's rescaling of the low
     and middle frequencies by ``rope_factor``, from ``rope_low_freq_factor``, ``rope_high_freq_factor`` and
@@ -175,25 +152,8 @@ class NeoXConfig:
             )
 
     @property
-    def ffn_size(self) -> int:
-        return self.intermediate_size or 4 * self.hidden_size
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_attention_heads
-
-    @property
-    def has_qkv_bias(self) -> bool:
-        """Whether ``query_key_value`` has a bias (``qkv_bias``, else ``use_bias_in_attn_linear``)."""
-        return self.use_bias_in_attn_linear if self.qkv_bias is None else self.qkv_bias
-
-    @property
     def norm_epsilon(self) -> float:
         return self.rms_norm_epsilon if self.norm == "rmsnorm" else self.layernorm_epsilon
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def rotary_ndims(self) -> int:
@@ -202,19 +162,6 @@ class NeoXConfig:
 
     def shape(self, seq_length: int, name: str = "neox") -> ModelShape:
         """The :class:`ModelShape` the cost model and planner use for this model."""
-        return ModelShape(
-            num_layers=self.num_layers,
-            hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads,
-            seq_length=seq_length,
-            vocab_size=self.vocab_size,
-            intermediate_size=self.ffn_size,
-            tied_embeddings=self.tie_embeddings,
-            name=name,
-            num_kv_heads=self.kv_heads,
-            gated_mlp=self.gated_mlp,
-            attention_bias=self.use_bias_in_attn_linear,
-            qkv_bias=self.has_qkv_bias,
-            mlp_bias=self.use_bias_in_mlp,
-            norm_bias=self.use_bias_in_norms,
-        )
+        arch = {f.name: getattr(self, f.name) for f in fields(Architecture)}
+        arch.update(intermediate_size=self.ffn_size, num_kv_heads=self.kv_heads, qkv_bias=self.has_qkv_bias)
+        return ModelShape(**arch, seq_length=seq_length, name=name)

@@ -1,14 +1,16 @@
-"""Hugging Face ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``MistralForCausalLM``
-state dicts, configs and safetensors files.
+"""Hugging Face ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``
+and ``Olmo2ForCausalLM`` state dicts, configs and safetensors files.
 
-A model with NeoX's own architecture (LayerNorm, GELU MLP, one key/value head per query head) is a
-``GPTNeoXForCausalLM``: the names differ only by prefix and the fused QKV layout is the same (see [Note: NeoX
-layout] in ``neox.py``), so conversion is a renaming. A Llama-architecture model (RMSNorm without biases,
-gated SiLU MLP, full rotary, sequential residual; any number of key/value heads) is a ``LlamaForCausalLM``:
-the fused ``query_key_value`` rows are cut into ``q_proj``/``k_proj``/``v_proj`` (per head when there are as
-many key/value heads as query heads, in three blocks otherwise) and the MLP's ``w1``/``w3``/``w2`` are
-``gate_proj``/``up_proj``/``down_proj``; Llama's rotary is the same non-interleaved ``rotate_half`` form.
-Qwen2 (biases on q/k/v only) and Mistral (a sliding window) name their tensors as Llama does.
+Every tensor name comes from the architecture's description
+(:data:`zerotopo.placement.architecture.HF_FAMILIES`). A model with NeoX's own architecture (LayerNorm,
+GELU MLP, one key/value head per query head) is a ``GPTNeoXForCausalLM``: the names differ only by prefix
+and the fused QKV layout is the same (the description's [Note: NeoX layout]), so conversion is a renaming.
+A Llama-architecture model (RMSNorm without biases, gated SiLU MLP, full rotary, sequential residual; any
+number of key/value heads) is a ``LlamaForCausalLM``: the fused ``query_key_value`` rows are cut into
+``q_proj``/``k_proj``/``v_proj`` (per head when there are as many key/value heads as query heads, in three
+blocks otherwise) and the MLP's ``w1``/``w3``/``w2`` are ``gate_proj``/``up_proj``/``down_proj``; Llama's
+rotary is the same non-interleaved ``rotate_half`` form. Qwen2 (biases on q/k/v only), Mistral (a sliding
+window) and OLMo-2 (QK-norm, norms after attention and MLP) name their tensors as Llama does.
 Anything else has no Hugging Face architecture that holds it, and :func:`export_architecture` says which
 key prevents each.
 
@@ -26,41 +28,13 @@ import torch
 
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
+from zerotopo.placement.architecture import HF_FAMILIES, Architecture
 
-# zerotopo name -> Hugging Face name; layer keys are matched by their suffix after "layers.{i}."
-_TOP_LEVEL = {
-    "embed_in.weight": "gpt_neox.embed_in.weight",
-    "head.final_layer_norm.weight": "gpt_neox.final_layer_norm.weight",
-    "head.final_layer_norm.bias": "gpt_neox.final_layer_norm.bias",
-    "head.embed_out.weight": "embed_out.weight",
-}
-_LLAMA_TOP_LEVEL = {
-    "embed_in.weight": "model.embed_tokens.weight",
-    "head.final_layer_norm.weight": "model.norm.weight",
-    "head.embed_out.weight": "lm_head.weight",
-}
-_LLAMA_LAYER = {
-    "input_layernorm": "input_layernorm",
-    "post_attention_layernorm": "post_attention_layernorm",
-    "attention.dense": "self_attn.o_proj",
-    "mlp.w1": "mlp.gate_proj",
-    "mlp.w3": "mlp.up_proj",
-    "mlp.w2": "mlp.down_proj",
-}
 # Hugging Face's non-parameter buffers: functions of the config, never loaded
 IGNORABLE = (".attention.bias", ".attention.masked_bias", ".inv_freq")
 
 Segment = tuple[str, int, int]
 """``(hf_name, first_row, rows)``: a run of rows of a Hugging Face tensor inside a zerotopo parameter."""
-
-
-def _hf_name(name: str) -> str:
-    """The ``GPTNeoXForCausalLM`` name of a zerotopo parameter."""
-    if name in _TOP_LEVEL:
-        return _TOP_LEVEL[name]
-    if name.startswith("layers."):
-        return "gpt_neox." + name
-    raise KeyError(f"parameter {name!r} has no Hugging Face GPT-NeoX name")
 
 
 def is_llama(cfg: NeoXConfig) -> bool:
@@ -70,22 +44,41 @@ def is_llama(cfg: NeoXConfig) -> bool:
 
 
 #: Hugging Face ``model_type`` -> architecture class, for the model types zerotopo writes.
-ARCHITECTURES = {
-    "gpt_neox": "GPTNeoXForCausalLM",
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
+ARCHITECTURES = {model_type: family.architecture for model_type, family in HF_FAMILIES.items()}
+
+
+def _marked(cfg: NeoXConfig) -> str | None:
+    """The family whose :attr:`~zerotopo.placement.architecture.HFFamily.marks` ``cfg`` has, if any."""
+    for model_type, family in HF_FAMILIES.items():
+        if any(getattr(cfg, k) == v for k, v in family.marks.items()):
+            return model_type
+    return None
 
 
 def hf_model_type(cfg: NeoXConfig) -> str:
-    """The Hugging Face ``model_type`` that holds ``cfg``'s model: ``qwen2`` for biases on q/k/v alone,
-    ``mistral`` for a sliding window, ``llama`` for Llama's other switches, else ``gpt_neox``."""
+    """The Hugging Face ``model_type`` that holds ``cfg``'s model: a family of the description whose
+    switches it has, ``qwen2`` for biases on q/k/v alone, ``mistral`` for a sliding window, ``llama`` for
+    Llama's other switches, else ``gpt_neox``."""
     if not is_llama(cfg):
         return "gpt_neox"
+    marked = _marked(cfg)
+    if marked is not None:
+        return marked
     if cfg.has_qkv_bias and not cfg.use_bias_in_attn_linear:
         return "qwen2"
     return "mistral" if cfg.sliding_window is not None else "llama"
+
+
+def _family_keys(cfg: NeoXConfig, model_type: str) -> list[tuple[str, Any, Any]]:
+    """``(key, ours, needed)`` for the switches the description's families mark and the values the
+    chosen family holds (every other family needs a marked switch at its default)."""
+    family = HF_FAMILIES[model_type]
+    defaults = {f.name: f.default for f in Architecture.switches()}
+    wrong = [(k, getattr(cfg, k), v) for k, v in family.holds.items()]
+    for other in HF_FAMILIES.values():
+        for k in other.marks:
+            wrong.append((k, getattr(cfg, k), family.marks.get(k, defaults.get(k))))
+    return wrong
 
 
 def export_architecture(cfg: NeoXConfig) -> str:
@@ -102,7 +95,7 @@ def export_architecture(cfg: NeoXConfig) -> str:
             ("rotary_pct", cfg.rotary_pct, 1.0),
             ("gpt_j_residual", cfg.gpt_j_residual, False),
         ]
-        if model_type != "llama":  # Qwen2 and Mistral have no MLP biases, Mistral no attention biases
+        if model_type in ("qwen2", "mistral"):  # no MLP biases; Mistral no attention biases either
             wrong.append(("use_bias_in_mlp", cfg.use_bias_in_mlp, False))
         if model_type == "mistral":
             wrong.append(("qkv_bias", cfg.has_qkv_bias, False))
@@ -116,12 +109,13 @@ def export_architecture(cfg: NeoXConfig) -> str:
             ("sliding_window", cfg.sliding_window, None),
             ("qkv_bias", cfg.has_qkv_bias, cfg.use_bias_in_attn_linear),
         ]
-    bad = [f"{key}: {ours!r} (needs {want!r})" for key, ours, want in wrong if ours != want]
+    wrong += _family_keys(cfg, model_type)
+    bad = [f"{key}: {ours!r} (needs {want!r})" for key, ours, want in dict.fromkeys(wrong) if ours != want]
     if bad:
         raise ZerotopoError(
             f"this model has no Hugging Face architecture: as the nearest, {name}, it would need "
             f"{'; '.join(bad)}. transformers' GPTNeoXForCausalLM always has MLP and LayerNorm biases and "
-            "plain rotary over all positions; LlamaForCausalLM (and Qwen2, Mistral) needs RMSNorm, a gated "
+            "plain rotary over all positions; LlamaForCausalLM (and Qwen2, Mistral, OLMo-2) needs RMSNorm, a gated "
             "SiLU MLP, full rotary and a sequential residual; Qwen2 biases q/k/v only, Mistral nothing. "
             "Train with those keys to export, or keep the zerotopo checkpoint"
         )
@@ -129,34 +123,14 @@ def export_architecture(cfg: NeoXConfig) -> str:
 
 
 def hf_segments(cfg: NeoXConfig, name: str, rows: int) -> list[Segment]:
-    """Where the ``rows`` rows of zerotopo parameter ``name`` come from in the Hugging Face state dict."""
-    if not is_llama(cfg):
-        return [(_hf_name(name), 0, rows)]
-    if name in _LLAMA_TOP_LEVEL:
-        return [(_LLAMA_TOP_LEVEL[name], 0, rows)]
-    prefix, _, rest = name.partition(".")
-    index, _, rest = rest.partition(".")
-    module, _, kind = rest.rpartition(".")
-    base = f"model.layers.{index}."
-    if prefix == "layers" and module in _LLAMA_LAYER:
-        return [(f"{base}{_LLAMA_LAYER[module]}.{kind}", 0, rows)]
-    if prefix == "layers" and module == "attention.query_key_value":
-        q, k, v = (f"{base}self_attn.{p}_proj.{kind}" for p in "qkv")
-        N, K, D = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
-        if K == N:  # per head q|k|v, see [Note: NeoX layout]
-            return [(t, n * D, D) for n in range(N) for t in (q, k, v)]
-        return [(q, 0, N * D), (k, 0, K * D), (v, 0, K * D)]
-    raise KeyError(f"parameter {name!r} has no Hugging Face Llama name")
+    """Where the ``rows`` rows of zerotopo parameter ``name`` come from in the Hugging Face state dict of
+    the architecture :func:`hf_model_type` picks (the description's names)."""
+    return cfg.hf_segments(hf_model_type(cfg), name, rows)
 
 
 def hf_shapes(cfg: NeoXConfig, shapes: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The Hugging Face tensors (name -> shape) that zerotopo parameters of ``shapes`` become."""
-    out: dict[str, tuple[int, ...]] = {}
-    for name, shape in shapes.items():
-        shape = tuple(int(s) for s in shape)
-        for hf, row0, rows in hf_segments(cfg, name, shape[0]):
-            out[hf] = (max(out.get(hf, (0,))[0], row0 + rows), *shape[1:])
-    return out
+    return cfg.hf_shapes(hf_model_type(cfg), shapes)
 
 
 def split_to_hf(cfg: NeoXConfig, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -286,8 +260,10 @@ def _llama_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
         out["rope_scaling"] = out["rope_parameters"]  # the key transformers <5 reads
     if model_type == "mistral":
         out["sliding_window"] = cfg.sliding_window
-    if model_type != "llama":  # Qwen2's and Mistral's biases are fixed by the architecture
+    if model_type in ("qwen2", "mistral"):  # their biases are fixed by the architecture
         del out["attention_bias"], out["mlp_bias"]
+    for key in HF_FAMILIES[model_type].config_drop:
+        out.pop(key, None)
     if model_type == "qwen2":
         window = cfg.sliding_window
         out.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)

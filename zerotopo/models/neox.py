@@ -5,15 +5,10 @@ the input embedding ``embed_in``, the transformer layers ``layers[i]`` and the `
 output projection). The sharding engine wraps those as units; nothing here knows about sharding.
 
 The Llama family is the same model with NeoX's switches (``norm: rmsnorm``, a gated SiLU MLP, grouped-query
-attention through ``num_kv_heads``, no biases, full rotary, sequential residual); the unit description in
-``shape.py`` lists every parameter each switch adds or removes.
-
-[Note: NeoX layout] With one key/value head per query head the fused ``query_key_value`` projection
-produces, per token, ``heads`` groups of ``[q | k | v]`` each ``head_dim`` wide (``[heads, 3·head_dim]``), not
-``[q_all | k_all | v_all]``. Keeping this layout lets Hugging Face ``GPTNeoXForCausalLM`` and NeoX checkpoints
-load without any permutation. With fewer key/value heads (grouped-query attention) NeoX splits the projection
-into blocks instead, ``[q_all | k_all | v_all]`` (``heads·head_dim``, then ``kv_heads·head_dim`` twice), and
-so does this model.
+attention through ``num_kv_heads``, no biases, full rotary, sequential residual). Every projection and norm
+is built from the architecture's description (:meth:`~zerotopo.placement.architecture.Architecture.layer_modules`:
+its shape and whether it has a bias), the same description the cost model counts and the checkpoint name
+mapping reads; the fused ``query_key_value`` layout is its [Note: NeoX layout].
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zerotopo.models.config import INIT_METHODS, NeoXConfig
+from zerotopo.placement.architecture import ModuleSpec
 
 
 def init_std(method: str, cfg: NeoXConfig) -> float:
@@ -114,11 +110,18 @@ class RMSNorm(nn.Module):
         return self.weight * y if self.bias is None else self.weight * y + self.bias
 
 
-def make_norm(cfg: NeoXConfig) -> nn.Module:
-    """The configured norm over the model width (``norm``, its epsilon, ``use_bias_in_norms``)."""
+def make_norm(cfg: NeoXConfig, spec: ModuleSpec) -> nn.Module:
+    """The configured norm (``norm``, its epsilon) of the described module ``spec`` (its size and bias)."""
+    size, bias = spec.shape[0], spec.bias
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.hidden_size, cfg.rms_norm_epsilon, cfg.use_bias_in_norms)
-    return nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon, bias=cfg.use_bias_in_norms)
+        return RMSNorm(size, cfg.rms_norm_epsilon, bias)
+    return nn.LayerNorm(size, eps=cfg.layernorm_epsilon, bias=bias)
+
+
+def make_linear(spec: ModuleSpec) -> nn.Linear:
+    """The described projection: weight ``[out, in]`` and its bias, if any."""
+    out_features, in_features = spec.shape
+    return nn.Linear(in_features, out_features, bias=spec.bias)
 
 
 def activation(cfg: NeoXConfig):
@@ -135,10 +138,8 @@ class NeoXAttention(nn.Module):
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
         self.num_heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
-        h, d = cfg.hidden_size, cfg.head_dim
-        qkv_out = (self.num_heads + 2 * self.kv_heads) * d
-        self.query_key_value = nn.Linear(h, qkv_out, bias=cfg.has_qkv_bias)
-        self.dense = nn.Linear(self.num_heads * d, h, bias=cfg.use_bias_in_attn_linear)
+        self.query_key_value = make_linear(cfg.module_spec("attention.query_key_value"))
+        self.dense = make_linear(cfg.module_spec("attention.dense"))
         llama3 = (
             (
                 cfg.rope_factor,
@@ -150,6 +151,9 @@ class NeoXAttention(nn.Module):
             else None
         )
         self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, llama3)
+        qk = cfg.qk_norm  # OLMo-2: over the whole projections, before rotary
+        self.q_norm = make_norm(cfg, cfg.module_spec("attention.q_norm")) if qk else None
+        self.k_norm = make_norm(cfg, cfg.module_spec("attention.k_norm")) if qk else None
         self.sliding_window = cfg.sliding_window
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -177,8 +181,17 @@ class NeoXAttention(nn.Module):
             q_BSND, k_BSKD, v_BSKD = qkv.split([N * D, K * D, K * D], dim=-1)
             q = q_BSND.view(B, S, N, D).transpose(1, 2)
             k, v = (t.view(B, S, K, D).transpose(1, 2) for t in (k_BSKD, v_BSKD))
+        if self.q_norm is not None:
+            q, k = _whole_norm(self.q_norm, q), _whole_norm(self.k_norm, k)
         cos, sin = self.rotary.cos_sin(S, x_BSH.device, q.dtype)
         return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
+
+
+def _whole_norm(norm: nn.Module, x_BNSD: torch.Tensor) -> torch.Tensor:
+    """``norm`` over all heads of each token at once (OLMo-2's QK-norm), shape kept."""
+    B, N, S, D = x_BNSD.shape
+    y_BSX = norm(x_BNSD.transpose(1, 2).reshape(B, S, N * D))  # heads in order, as q_proj/k_proj rows
+    return y_BSX.view(B, S, N, D).transpose(1, 2)
 
 
 class NeoXMLP(nn.Module):
@@ -186,8 +199,8 @@ class NeoXMLP(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.use_bias_in_mlp)
-        self.dense_4h_to_h = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.use_bias_in_mlp)
+        self.dense_h_to_4h = make_linear(cfg.module_spec("mlp.dense_h_to_4h"))
+        self.dense_4h_to_h = make_linear(cfg.module_spec("mlp.dense_4h_to_h"))
         self.act = activation(cfg)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -203,10 +216,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        h, f = cfg.hidden_size, cfg.ffn_size
-        self.w1 = nn.Linear(h, f, bias=cfg.use_bias_in_mlp)  # gate
-        self.w3 = nn.Linear(h, f, bias=cfg.use_bias_in_mlp)  # up
-        self.w2 = nn.Linear(f, h, bias=cfg.use_bias_in_mlp)  # down
+        self.w1 = make_linear(cfg.module_spec("mlp.w1"))  # gate
+        self.w3 = make_linear(cfg.module_spec("mlp.w3"))  # up
+        self.w2 = make_linear(cfg.module_spec("mlp.w2"))  # down
         self.act = activation(cfg)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -222,11 +234,12 @@ class NeoXLayer(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.input_layernorm = make_norm(cfg)
-        self.post_attention_layernorm = make_norm(cfg)
+        self.input_layernorm = make_norm(cfg, cfg.module_spec("input_layernorm"))
+        self.post_attention_layernorm = make_norm(cfg, cfg.module_spec("post_attention_layernorm"))
         self.attention = NeoXAttention(cfg)
         self.mlp = GatedMLP(cfg) if cfg.gated_mlp else NeoXMLP(cfg)
         self.gpt_j_residual = cfg.gpt_j_residual
+        self.post_norm = cfg.post_norm
         self.checkpoint_activations = cfg.checkpoint_activations
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -236,6 +249,12 @@ class NeoXLayer(nn.Module):
         return self._body(x_BSH)
 
     def _body(self, x: torch.Tensor) -> torch.Tensor:
+        if self.post_norm:  # OLMo-2: x + norm(attn(x)), then x + norm(mlp(x))
+            a = self.input_layernorm(self.attention(x))
+            if self.gpt_j_residual:
+                return x + a + self.post_attention_layernorm(self.mlp(x))
+            x = x + a
+            return x + self.post_attention_layernorm(self.mlp(x))
         if self.gpt_j_residual:
             return x + self.attention(self.input_layernorm(x)) + self.mlp(self.post_attention_layernorm(x))
         x = x + self.attention(self.input_layernorm(x))
@@ -252,7 +271,8 @@ class NeoXHead(nn.Module):
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__()
-        self.final_layer_norm = make_norm(cfg)
+        self.final_layer_norm = make_norm(cfg, cfg.module_spec("final_layer_norm"))
+        # tied: the description has no projection of its own; GPTNeoX shares the embedding's after build
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
@@ -277,7 +297,8 @@ class GPTNeoX(nn.Module):
         # torch layers draw their own default init when built; building on meta skips those draws, so
         # the generator is consumed by NeoX's init alone (the same draws an engine replays per unit)
         with torch.device("meta"):
-            self.embed_in = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            (embedding,) = cfg.embedding_modules()
+            self.embed_in = nn.Embedding(*embedding.shape)  # [vocab, hidden]
             self.layers = nn.ModuleList(NeoXLayer(cfg) for _ in range(cfg.num_layers))
             self.head = NeoXHead(cfg)
         if device.type != "meta":

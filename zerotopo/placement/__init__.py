@@ -6,6 +6,7 @@ foundation modules (errors, resources); everything else builds on it (tests/test
 - :mod:`~zerotopo.placement.plan`: one shard degree per model state, presets and the nesting rule;
 - :mod:`~zerotopo.placement.layout`: which rank owns which chunk of a unit's flat buffer;
 - :mod:`~zerotopo.placement.matrices`: whole-matrix owners inside an optimizer group (Muon);
+- :mod:`~zerotopo.placement.architecture`: each architecture stated once (switches, modules, checkpoint names);
 - :mod:`~zerotopo.placement.shape`: the model's unit description (parameters, shapes, FLOPs);
 - :mod:`~zerotopo.placement.codecs` and :mod:`~zerotopo.placement.volume`: wire formats and the bytes each sends;
 - :mod:`~zerotopo.placement.schedule`: per unit and micro-batch, the collectives around its compute, and the
