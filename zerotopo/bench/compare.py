@@ -844,15 +844,24 @@ def measure_compute(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: 
     the run (at the median of the floor's runs), so the regime is derived at a rate the pricing
     shares. Forward and backward passes alone (what this timed before) leave out the floor's optimizer step, data and row overhead: they read
     1.25x and 0.99x the floor's later rate in two earlier runs (docs/bench.md, "Compute rate")."""
+    run = floor_runs(opts, topo, cfg, seq, batch)[0]
+    flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
+    return flops / statistics.median(run["step_times_s"])
+
+
+def floor_runs(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: int) -> list[dict[str, Any]]:
+    """The start's run of the ``no-comm`` row that :func:`measure_compute` times: every rank's result
+    (its ``step_times_s`` and processor seconds ``cpu_s`` per timed step), rank order."""
     print(f"measuring the compute rate: the {FLOOR_ROW} row on {topo.world_size} ranks", file=sys.stderr,
           flush=True)  # fmt: skip
     floor = replace(opts, batch=batch, seq=seq, micro_batches=1, warmup=1, steps=COMPUTE_STEPS,
                     checkpoint=cfg.checkpoint_activations, replay=None, profile_dir=None)  # fmt: skip
-    run = _spawn(_worker, (floor, [(0, FLOOR_ROW, None)], {}), opts, topo, None)[0][0]
-    if "error" in run:
-        raise ZerotopoError(f"the {FLOOR_ROW} row failed while measuring the compute rate: {run['error']}")
-    flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
-    return flops / statistics.median(run["step_times_s"])
+    runs = [r[0] for r in _spawn(_worker, (floor, [(0, FLOOR_ROW, None)], {}), opts, topo, None)]
+    if "error" in runs[0]:
+        raise ZerotopoError(
+            f"the {FLOOR_ROW} row failed while measuring the compute rate: {runs[0]['error']}"
+        )
+    return runs
 
 
 def _probe_worker(rank: int, world: int, opts: CompareOptions) -> list:
@@ -959,7 +968,7 @@ def apply_clock(opts: CompareOptions, topo: Any) -> tuple[CompareOptions, Any]:
         cfg, seq = model_config(opts)
         opts = replace(opts, vocab=derived_vocab(cfg.shape(seq).layer_params(), cfg.hidden_size))
     cfg, seq = model_config(opts)
-    return clocked.derive(opts, topo, cfg, seq, measure_compute, opts.workload)
+    return clocked.derive(opts, topo, cfg, seq, clocked.measure_rate, opts.workload)
 
 
 def _settings(
