@@ -1105,7 +1105,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             "cross-node bytes, the links' counters (payload without TCP/IP headers in brackets) over the "
             "schedule's ring accounting (hop by hop, zerotopo.bench.ringbytes): "
-            + ", ".join(f"{k} {v:.3f}x ({p:.3f}x)" for k, (v, p) in over.items())
+            + ", ".join(f"{k} {v:.3f}x" + ("" if p is None else f" ({p:.3f}x)") for k, (v, p) in over.items())
         )
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
