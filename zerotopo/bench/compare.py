@@ -13,10 +13,11 @@ shaped link). Per row, rank 0's JSON carries:
   schedule, :func:`framework_cost`), None for the FSDP2 rows;
 - ``tier_bytes_per_step``: bytes one rank sent per step across each tier, mean over ranks, read from
   the htb class counters of the shaped links (everything on the wire: payload, TCP/IP headers, ACKs)
-  over whole steps: from the start of the last warm-up step to the end of the last timed step with
-  what it left in flight landed (``Row.settle``; the engine's lazy parameter gathers run beside the
-  next step's forward, so counters read at the timed steps' boundaries caught an unknown part of one
-  step's gathers and missed part of another's), outside the timed steps; ``tier_payload_bytes_per_step``
+  over the timed steps; for the engine's rows, whose post-step parameter gathers run beside the next
+  step's forward (so counters read at the timed steps' boundaries caught an unknown part of one step's
+  gathers and missed part of another's), from the start of the last warm-up step to the end of the
+  last timed step with what it left in flight landed (``Row.settle``), outside the timed steps (a
+  DeepSpeed row's first step sends otherwise than its later ones); ``tier_payload_bytes_per_step``
   the same less each packet's TCP/IP headers (:data:`zerotopo.bench.measure.FRAME_BYTES`), and
   ``network_bytes_over_ring`` / ``network_payload_over_ring`` each across nodes over the schedule's
   bytes hop by hop (:mod:`zerotopo.bench.ringbytes`);
@@ -229,11 +230,11 @@ def _worker(
         times, losses, cpu = [], [], []
         sent0: dict[str, tuple[int, int]] = {}
         # the links count whole steps, untimed (``tier_bytes_per_step`` in the module docstring)
-        first = max(opts.warmup - 1, 0)
+        first = opts.warmup if row.settle is None else max(opts.warmup - 1, 0)
         counted = opts.warmup + opts.steps - first
         for step in range(opts.warmup + opts.steps):
             data = batches(opts, cfg.vocab_size, seq, rank, step)
-            if step == first:
+            if step == first and row.settle is not None:
                 row.settle()
             dist.barrier()
             if step == first:
@@ -251,8 +252,9 @@ def _worker(
                 cpu.append(c1 - c0)
             losses.append(loss)
         clock1 = on_clock()
-        row.settle()
-        dist.barrier()
+        if row.settle is not None:
+            row.settle()
+            dist.barrier()
         sent1 = link_tier_counters(tier_classes)
         sent = {t: [(b - a) / counted for a, b in zip(sent0.get(t, (0, 0)), sent1[t])] for t in sent1}
         peak = memory.peak_bytes()

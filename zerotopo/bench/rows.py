@@ -43,9 +43,9 @@ class Row:
     step: Callable[[list[tuple[torch.Tensor, torch.Tensor]]], float]
     close: Callable[[], None] = field(default=lambda: None)
     info: dict[str, Any] = field(default_factory=dict)
-    settle: Callable[[], None] = field(default=lambda: None)
+    settle: Callable[[], None] | None = None
     """Land every collective a step left in flight (the engine's lazy parameter gathers), so the links'
-    counters hold all of the steps run so far."""
+    counters hold all of the steps run so far; None: a step leaves none."""
 
 
 Hook = Callable[[torch.nn.Module], Any]
