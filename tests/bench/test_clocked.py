@@ -97,3 +97,17 @@ def test_the_command_line_of_the_clock():
     with pytest.raises(ConfigError, match="--nodes"):
         _args("--regime", "device-clock", "--nodes", "65")
     assert _args("--regime", "comm-bound").seq is None  # the other regimes keep the model's
+
+
+def test_the_planned_rate_reads_processor_time_not_the_wait_for_a_core():
+    from zerotopo.bench.clocked import planned_rate
+
+    # 8 ranks on 2 cores: a step of 0.5 processor seconds is 2 s of a quiet machine's wall time per rank
+    runs = [{"cpu_s": [0.6, 0.5, 0.7], "step_times_s": [9.0, 8.0, 30.0]} for _ in range(8)]
+    assert planned_rate(runs, 1e9, cores=2) == pytest.approx(1e9 / 2.0)
+    # the wall time a loaded machine stretches does not move it; a faster rank's best step does not either
+    runs[0] = {"cpu_s": [0.1], "step_times_s": [90.0]}
+    assert planned_rate(runs, 1e9, cores=2) == pytest.approx(1e9 / 2.0)
+    assert planned_rate(runs[:1], 1e9, cores=2) == pytest.approx(1e9 / 0.1)  # fewer ranks than cores
+    with pytest.raises(ValueError, match="no processor time"):
+        planned_rate([{"step_times_s": [1.0]}], 1e9, cores=2)

@@ -48,3 +48,22 @@ def test_every_byte_of_the_schedule_is_on_one_tier(topo, preset):
         )
     if preset == "mics":  # nothing leaves a node but the cross-replica all-reduce
         assert ring["network"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_the_zerotopo_rows_links_carry_its_schedule_across_nodes(nodes):
+    # the links' counters over whole steps (the engine's lazy parameter gathers landed) against the
+    # schedule hop by hop: the payload (headers off) within 5%, the wire's bytes above it
+    from zerotopo.bench.compare import CompareOptions, compare
+    from zerotopo.launch.netem import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"emulated network unavailable: {why}")
+    opts = CompareOptions(model="small", rows=("zerotopo",), nodes=nodes, steps=1, warmup=1, micro_batches=1,
+                          batch=1, dtype="bf16", network_mbit=400, timeout_s=900)  # fmt: skip
+    (row,) = compare(opts, command="test")["rows"]
+    payload = row["network_payload_over_ring"]
+    assert payload == pytest.approx(1.0, abs=0.05), row["tier_payload_bytes_per_step"]
+    assert row["network_bytes_over_ring"] > payload

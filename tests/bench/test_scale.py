@@ -87,3 +87,74 @@ def test_the_report_holds_every_count_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
     plot(report, str(tmp_path / "scale.png"))
     assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_eight_ranks_a_node_are_four_packages_of_frontiers_share(tmp_path):
+    from zerotopo.bench.clock import target_topology
+    from zerotopo.bench.scale import node_topology
+    from zerotopo.placement.topology import load_topology
+
+    assert node_topology(4, str(tmp_path)) == "emulated-frontier"
+    four = load_topology("emulated-frontier", nodes=2)
+    eight = load_topology(node_topology(8, str(tmp_path)), nodes=2)
+    assert eight.devices_per_node == 8 and eight.world_size == 16
+    assert [(t.name, t.fanout) for t in eight.tiers] == [("package", 2), ("node", 4)]
+    # each rank keeps its share of the node's injection
+    assert eight.network.injection_gbps == pytest.approx(2 * four.network.injection_gbps)
+    # ranks 0-7 on node 0, 8-15 on node 1
+    assert eight.tier_of_group((6, 7)) == "package" and eight.tier_of_group((3, 4)) == "node"
+    assert eight.tier_of_group((7, 8)) == "network" and eight.tier_of_group((0, 15)) == "network"
+    # the clock's target: Frontier's node of 8 GCDs sharing its 100 GB/s
+    target = target_topology(eight, load_topology("frontier"), 2)
+    assert target.devices_per_node == 8 and target.network.injection_gbps == pytest.approx(100.0)
+    with pytest.raises(ConfigError, match="--ranks-per-node"):
+        node_topology(5, str(tmp_path))
+
+
+def test_eight_ranks_a_node_split_the_global_batch_and_replay_a_whole_node(tmp_path):
+    from zerotopo.bench.replay import target_span
+    from zerotopo.bench.scale import node_topology
+
+    opts = count_options(CompareOptions(topology=node_topology(8, str(tmp_path))), 2, "global-batch", 1)
+    assert opts.micro_batches == 24 and opts.workload.ranks == 16  # 1536 / (4 x 16)
+    # a bench node of 8 stands for a Frontier node of 8: no share to scale
+    assert target_span(1, 8, 8, 2, 8) == ("node", 1, 8)
+    assert target_span(2, 16, 8, 2, 8) == ("network", 2, 8)
+    assert target_span(2, 2, 8, 2, 8) == ("network", 2, 1)
+    assert target_span(1, 4, 4, 2, 8) == ("node", 1, 8)  # 4 per node: half a node's GCDs each
+
+
+def test_more_ranks_than_the_machine_holds_are_refused(capsys):
+    from zerotopo.cli.main import main
+
+    assert main(["bench", "scale", "--nodes", "2,16", "--ranks-per-node", "8"]) != 0
+    assert "--nodes: 16 nodes of 8 ranks are 128 ranks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_nodes_of_eight_ranks_run_and_their_links_show_the_nodes(tmp_path):
+    # one step of zero3 on 2 x 8 ranks: a ring over the 16 ranks crosses a package in 8 of its hops, a
+    # node's packages in 6 and the network in 2 (7-8, 15-0), as the links count them
+    import subprocess
+    import sys
+
+    from zerotopo.launch.netem import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"emulated network unavailable: {why}")
+    out = tmp_path / "scale.json"
+    cmd = [sys.executable, "-m", "zerotopo.cli.main", "bench", "scale", "--nodes", "2", "--ranks-per-node", "8",
+           "--model", "tiny", "--rows", "zero3", "--mode", "micro-batch", "--curves", "off", "--steps", "1",
+           "--warmup", "1", "--repeat", "1", "--timeout", "900", "--json", "-o", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1200)
+    report = json.loads(out.read_text())
+    (entry,) = report["counts"]
+    assert entry["nodes"] == 2 and entry["ranks_per_node"] == 8 and entry["world_size"] == 16
+    assert entry["topology"] == "emulated-frontier-8" and entry["dilation"] >= 1
+    assert entry["workload"].startswith("1 micro-batches x 4 sequences per rank on 16 ranks (2 nodes)")
+    (row,) = entry["rows"]
+    assert row["name"] == "zero3" and len(row["peak_memory_bytes_per_rank"]) == 16
+    sent = row["tier_payload_bytes_per_step"]
+    assert sent["node"] / sent["package"] == pytest.approx(6 / 8, rel=0.05)
+    assert sent["network"] / sent["package"] == pytest.approx(2 / 8, rel=0.05)

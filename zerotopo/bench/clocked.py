@@ -2,7 +2,7 @@
 
 The target is NeoX-20B (configs/neox-20b.yml) on Frontier GCDs arranged as the emulated topology's tree
 at its node count (:func:`zerotopo.bench.clock.target_topology`). :func:`derive` measures this
-machine's arithmetic rate (the ``no-comm`` row on every rank, as the ``frontier-20b`` regime does),
+machine's arithmetic rate (the ``no-comm`` row on every rank, in processor time: :func:`planned_rate`),
 picks D so that the real arithmetic of a step is :data:`~zerotopo.bench.clock.ARITHMETIC_SHARE` of its
 waited device time, and shapes each tier at the target's bandwidth × k / D with its latency × D, a
 node's ranks sharing one uplink. :func:`cost_topology` is the machine the cost model prices the rows on
@@ -83,6 +83,34 @@ def target_workload(
     return workload(nodes, ranks_per_node, micro, global_batch, mode, micro_batches)
 
 
+def planned_rate(runs: list[dict[str, Any]], step_flops: float, cores: int) -> float:
+    """FLOP/s per rank that D is planned for, from the start's ``no-comm`` run on every rank (each rank's
+    processor seconds per step, ``cpu_s``): the model's FLOPs of a step over the median rank's fastest
+    step in processor time, shared over ``cores`` when the ranks outnumber them.
+
+    Processor time is what a rank's arithmetic costs whatever else runs on the machine; the wall time of
+    a step (what the rate was before) also holds the time the rank waited for a core, which other work
+    on a shared machine can stretch several-fold. The ranks' arithmetic still shares the cores, so a
+    rank is planned at its share of them, as a quiet machine's wall time would give it."""
+    best = sorted(min(r["cpu_s"]) for r in runs if r.get("cpu_s"))
+    if not best or best[len(best) // 2] <= 0:
+        raise ValueError("the no-comm run reported no processor time per step")
+    return step_flops / (best[len(best) // 2] * max(1.0, len(runs) / cores))
+
+
+def measure_rate(opts: Any, topo: Any, cfg: Any, seq: int, batch: int) -> float:
+    """:func:`planned_rate` of the ``no-comm`` row run at start on every rank
+    (:func:`zerotopo.bench.compare.floor_runs`) with this machine's cores; the ``measure`` of
+    :func:`derive`."""
+    import os
+
+    from zerotopo.bench.compare import floor_runs
+
+    runs = floor_runs(opts, topo, cfg, seq, batch)
+    flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
+    return planned_rate(runs, flops, len(os.sched_getaffinity(0)))
+
+
 @dataclass(frozen=True)
 class ClockSettings:
     """The clock a run derived and the figures it came from (printed in the report)."""
@@ -91,7 +119,7 @@ class ClockSettings:
     target: Any
     """The emulated target machine (:func:`zerotopo.bench.clock.target_topology`)."""
     flops_per_rank: float
-    """This machine's arithmetic rate per rank, FLOP/s, measured at start."""
+    """This machine's arithmetic rate per rank, FLOP/s, measured at start (:func:`planned_rate`)."""
     arithmetic_s: float
     """Real arithmetic of one step on one rank at that rate."""
     device_s: float
@@ -122,7 +150,7 @@ def derive(
     share: float = C.ARITHMETIC_SHARE,
 ) -> tuple[Any, ClockSettings]:  # fmt: skip
     """``opts`` on the clock and the settings: ``measure(opts, topo, cfg, seq, batch) -> FLOP/s`` per
-    rank (:func:`zerotopo.bench.compare.measure_compute`). The target micro-batch is the config's; the
+    rank (:func:`measure_rate`). The target micro-batch is the config's; the
     micro-batches per step are ``opts.micro_batches`` (``bench scale`` sets them from ``work``, the
     :func:`target_workload` it states; without it, a fixed number per rank). The waits recompute a
     layer's forward in its backward as the target does; the bench model's own arithmetic need not (its

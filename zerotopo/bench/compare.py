@@ -12,7 +12,15 @@ shaped link). Per row, rank 0's JSON carries:
   :func:`zerotopo.cost.planner.estimate`) for zerotopo rows and the DeepSpeed rows (on DeepSpeed's
   schedule, :func:`framework_cost`), None for the FSDP2 rows;
 - ``tier_bytes_per_step``: bytes one rank sent per step across each tier, mean over ranks, read from
-  the htb class counters of the shaped links (everything on the wire: payload, TCP/IP headers, ACKs);
+  the htb class counters of the shaped links (everything on the wire: payload, TCP/IP headers, ACKs)
+  over the timed steps; for the engine's rows, whose post-step parameter gathers run beside the next
+  step's forward (so counters read at the timed steps' boundaries caught an unknown part of one step's
+  gathers and missed part of another's), from the start of the last warm-up step to the end of the
+  last timed step with what it left in flight landed (``Row.settle``), outside the timed steps (a
+  DeepSpeed row's first step sends otherwise than its later ones); ``tier_payload_bytes_per_step``
+  the same less each packet's TCP/IP headers (:data:`zerotopo.bench.measure.FRAME_BYTES`), and
+  ``network_bytes_over_ring`` / ``network_payload_over_ring`` each across nodes over the schedule's
+  bytes hop by hop (:mod:`zerotopo.bench.ringbytes`);
 - ``peak_memory_bytes``: the largest per-rank peak (:mod:`zerotopo.bench.measure`);
 - ``final_loss``: the mean loss of the last step over ranks and micro-batches.
 
@@ -188,7 +196,7 @@ def _worker(
 
     import torch.distributed as dist
 
-    from zerotopo.bench.measure import PeakMemory, link_tier_bytes
+    from zerotopo.bench.measure import FRAME_BYTES, PeakMemory, link_tier_counters
     from zerotopo.bench.precision import arithmetic
     from zerotopo.bench.rows import build_row, prepare_row, warm_up
     from zerotopo.placement.topology import load_topology
@@ -220,12 +228,18 @@ def _worker(
         row = build_row(name, plan, cfg, topo, rank, opts, hook)
         setup_s = time.perf_counter() - t_setup
         times, losses, cpu = [], [], []
-        sent0: dict[str, int] = {}
+        sent0: dict[str, tuple[int, int]] = {}
+        # the links count whole steps, untimed (``tier_bytes_per_step`` in the module docstring)
+        first = opts.warmup if row.settle is None else max(opts.warmup - 1, 0)
+        counted = opts.warmup + opts.steps - first
         for step in range(opts.warmup + opts.steps):
             data = batches(opts, cfg.vocab_size, seq, rank, step)
+            if step == first and row.settle is not None:
+                row.settle()
             dist.barrier()
+            if step == first:
+                sent0 = link_tier_counters(tier_classes)
             if step == opts.warmup:
-                sent0 = link_tier_bytes(tier_classes)
                 waited0 = sum(waited.values())  # the timed steps' waits (a warm-up step can differ)
                 clock0 = on_clock()
             t0, c0 = time.perf_counter(), time.process_time()
@@ -237,8 +251,12 @@ def _worker(
                 times.append(time.perf_counter() - t0)
                 cpu.append(c1 - c0)
             losses.append(loss)
-        sent1 = link_tier_bytes(tier_classes)
         clock1 = on_clock()
+        if row.settle is not None:
+            row.settle()
+            dist.barrier()
+        sent1 = link_tier_counters(tier_classes)
+        sent = {t: [(b - a) / counted for a, b in zip(sent0.get(t, (0, 0)), sent1[t])] for t in sent1}
         peak = memory.peak_bytes()
         if opts.profile_dir and repeat == 0:
             with arithmetic(opts.dtype):
@@ -254,7 +272,8 @@ def _worker(
                 "step_times_s": times,
                 "cpu_s": cpu,
                 "losses": losses,
-                "tier_bytes": {t: (sent1[t] - sent0.get(t, 0)) / opts.steps for t in sent1},
+                "tier_bytes": {t: nbytes for t, (nbytes, _) in sent.items()},
+                "tier_payload": {t: nbytes - FRAME_BYTES * packets for t, (nbytes, packets) in sent.items()},
                 "peak_memory_bytes": peak,
                 "setup_s": setup_s,
                 "replay_wait_s": (sum(waited.values()) - waited0) / opts.steps,
@@ -583,6 +602,7 @@ def assemble(
                 "predicted_tier_bytes": m.get("predicted_tier_bytes"),
                 "ring_tier_bytes": m.get("ring_tier_bytes"),
                 "tier_bytes_per_step": _mean_dict([r["tier_bytes"] for r in ranks]),
+                "tier_payload_bytes_per_step": _mean_dict([r.get("tier_payload", {}) for r in ranks]),
                 "peak_memory_bytes": max(peaks) if None not in peaks else None,
                 "peak_memory_bytes_per_rank": peaks,
                 "final_loss": final,
@@ -826,15 +846,24 @@ def measure_compute(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: 
     the run (at the median of the floor's runs), so the regime is derived at a rate the pricing
     shares. Forward and backward passes alone (what this timed before) leave out the floor's optimizer step, data and row overhead: they read
     1.25x and 0.99x the floor's later rate in two earlier runs (docs/bench.md, "Compute rate")."""
+    run = floor_runs(opts, topo, cfg, seq, batch)[0]
+    flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
+    return flops / statistics.median(run["step_times_s"])
+
+
+def floor_runs(opts: CompareOptions, topo: Any, cfg: Any, seq: int, batch: int) -> list[dict[str, Any]]:
+    """The start's run of the ``no-comm`` row that :func:`measure_compute` times: every rank's result
+    (its ``step_times_s`` and processor seconds ``cpu_s`` per timed step), rank order."""
     print(f"measuring the compute rate: the {FLOOR_ROW} row on {topo.world_size} ranks", file=sys.stderr,
           flush=True)  # fmt: skip
     floor = replace(opts, batch=batch, seq=seq, micro_batches=1, warmup=1, steps=COMPUTE_STEPS,
                     checkpoint=cfg.checkpoint_activations, replay=None, profile_dir=None)  # fmt: skip
-    run = _spawn(_worker, (floor, [(0, FLOOR_ROW, None)], {}), opts, topo, None)[0][0]
-    if "error" in run:
-        raise ZerotopoError(f"the {FLOOR_ROW} row failed while measuring the compute rate: {run['error']}")
-    flops = cfg.shape(seq).step_flops(batch, checkpoint_activations=cfg.checkpoint_activations)
-    return flops / statistics.median(run["step_times_s"])
+    runs = [r[0] for r in _spawn(_worker, (floor, [(0, FLOOR_ROW, None)], {}), opts, topo, None)]
+    if "error" in runs[0]:
+        raise ZerotopoError(
+            f"the {FLOOR_ROW} row failed while measuring the compute rate: {runs[0]['error']}"
+        )
+    return runs
 
 
 def _probe_worker(rank: int, world: int, opts: CompareOptions) -> list:
@@ -911,6 +940,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         net = topo.network.name
         if ring and sent and ring.get(net) and net in sent:
             r["network_bytes_over_ring"] = sent[net] / ring[net]
+            r["network_payload_over_ring"] = r["tier_payload_bytes_per_step"][net] / ring[net]
     report = {"command": command, "machine": f"{socket.gethostname()}, {os.cpu_count()} CPUs",
               "topology": topo.name, "world_size": topo.world_size, "emulated": opts.emulate,
               "tier_rates_mbit": rates}  # fmt: skip
@@ -940,7 +970,7 @@ def apply_clock(opts: CompareOptions, topo: Any) -> tuple[CompareOptions, Any]:
         cfg, seq = model_config(opts)
         opts = replace(opts, vocab=derived_vocab(cfg.shape(seq).layer_params(), cfg.hidden_size))
     cfg, seq = model_config(opts)
-    return clocked.derive(opts, topo, cfg, seq, measure_compute, opts.workload)
+    return clocked.derive(opts, topo, cfg, seq, clocked.measure_rate, opts.workload)
 
 
 def _settings(
@@ -1069,12 +1099,15 @@ def format_report(report: dict[str, Any]) -> str:
             f"{tr['us_per_mb']:g} us per MB sent ({tr['ranks_per_core']:g} ranks per core)"
         )
     over = {
-        r["name"]: r["network_bytes_over_ring"] for r in report["rows"] if r.get("network_bytes_over_ring")
+        r["name"]: (r["network_bytes_over_ring"], r.get("network_payload_over_ring"))
+        for r in report["rows"]
+        if r.get("network_bytes_over_ring")
     }
     if over:
         lines.append(
-            "cross-node bytes, the links' counters over the schedule's ring accounting (hop by hop, "
-            "zerotopo.bench.ringbytes): " + ", ".join(f"{k} {v:.3f}x" for k, v in over.items())
+            "cross-node bytes, the links' counters (payload without TCP/IP headers in brackets) over the "
+            "schedule's ring accounting (hop by hop, zerotopo.bench.ringbytes): "
+            + ", ".join(f"{k} {v:.3f}x" + ("" if p is None else f" ({p:.3f}x)") for k, (v, p) in over.items())
         )
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))

@@ -43,6 +43,9 @@ class Row:
     step: Callable[[list[tuple[torch.Tensor, torch.Tensor]]], float]
     close: Callable[[], None] = field(default=lambda: None)
     info: dict[str, Any] = field(default_factory=dict)
+    settle: Callable[[], None] | None = None
+    """Land every collective a step left in flight (the engine's lazy parameter gathers), so the links'
+    counters hold all of the steps run so far; None: a step leaves none."""
 
 
 Hook = Callable[[torch.nn.Module], Any]
@@ -90,7 +93,11 @@ def zerotopo_row(
         opt.zero_grad()
         return total / m
 
-    return Row(step, model.close, {"degrees": plan.label(topo)})
+    def settle() -> None:
+        for u in model.units:
+            u.settle_params()
+
+    return Row(step, model.close, {"degrees": plan.label(topo)}, settle)
 
 
 def deepspeed_row(

@@ -1,6 +1,7 @@
 """``zerotopo bench scale``: the head-to-head at several emulated node counts, on the device clock.
 
-At each node count the same emulated Frontier (``emulated-frontier``'s tree, 4 ranks per node) runs
+At each node count the same emulated Frontier (``emulated-frontier``'s tree: 4 ranks per node, or 8
+with ``--ranks-per-node 8``, Frontier's 8 GCDs a node, :func:`node_topology`) runs
 ``bench compare --regime device-clock`` (:mod:`zerotopo.bench.clocked`) with the rows that decide how
 to train at scale: the planner's pick, zero3, zeropp, mics, ``zerotopo``, DeepSpeed ZeRO-3, DeepSpeed
 hpZ and FSDP2 HSDP (and the ``no-comm`` floor, for the measured R), with the shaped links alone and
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from dataclasses import replace
 from typing import Any
 
@@ -31,11 +33,15 @@ from zerotopo.bench.clocked import MODES, target_workload
 from zerotopo.bench.replay import CURVES
 from zerotopo.errors import ConfigError
 
+BASE_TOPOLOGY = "emulated-frontier"
+RANKS_PER_NODE = (4, 8)
+"""``--ranks-per-node``: ``emulated-frontier``'s own 2 packages of 2 dies, or 4 packages as a Frontier node."""
 SCALE_ROWS = (FLOOR_ROW, "planner", "zero3", "zeropp", "mics", "zerotopo", "deepspeed-zero3", "deepspeed-hpz",
               "fsdp2-hsdp")  # fmt: skip
 DEFAULT_NODES = (2, 4, 8, 16)
 MAX_NODES = 16
-"""64 ranks: what one machine holds (each a process of the fork server)."""
+MAX_RANKS = 64
+"""What one machine holds (each rank a process of the fork server): 16 nodes of 4 or 8 of 8."""
 
 
 def parse_nodes(text: str) -> tuple[int, ...]:
@@ -52,6 +58,40 @@ def parse_nodes(text: str) -> tuple[int, ...]:
     if not out:
         raise ConfigError("give at least one node count, e.g. --nodes 2,4", key="--nodes")
     return tuple(out)
+
+
+def node_topology(ranks_per_node: int, directory: str, base: str = BASE_TOPOLOGY) -> str:
+    """The topology with ``ranks_per_node`` ranks a node: ``base`` itself when its nodes have that many,
+    else ``base``'s tree with its outermost tier inside a node (the node's packages) widened to hold
+    them and its network injection scaled with them (the same share per rank), written as a topology
+    file into ``directory``; returns what ``--topology`` takes (a name or that file's path).
+
+    Raises ConfigError when the tiers below the node's outermost do not divide ``ranks_per_node``."""
+    import yaml
+
+    from zerotopo import resources
+    from zerotopo.placement.topology import load_topology
+
+    topo = load_topology(base)
+    if topo.devices_per_node == ranks_per_node:
+        return base
+    inner = topo.devices_per_node // topo.tiers[-1].fanout
+    if ranks_per_node < 1 or ranks_per_node % inner:
+        raise ConfigError(
+            f"{base} cannot hold {ranks_per_node} ranks a node: its tiers below the node's {topo.tiers[-1].name} "
+            f"hold {inner} ranks, so give a multiple of {inner}", key="--ranks-per-node",
+        )  # fmt: skip
+    raw = yaml.safe_load(resources.builtin_file("topologies", base).read_text())
+    raw["name"] = f"{base}-{ranks_per_node}"
+    raw["description"] = (
+        f"{base} with {ranks_per_node} ranks a node ({ranks_per_node // inner} {topo.tiers[-1].name}s)"
+    )
+    raw["tiers"][-1]["fanout"] = ranks_per_node // inner
+    raw["network"]["injection_gbps"] = topo.network.injection_gbps * ranks_per_node / topo.devices_per_node
+    path = os.path.join(directory, f"{raw['name']}.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return path
 
 
 def count_options(base: Any, nodes: int, mode: str, micro_batches: int, curves: str | None = None) -> Any:
@@ -73,7 +113,9 @@ def count_entry(nodes: int, report: dict[str, Any], curves: str | None = None) -
     return {
         "nodes": nodes,
         "curves": curves,
+        "topology": report.get("topology"),
         "world_size": report["world_size"],
+        "ranks_per_node": report["world_size"] // nodes,
         "dilation": clock.get("dilation"),
         "regime": report.get("regime"),
         "workload": clock.get("workload"),
@@ -179,7 +221,10 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)),
-                   help="emulated node counts (default 2,4,8,16; 4 ranks per node)")  # fmt: skip
+                   help=f"emulated node counts (default 2,4,8,16; at most {MAX_RANKS} ranks in all)")  # fmt: skip
+    p.add_argument("--ranks-per-node", type=int, choices=RANKS_PER_NODE, default=4,
+                   help="ranks per emulated node: 4 (default; emulated-frontier's 2 packages of 2) or 8 "
+                   "(4 packages, as Frontier's 8 GCDs a node)")  # fmt: skip
     p.add_argument("--mode", choices=MODES, default="global-batch",
                    help="global-batch (default): NeoX-20B's global batch (configs/neox-20b.yml) split over the "
                    "ranks; micro-batch: --micro-batches per rank at every count")  # fmt: skip
@@ -206,6 +251,13 @@ def run(args: argparse.Namespace) -> int:
     from zerotopo.bench.compare import CLOCK_BATCH, CLOCK_SEQ, CompareOptions, emit
 
     nodes = parse_nodes(args.nodes)
+    too_many = [n for n in nodes if n * args.ranks_per_node > MAX_RANKS]
+    if too_many:
+        raise ConfigError(
+            f"{too_many[0]} nodes of {args.ranks_per_node} ranks are {too_many[0] * args.ranks_per_node} ranks, "
+            f"more than the {MAX_RANKS} one machine holds; give at most {MAX_RANKS // args.ranks_per_node} nodes",
+            key="--nodes",
+        )
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
     if not rows:
         raise ConfigError("no rows given", key="--rows")
@@ -224,10 +276,12 @@ def run(args: argparse.Namespace) -> int:
                           timeout_s=args.timeout)  # fmt: skip
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench scale"
     curves = {"both": (None, *CURVES), "off": (None,)}.get(args.curves, (args.curves,))
-    report = emit(
-        args,
-        lambda: scale(base, nodes, args.mode, args.micro_batches, command, curves=curves),
-        plot,
-        format_scale,
-    )
+    with tempfile.TemporaryDirectory(prefix="zerotopo-scale-") as directory:
+        base = replace(base, topology=node_topology(args.ranks_per_node, directory))
+        report = emit(
+            args,
+            lambda: scale(base, nodes, args.mode, args.micro_batches, command, curves=curves),
+            plot,
+            format_scale,
+        )
     return 0 if all(e["losses_agree"] for e in report["counts"]) else 1

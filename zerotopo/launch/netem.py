@@ -450,17 +450,24 @@ def enter_namespace(name: str) -> None:
 def class_bytes(device: str = "eth0", namespace: str | None = None) -> dict[str, int]:
     """Bytes sent so far through every htb class of ``device`` (class id -> bytes), in the caller's
     network namespace or in ``namespace``; {} when the device has no htb classes."""
+    return {cls: sent for cls, (sent, _) in class_counters(device, namespace).items()}
+
+
+def class_counters(device: str = "eth0", namespace: str | None = None) -> dict[str, tuple[int, int]]:
+    """Bytes and packets sent so far through every htb class of ``device`` (class id -> (bytes,
+    packets), a segmentation-offloaded packet counted as its segments, each with its headers), as
+    :func:`class_bytes`."""
     cmd = ["tc"] + (["-n", namespace] if namespace else []) + ["-s", "class", "show", "dev", device]
     res = subprocess.run(cmd, capture_output=True, text=True)
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, int]] = {}
     current = None
     for line in res.stdout.splitlines():
         m = re.match(r"class htb (\S+)", line)
         if m:
             current = m.group(1)
             continue
-        m = re.match(r"\s*Sent (\d+) bytes", line)
+        m = re.match(r"\s*Sent (\d+) bytes (\d+) pkt", line)
         if m and current is not None:
-            out[current] = int(m.group(1))
+            out[current] = (int(m.group(1)), int(m.group(2)))
             current = None
     return out
