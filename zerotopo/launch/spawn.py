@@ -65,8 +65,17 @@ STOP_S = 3.0
 COLLATERAL = ("Connection closed", "Connection reset", "Broken pipe", "Timed out", "gloo", "timed out")
 
 
-#: Modules the fork server imports before it forks any rank.
-PRELOAD = ("torch", "torch.distributed", "zerotopo.launch.spawn")
+#: Modules the fork server imports before it forks any rank: torch, and what a rank of the engine or of
+#: ``zerotopo train`` imports next, so no rank imports them again. A name that does not import is
+#: skipped (the server's own rule), and no module here reads the environment when imported, so a rank
+#: still sees the launcher's environment as it is at its start.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "zerotopo.launch.spawn",
+    "zerotopo.engine.api",
+    "zerotopo.trainer.loop",
+)
 #: ``ZEROTOPO_START_METHOD``: how ranks start (``forkserver``, the default, or ``spawn``).
 START_METHODS = ("forkserver", "spawn")
 
