@@ -1,7 +1,7 @@
-"""How ranks start: new interpreters by default; under ``ZEROTOPO_START_METHOD=forkserver`` forks of a
-fork server that imported torch once, each with the launcher's environment, working directory and
-standard streams as they are at the start (as a spawned rank has them); none outliving a launcher that
-is killed, either way."""
+"""How ranks start: by default forks of a fork server that imported torch once, each with the launcher's
+environment, working directory and standard streams as they are at the start (as a spawned rank has
+them); new interpreters under ``ZEROTOPO_START_METHOD=spawn``; none outliving a launcher that is killed,
+either way; the processes the suite starts can be interrupted (SIGINT at its default)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _seen(rank, world, name):
 def test_a_forked_rank_gets_the_launchers_environment_directory_and_streams_as_they_are_now(
     monkeypatch, tmp_path, capfd
 ):
-    monkeypatch.setenv("ZEROTOPO_START_METHOD", "forkserver")
+    monkeypatch.delenv("ZEROTOPO_START_METHOD", raising=False)  # the default
     monkeypatch.setenv(MARK, "before")
     spawn(_seen, 2, args=(MARK,), timeout_s=120)  # the fork server runs from here on, with "before"
     capfd.readouterr()
@@ -55,19 +55,30 @@ def test_a_forked_rank_gets_the_launchers_environment_directory_and_streams_as_t
 
 
 def _parent(rank, world):
+    import torch.distributed as dist
+
+    dist.barrier()  # no rank leaves (and closes its connections) while another still connects
     return os.getppid()
 
 
-def test_ranks_are_new_interpreters_by_default_and_a_wrong_method_is_named(monkeypatch):
+def test_ranks_are_forks_of_the_fork_server_by_default_and_a_wrong_method_is_named(monkeypatch):
     monkeypatch.delenv("ZEROTOPO_START_METHOD", raising=False)
-    assert spawn(_parent, 2, timeout_s=120) == [os.getpid()] * 2  # the launcher's children
-    monkeypatch.setenv("ZEROTOPO_START_METHOD", "forkserver")
     assert os.getpid() not in spawn(_parent, 2, timeout_s=120)  # the fork server's
+    monkeypatch.setenv("ZEROTOPO_START_METHOD", "spawn")
+    assert spawn(_parent, 2, timeout_s=120) == [os.getpid()] * 2  # new interpreters: the launcher's children
     monkeypatch.setenv("ZEROTOPO_START_METHOD", "fork")
     with pytest.raises(
-        ZerotopoError, match="ZEROTOPO_START_METHOD='fork' is not a start method; use spawn or forkserver"
+        ZerotopoError, match="ZEROTOPO_START_METHOD='fork' is not a start method; use forkserver or spawn"
     ):
         spawn(_parent, 2, timeout_s=120)
+
+
+def test_a_process_the_suite_starts_has_sigint_at_its_default():
+    # tests/conftest.py: a launcher a test sends SIGINT must turn it into KeyboardInterrupt, even when
+    # the suite itself was started with SIGINT ignored (see the Note in zerotopo/launch/spawn.py).
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
 
 
 LAUNCHER = textwrap.dedent(

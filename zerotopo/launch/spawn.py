@@ -12,14 +12,27 @@ check sees them as one host. With ``preempt_on_sigterm`` (``zerotopo train``) SI
 ranks instead, which save at the next step boundary and stop; a second SIGTERM or SIGINT lets them finish,
 a third stops them at once (see :class:`_Stops`).
 
-By default every rank is a new interpreter (``spawn``) that imports torch itself. With
-``ZEROTOPO_START_METHOD=forkserver`` ranks start as forks of a fork server that has imported torch
-once (:data:`PRELOAD`), which starts ranks far faster once the server runs (docs/launch.md gives the
-measured start-up times and their command). A forked rank still starts clean (the server only imported modules) and gets the
-launcher's environment, working directory, ``sys.path`` and standard output and error as they are at
-the start, as a spawned one would. It is not the default yet: in one run of the whole test suite with
-it as the default, a launcher process sent SIGINT while its ranks slept did not exit (twice, in
-tests/test_spawn_faults.py and tests/test_netem.py), which neither test did when run alone.
+Ranks start as forks of a fork server that has imported torch once (``forkserver`` with
+:data:`PRELOAD`), which starts them far faster than new interpreters that each import it
+(docs/launch.md gives the measured start-up times and their command). A forked rank still starts clean
+(the server only imported modules) and gets the launcher's environment, working directory, ``sys.path``
+and standard output and error as they are at the start, as a spawned one would.
+``ZEROTOPO_START_METHOD=spawn`` starts every rank as a new interpreter instead (a hook that must run when
+an interpreter starts, such as a ``sitecustomize`` on ``PYTHONPATH``, needs it).
+
+Note (SIGINT that "hung" a launcher): a launcher whose SIGINT is ignored when it starts keeps ignoring
+it. A process inherits ignored signals across ``exec``, and a non-interactive shell starts a command put
+in the background (``cmd &``) with SIGINT and SIGQUIT ignored; Python then installs no
+``KeyboardInterrupt`` handler (it does so only where SIGINT is at its default). Such a launcher sent
+SIGINT sleeps on with its ranks, whichever way they started, while SIGTERM, whose handler this module
+installs, still stops it. That is what was seen when the fork server was first the default: in one run of
+the whole test suite the two tests that send a launcher SIGINT (tests/test_spawn_faults.py,
+tests/test_netem.py) timed out while those sending SIGTERM passed, and both passed when run alone, the
+signature of a suite started with SIGINT ignored. It reproduces with either start method (run those tests under
+``(python -m pytest ... &)``) and has nothing to do with the fork server. The launcher honours an
+ignored SIGINT, as shells and Python do (that is how a background job is kept from a terminal's
+Ctrl-C); tests/conftest.py restores the default SIGINT in the test process, so the processes the suite
+starts can be interrupted however the suite itself was started.
 """
 
 from __future__ import annotations
@@ -52,17 +65,26 @@ STOP_S = 3.0
 COLLATERAL = ("Connection closed", "Connection reset", "Broken pipe", "Timed out", "gloo", "timed out")
 
 
-#: Modules the fork server imports before it forks any rank.
-PRELOAD = ("torch", "torch.distributed", "zerotopo.launch.spawn")
-#: ``ZEROTOPO_START_METHOD``: how ranks start (``spawn``, the default, or ``forkserver``).
-START_METHODS = ("spawn", "forkserver")
+#: Modules the fork server imports before it forks any rank: torch, and what a rank of the engine or of
+#: ``zerotopo train`` imports next, so no rank imports them again. A name that does not import is
+#: skipped (the server's own rule), and no module here reads the environment when imported, so a rank
+#: still sees the launcher's environment as it is at its start.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "zerotopo.launch.spawn",
+    "zerotopo.engine.api",
+    "zerotopo.trainer.loop",
+)
+#: ``ZEROTOPO_START_METHOD``: how ranks start (``forkserver``, the default, or ``spawn``).
+START_METHODS = ("forkserver", "spawn")
 
 
 def _context() -> Any:
     """The multiprocessing context ranks start from (see the module docstring)."""
     import torch.multiprocessing as mp
 
-    method = os.environ.get("ZEROTOPO_START_METHOD", "spawn")
+    method = os.environ.get("ZEROTOPO_START_METHOD", "forkserver")
     if method not in START_METHODS:
         raise ZerotopoError(
             f"ZEROTOPO_START_METHOD={method!r} is not a start method; use {' or '.join(START_METHODS)}"

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
+#: The pid of the process whose ranks the hook stops (set by the hook in the first process that loads it).
+LAUNCHER_ENV = "ZEROTOPO_FAULT_LAUNCHER_PID"
 HOOKS = Path(__file__).resolve().parent
 
 

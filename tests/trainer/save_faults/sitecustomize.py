@@ -11,6 +11,10 @@ process starts, whose forked ranks inherit the patch:
   ``zerotopo.checkpoint.store.SAVE_PHASES``): ``who`` is a rank number (that rank alone is killed) or
   ``job`` (the rank that gets there kills the launching process and itself; the other ranks die with
   the launcher).
+
+The launching process is the first interpreter that loads this module: it records its pid in
+:data:`LAUNCHER_ENV`, which its fork server and ranks inherit (a forked rank's parent is the fork
+server, not the launcher).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import signal
 
 FAULT_ENV = "ZEROTOPO_FAULT_IN_SAVE"
+LAUNCHER_ENV = "ZEROTOPO_FAULT_LAUNCHER_PID"
 
 
 def _kill() -> None:
@@ -62,7 +67,7 @@ def _install_phase(step: str, phase: str, who: str) -> None:
         if name != phase or str(at) != step or not dist.is_initialized():
             return
         if who == "job":
-            os.kill(os.getppid(), signal.SIGKILL)  # ranks start as new interpreters: the launcher's children
+            os.kill(int(os.environ[LAUNCHER_ENV]), signal.SIGKILL)
             _kill()
         elif dist.get_rank() == int(who):
             _kill()
@@ -71,6 +76,8 @@ def _install_phase(step: str, phase: str, who: str) -> None:
 
 
 _spec = os.environ.get(FAULT_ENV, "")
+if _spec:
+    os.environ.setdefault(LAUNCHER_ENV, str(os.getpid()))
 if _spec.count(":") == 2:
     _install_phase(*_spec.split(":"))
 elif _spec:
