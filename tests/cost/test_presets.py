@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from zerotopo.config.model_files import load_model
+from zerotopo.cost.deepspeed_schedule import module_units
 from zerotopo.cost.planner import CostOptions, plan_candidates
 from zerotopo.cost.presets import COST_PRESETS, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, resolve
 from zerotopo.placement.plan import get_preset
-from zerotopo.placement.schedule import module_units
 from zerotopo.placement.shape import ModelShape
 from zerotopo.placement.topology import load_topology
 

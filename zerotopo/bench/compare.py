@@ -336,7 +336,7 @@ def framework_cost(
     ``deepspeed-zero3`` is the ``deepspeed-zero3`` cost preset (:mod:`zerotopo.cost.presets`) with the
     row's settings (:func:`zerotopo.bench.rows.deepspeed_row`): no parameter kept whole
     (``stage3_param_persistence_threshold: 0``), DeepSpeed's default prefetch and reduce buckets; and no
-    gather in the backward (``ScheduleOptions.backward_gather``): DeepSpeed's coordinator keeps a
+    gather in the backward (``DeepSpeedSchedule.backward_gather``): DeepSpeed's coordinator keeps a
     parameter its prefetcher fetched until that parameter's last use in the recorded trace
     (``__params_to_release``), and traced on the bench's 8 ranks with the row's settings (and again with
     ``stage3_max_live_parameters`` scaled by the layer ratio to 3.9e6), from the second step on it gathers
@@ -347,7 +347,7 @@ def framework_cost(
     FSDP2 has no cost preset: its rows are measured, not predicted. ``buckets``: the row's scaled
     DeepSpeed buckets (:func:`zerotopo.bench.regime.deepspeed_buckets`). ``gloo_reduce``: the rows run on
     gloo, where DeepSpeed's gradient reduce-scatter is an all-reduce
-    (``ScheduleOptions.reduce_scatter_all_reduce``); False under ``--curves``, where the replay waits the
+    (``DeepSpeedSchedule.reduce_scatter_all_reduce``); False under ``--curves``, where the replay waits the
     target's reduce-scatter (RCCL runs a real one) and the links, at their fastest, add next to nothing."""
     from zerotopo.cost.presets import COST_PRESETS
 

@@ -32,14 +32,7 @@ from zerotopo.cost.time import (
 )
 from zerotopo.errors import PlanError
 from zerotopo.placement.plan import PRESETS, Degrees, Plan, enumerate_plans
-from zerotopo.placement.schedule import (
-    ENGINE,
-    Collective,
-    ScheduleOptions,
-    StepSchedule,
-    engine_units,
-    module_units,
-)
+from zerotopo.placement.schedule import ENGINE, Collective, ScheduleModel, StepSchedule
 from zerotopo.placement.shape import ModelShape
 from zerotopo.placement.topology import Topology
 
@@ -136,9 +129,7 @@ class PlanEstimate:
     @property
     def unit_layers(self) -> int | None:
         """Layers per unit of the schedule costed (None for DeepSpeed's per-module schedule)."""
-        if self.schedule is None or self.schedule.options.granularity != "unit":
-            return None
-        return self.schedule.options.unit_layers
+        return None if self.schedule is None else self.schedule.options.unit_layers
 
     def to_json(self, topology: Topology) -> dict:
         m = self.memory
@@ -200,7 +191,7 @@ class _Fit:
 
     plan: Plan
     degrees: Degrees
-    options: ScheduleOptions
+    options: ScheduleModel
     units: list
     memory: MemoryBreakdown
     fits: bool
@@ -213,7 +204,7 @@ class _Search:
     """What the candidates of one planner call share ([Note: one search] in :func:`plan_candidates`)."""
 
     units: dict = field(default_factory=dict)
-    """(granularity, persistence threshold, layers per unit) -> the model's units."""
+    """A schedule's ``units_key`` -> the model's units."""
     schedules: dict = field(default_factory=dict)
     """(schedule options, layers per unit) -> those options with that many layers per unit."""
     distinct: dict = field(default_factory=dict)
@@ -231,26 +222,22 @@ def _fit(
     options: CostOptions,
     degrees: Degrees | None,
     unit_layers: int | None = None,
-    schedule: ScheduleOptions | None = None,
+    schedule: ScheduleModel | None = None,
     search: _Search | None = None,
 ) -> _Fit:
     """The memory side of a candidate (no schedule is built: the planner prunes by memory first)."""
     plan, sched = resolve(plan)
     sched = schedule or sched
-    if unit_layers is not None and sched.granularity == "unit":
+    if unit_layers is not None and sched.unit_layers is not None:
         sched = _with_unit_layers(sched, unit_layers, search)
     if plan.grad_dtype is None and options.grad_dtype is not None:
         plan = replace(plan, grad_dtype=options.grad_dtype)
     d = degrees or plan.degrees(topology)
     o = options
-    key = (sched.granularity, sched.persistence_threshold, sched.unit_layers)
+    key = sched.units_key
     units = None if search is None else search.units.get(key)
     if units is None:
-        units = (
-            module_units(shape, sched.persistence_threshold)
-            if sched.granularity == "module"
-            else engine_units(shape, sched.unit_layers)
-        )
+        units = sched.units(shape)
         if search is not None:
             search.units[key] = units
     gw = grad_width(plan, o.param_bytes)
@@ -268,7 +255,7 @@ def _fit(
         o.micro_batch,
         shape,
         o.checkpoint_activations,
-        hold_gathered=not sched.backward_gather,
+        hold_gathered=sched.hold_gathered,
     )
     limit = options.memory_limit_bytes
     if limit is None:
@@ -276,13 +263,13 @@ def _fit(
     return _Fit(plan, d, sched, units, memory, memory.total <= limit, grad_bytes, reduce_bytes)
 
 
-def _with_unit_layers(sched: ScheduleOptions, k: int, search: _Search | None) -> ScheduleOptions:
+def _with_unit_layers(sched: ScheduleModel, k: int, search: _Search | None) -> ScheduleModel:
     """``sched`` with ``k`` layers per unit (one object per pair within a search)."""
     if search is None:
-        return replace(sched, unit_layers=k)
+        return sched.with_unit_layers(k)
     out = search.schedules.get((sched, k))
     if out is None:
-        out = search.schedules[(sched, k)] = replace(sched, unit_layers=k)
+        out = search.schedules[(sched, k)] = sched.with_unit_layers(k)
     return out
 
 
@@ -352,7 +339,7 @@ def estimate(
     options: CostOptions,
     *,
     degrees: Degrees | None = None,
-    schedule: ScheduleOptions | None = None,
+    schedule: ScheduleModel | None = None,
     shared: dict | None = None,
 ) -> PlanEstimate:
     """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
@@ -360,7 +347,7 @@ def estimate(
     engine's; ``schedule`` replaces either (a framework run with other settings). ``shared``: as in
     :func:`~zerotopo.placement.schedule.step_schedule`."""
     sched = schedule or resolve(plan)[1]
-    choices = options.unit_layers if sched.granularity == "unit" and schedule is None else (None,)
+    choices = options.unit_layers if sched.unit_layers is not None and schedule is None else (None,)
     out = [
         _finish(
             _complete(_fit(plan, shape, topology, options, degrees, k, schedule), topology, options, shared),
@@ -459,7 +446,7 @@ def _bound(f: _Fit, shape: ModelShape, topology: Topology, options: CostOptions,
     per-unit collectives depend on the unit alone (no buckets), else from its whole schedule."""
     o = f.options
     distinct = None
-    if o.reduce_bucket_elems is None and o.allgather_bucket_elems is None:
+    if o.per_unit:
         # candidates share their units list (``_fit``'s cache): find its distinct units once
         hit = search.distinct.get(id(f.units))
         if hit is None:

@@ -64,29 +64,41 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from zerotopo.cost.deepspeed_schedule import (
+    DEEPSPEED_RUNTIME,
+    DS_FETCH_WINDOW,
+    DS_HOST_S_PER_MODULE,
+    DeepSpeedSchedule,
+)
 from zerotopo.cost.time import RuntimeCosts
 from zerotopo.errors import ConfigError
 from zerotopo.placement.plan import PRESETS, Plan, get_preset
-from zerotopo.placement.schedule import ENGINE, ScheduleOptions
+from zerotopo.placement.schedule import ENGINE, ScheduleModel
+
+__all__ = [
+    "COST_PRESETS",
+    "DEEPSPEED",
+    "DEEPSPEED_MICS",
+    "DEEPSPEED_RUNTIME",
+    "DEEPSPEED_ZERO12",
+    "DS_ALLGATHER_BUCKET",
+    "DS_FETCH_WINDOW",
+    "DS_HOST_S_PER_MODULE",
+    "DS_PERSISTENCE_THRESHOLD",
+    "DS_PREFETCH_BUCKET",
+    "DS_REDUCE_BUCKET",
+    "resolve",
+    "runtime_costs",
+]
 
 #: DeepSpeed's defaults (elements), deepspeed/runtime/zero/config.py.
 DS_REDUCE_BUCKET = 500_000_000
 DS_ALLGATHER_BUCKET = 500_000_000
 DS_PREFETCH_BUCKET = 50_000_000
 DS_PERSISTENCE_THRESHOLD = 100_000
-#: Host seconds stage 3 adds per module per step (benchmarks/deepspeed_host_cost.py, 256 modules).
-DS_HOST_S_PER_MODULE = 426e-6
-#: ``PartitionedParameterCoordinator.__max_ongoing_fetch_events``.
-DS_FETCH_WINDOW = 2
 
-#: DeepSpeed stage 3's fixed costs (module note).
-DEEPSPEED_RUNTIME = RuntimeCosts(
-    host_s_per_unit=DS_HOST_S_PER_MODULE, fetch_window=DS_FETCH_WINDOW, scale_gather=True
-)
-
-DEEPSPEED = ScheduleOptions(
+DEEPSPEED = DeepSpeedSchedule(
     name="deepspeed",
-    granularity="module",
     reduce_bucket_elems=DS_REDUCE_BUCKET,
     prefetch_bucket_elems=DS_PREFETCH_BUCKET,
     persistence_threshold=DS_PERSISTENCE_THRESHOLD,
@@ -119,7 +131,7 @@ DEEPSPEED_MICS = replace(
     "across replicas in the boundary backward",
 )
 
-COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
+COST_PRESETS: dict[str, tuple[Plan, DeepSpeedSchedule]] = {
     "deepspeed-zero3": (
         replace(
             PRESETS["zero3"],
@@ -173,7 +185,7 @@ COST_PRESETS: dict[str, tuple[Plan, ScheduleOptions]] = {
 }
 
 
-def resolve(spec: str | Plan) -> tuple[Plan, ScheduleOptions]:
+def resolve(spec: str | Plan) -> tuple[Plan, ScheduleModel]:
     """A plan and the schedule the cost model gives it: a cost preset, or a plan run by the engine."""
     if isinstance(spec, Plan):
         if spec.name in COST_PRESETS and spec == COST_PRESETS[spec.name][0]:
@@ -192,9 +204,7 @@ def resolve(spec: str | Plan) -> tuple[Plan, ScheduleOptions]:
         ) from exc
 
 
-def runtime_costs(options: ScheduleOptions) -> RuntimeCosts:
+def runtime_costs(options: ScheduleModel) -> RuntimeCosts:
     """The fixed runtime costs of the framework a schedule describes: DeepSpeed stage 3's for the
-    per-module schedules (:data:`DEEPSPEED_RUNTIME`), none for the engine's and for ZeRO-1/2 (no fetches)."""
-    if options.granularity == "module" and options.prefetch_bucket_elems is not None:
-        return DEEPSPEED_RUNTIME
-    return RuntimeCosts()
+    per-module schedules that fetch (:data:`DEEPSPEED_RUNTIME`), none for the engine's and for ZeRO-1/2."""
+    return options.runtime or RuntimeCosts()
