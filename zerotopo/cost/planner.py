@@ -14,13 +14,13 @@ device memory are kept but marked, and the list is sorted fits first, then by st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from zerotopo.cost.bandwidth import BandwidthTable, default_table
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
 from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, max_model_params
-from zerotopo.cost.presets import COST_PRESETS, resolve, runtime_costs
+from zerotopo.cost.presets import resolve, runtime_costs
 from zerotopo.cost.time import (
     OptimizerShard,
     OverlapModel,
@@ -342,9 +342,8 @@ def estimate(
     schedule: ScheduleModel | None = None,
     shared: dict | None = None,
 ) -> PlanEstimate:
-    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
-    cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
-    engine's; ``schedule`` replaces either (a framework run with other settings). ``shared``: as in
+    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved), on the engine's
+    schedule or on ``schedule`` (another framework's, e.g. the lab's DeepSpeed presets). ``shared``: as in
     :func:`~zerotopo.placement.schedule.step_schedule`."""
     sched = schedule or resolve(plan)[1]
     choices = options.unit_layers if sched.unit_layers is not None and schedule is None else (None,)
@@ -520,7 +519,7 @@ def plan_candidates(
     *,
     micro_batch: int = 1,
     grad_accum: int = 1,
-    plans: str | Sequence[str | Plan] = "auto",
+    plans: str | Sequence[str | Plan | tuple[Plan, ScheduleModel]] = "auto",
     aligned: bool = True,
     options: CostOptions | None = None,
     **option_kwargs,
@@ -528,8 +527,9 @@ def plan_candidates(
     """Cost the candidate plans and sort them: fitting plans first, fastest first.
 
     ``plans``: ``"all"`` (every valid plan: presets and Lins-style degrees), ``"auto"`` (the presets plus
-    the :data:`AUTO_TOP` fastest fitting Lins-style plans), ``"presets"``, or a list of preset names /
-    :class:`Plan` objects. Other keyword arguments are :class:`CostOptions` fields.
+    the :data:`AUTO_TOP` fastest fitting Lins-style plans), ``"presets"``, or a list of preset names,
+    :class:`Plan` objects and ``(Plan, ScheduleModel)`` pairs (a plan priced on another framework's
+    schedule). Other keyword arguments are :class:`CostOptions` fields.
     """
     opts = options or CostOptions(micro_batch=micro_batch, grad_accum=grad_accum, **option_kwargs)
     if isinstance(plans, str) and plans not in ("all", "auto", "presets"):
@@ -539,8 +539,12 @@ def plan_candidates(
     search = _Search()
     shared = search.collectives
     if not isinstance(plans, str):
-        chosen = [p if isinstance(p, Plan) else resolve(p)[0] for p in plans]
-        return sorted((estimate(p, shape, topology, opts, shared=shared) for p in chosen), key=_sort_key)
+        chosen = [
+            p if isinstance(p, tuple) else (p if isinstance(p, Plan) else resolve(p)[0], None) for p in plans
+        ]
+        return sorted(
+            (estimate(p, shape, topology, opts, schedule=s, shared=shared) for p, s in chosen), key=_sort_key
+        )
     presets = _presets(topology)
     out = [estimate(p, shape, topology, opts, shared=shared) for p in presets]
     if plans == "presets":
@@ -633,9 +637,15 @@ def pick(estimates: list[PlanEstimate], step: Callable[[PlanEstimate], float] | 
 
 
 def recommendation(
-    estimates: list[PlanEstimate], shape: ModelShape, topology: Topology, options: CostOptions
+    estimates: list[PlanEstimate],
+    shape: ModelShape,
+    topology: Topology,
+    options: CostOptions,
+    others: Collection[str] = (),
 ) -> str:
-    """The plan to use, with a one-line reason, and any secondary partition that costs memory for nothing."""
+    """The plan to use, with a one-line reason, and any secondary partition that costs memory for nothing.
+    ``others``: names of plans priced on another framework's schedule, recommended only when nothing else
+    fits."""
     lines = []
     cands = [e for e in estimates if e.fits]
     for e in list(cands):
@@ -645,8 +655,8 @@ def recommendation(
             lines.append(alt[1])
     if not cands:
         return "no plan fits the device memory: use more nodes, a smaller micro-batch or activation checkpointing"
-    # the DeepSpeed cost presets price another framework's schedule: recommend a plan the engine runs
-    runnable = [c for c in cands if c.plan.name not in COST_PRESETS] or cands
+    # another framework's cost presets price its schedule: recommend a plan the engine runs
+    runnable = [c for c in cands if c.plan.name not in others] or cands
     fastest = min(runnable, key=_sort_key)
     best = pick(runnable)
     runner = sorted((c for c in cands if c is not best and c.name != best.name), key=_sort_key)
