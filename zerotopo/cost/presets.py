@@ -30,7 +30,9 @@ def resolve(spec: str | Plan) -> tuple[Plan, ScheduleModel]:
                 f"; other frameworks' cost presets come with the lab (zerotopo_lab: {LAB_INSTALL}), "
                 "through `zerotopo plan --plans` or zerotopo_lab.presets"
             )
-        raise ConfigError(f"unknown plan preset {spec!r}; presets are {', '.join(PRESETS)}{hint}", key="plan") from exc
+        raise ConfigError(
+            f"unknown plan preset {spec!r}; presets are {', '.join(PRESETS)}{hint}", key="plan"
+        ) from exc
 
 
 def runtime_costs(options: ScheduleModel) -> RuntimeCosts:
