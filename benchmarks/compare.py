@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zerotopo.bench.compare import add_arguments, run
+from zerotopo_lab.bench.compare import add_arguments, run
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(

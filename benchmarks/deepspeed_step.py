@@ -63,11 +63,11 @@ def _worker(rank: int, world: int, args: dict[str, Any]) -> list[tuple[str, tupl
     import torch
     import torch.nn.functional as F
 
-    from zerotopo.bench.step import _model
     from zerotopo.comm.mesh import build_mesh
     from zerotopo.engine import ShardedOptimizer, parallelize
     from zerotopo.placement.plan import get_preset
     from zerotopo.placement.topology import load_topology
+    from zerotopo_lab.bench.step import _model
 
     V, S = args["vocab"], args["seq"]
     g = torch.Generator().manual_seed(rank)
@@ -143,8 +143,8 @@ def main() -> int:
         "--network-mbit", type=float, help="root: emulated nodes joined by links shaped to this many Mbit/s"
     )
     a = parser.parse_args()
-    from zerotopo.bench.step import run_local
     from zerotopo.placement.topology import load_topology
+    from zerotopo_lab.bench.step import run_local
 
     args = vars(a)
     if a.network_mbit:

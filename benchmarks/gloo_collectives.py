@@ -31,8 +31,8 @@ def _ops(n: int, world: int, group) -> dict:
     import torch
     import torch.distributed as dist
 
-    from zerotopo.bench.transport import engine_ops
     from zerotopo.comm import collectives as C
+    from zerotopo_lab.bench.transport import engine_ops
 
     x = torch.ones(n, dtype=torch.bfloat16)
     shard, full = torch.empty(n // world, dtype=x.dtype), torch.empty(n, dtype=x.dtype)
@@ -89,10 +89,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--network-mbit", type=float, default=68.5, help="network tier rate per rank (Mbit/s)")
     args = p.parse_args()
-    from zerotopo.bench.regime import emulated_topology
     from zerotopo.launch.netem import emulated_cluster
     from zerotopo.launch.spawn import spawn
     from zerotopo.placement.topology import load_topology
+    from zerotopo_lab.bench.regime import emulated_topology
 
     topo = load_topology("emulated-frontier")
     with emulated_cluster(topo, network_mbit=args.network_mbit, node_uplink=True) as net:

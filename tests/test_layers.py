@@ -83,3 +83,62 @@ def test_placement_needs_nothing_but_the_foundation():
         assert "torch.distributed" not in text, path
         for _, module in _imports(path):
             assert _part(module) in {"placement", "errors", "resources", "__version__"}, (path, module)
+
+
+# -- the lab beside the library -----------------------------------------------------------------------
+
+LAB = "zerotopo_lab"
+#: The one module of the package that names the lab: the command's loader, through an entry point.
+LAB_LOADER = PKG / "cli" / "lab.py"
+
+
+def _lab_imports(path: Path) -> list[str]:
+    """Import statements of ``path`` that reach the lab (function-local ones included)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [f"line {node.lineno}: {n}" for n in names if n == LAB or n.startswith(LAB + ".")]
+    return found
+
+
+def _lab_names(path: Path) -> list[str]:
+    """String constants of ``path`` naming a lab module, docstrings left out (an importlib call by name)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        f"line {n.lineno}: {n.value!r}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+        and (n.value == LAB or n.value.startswith(LAB + "."))
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PKG)))
+def test_nothing_in_the_package_imports_the_lab(path):
+    """The lab (benchmarks, other frameworks' schedules, paper bands) sits beside the library: no module of
+    zerotopo imports it, and only the command's loader names it, to find its commands when installed."""
+    assert not _lab_imports(path), f"{path.relative_to(PKG)} imports the lab: {_lab_imports(path)}"
+    if path != LAB_LOADER:
+        assert not _lab_names(path), f"{path.relative_to(PKG)} names a lab module: {_lab_names(path)}"
+
+
+def test_the_lab_checks_catch_an_import_and_a_name(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        '"""zerotopo_lab in a docstring is fine."""\n'
+        "def f():\n    from zerotopo_lab.bench import compare\n    import zerotopo_lab\n"
+        "    return __import__('zerotopo_lab.presets')\n"
+    )
+    assert len(_lab_imports(bad)) == 2 and len(_lab_names(bad)) == 1

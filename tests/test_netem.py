@@ -262,7 +262,7 @@ def test_an_error_in_a_rank_tears_everything_down():
     from zerotopo.launch.netem import emulated_cluster, our_namespaces
     from zerotopo.placement.topology import load_topology
 
-    topo = load_topology(Path(__file__).parent / "bench" / "mini-frontier.yaml")  # 4 ranks
+    topo = load_topology(Path(__file__).parent / "lab" / "bench" / "mini-frontier.yaml")  # 4 ranks
     with pytest.raises(ZerotopoError, match="rank 1 breaks"), emulated_cluster(topo, network_mbit=10) as net:
         spawn(_fails, 4, ranks_per_node=2, network=net, timeout_s=120)
     assert not set(our_namespaces(os.getpid())) & set(net.namespaces)

@@ -185,8 +185,13 @@ def test_planner_chooses_the_unit_size():
             best.time.step_time_s
         )
         assert chosen.to_json(topo)["unit_layers"] == chosen.unit_layers
-    # DeepSpeed's per-module schedule has no unit size to choose
-    assert plan_candidates(SHAPE, topo, plans=["deepspeed-zero3"], options=free)[0].unit_layers is None
+    # DeepSpeed's per-module schedule (the lab's, given as a plan and its schedule) has no unit size to choose
+    from zerotopo_lab.presets import COST_PRESETS
+
+    assert (
+        plan_candidates(SHAPE, topo, plans=[COST_PRESETS["deepspeed-zero3"]], options=free)[0].unit_layers
+        is None
+    )
 
 
 def test_the_pick_takes_the_smallest_plan_within_the_tie():

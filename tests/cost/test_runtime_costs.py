@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from zerotopo.cost.bandwidth import curve_set, table_from_mapping
-from zerotopo.cost.planner import CostOptions, plan_candidates
-from zerotopo.cost.presets import COST_PRESETS, DEEPSPEED_MICS, DEEPSPEED_RUNTIME, resolve, runtime_costs
+from zerotopo.cost.planner import CostOptions
 from zerotopo.cost.time import (
     OptimizerShard,
     OverlapModel,
@@ -22,6 +21,14 @@ from zerotopo.errors import ConfigError
 from zerotopo.placement.schedule import ENGINE, Collective, StepSchedule, Unit, UnitSteps
 from zerotopo.placement.shape import ModelShape
 from zerotopo.placement.topology import load_topology, topology_from_mapping
+from zerotopo_lab.presets import (
+    COST_PRESETS,
+    DEEPSPEED_MICS,
+    DEEPSPEED_RUNTIME,
+    plan_candidates,
+    resolve,
+    runtime_costs,
+)
 
 SHAPE = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
 FLAT = topology_from_mapping(
@@ -159,8 +166,8 @@ def test_unknown_curve_set_and_bad_fallback_are_named():
 def test_a_deepspeed_presets_alternative_without_secondary_stays_on_deepspeeds_schedule():
     from dataclasses import replace
 
-    from zerotopo.cost.papers import neox_20b
     from zerotopo.cost.planner import secondary_alternative
+    from zerotopo_lab.papers import neox_20b
 
     shape, base = neox_20b()
     topo = load_topology("frontier", nodes=48)

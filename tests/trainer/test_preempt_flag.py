@@ -8,9 +8,9 @@ import signal
 import torch
 import torch.distributed as dist
 
-from zerotopo.bench.measure import PeakMemory as BenchPeakMemory
 from zerotopo.trainer.peak import PeakMemory
 from zerotopo.trainer.preempt import Preemption
+from zerotopo_lab.bench.measure import PeakMemory as BenchPeakMemory
 
 
 def test_a_signal_is_agreed_at_the_end_of_the_step_after_it(tmp_path):

@@ -5,18 +5,19 @@ compare zerotopo with DeepSpeed and FSDP2 on an emulated cluster (``bench compar
 training, and prints op, degree, tier crossed, message size, time and algorithm bandwidth (bytes this
 rank sent / time). Outside a distributed job it spawns the ranks locally (gloo, emulated topology);
 under ``srun``/``torchrun``/``mpiexec`` it runs as one rank of the job and rank 0 prints.
-``bench step`` is provided by :mod:`zerotopo.bench.step` when that module is installed;
-``bench compare`` by :mod:`zerotopo.bench.compare` (see docs/bench.md).
+``bench compare``, ``bench scale`` and ``bench step`` come with the lab (``zerotopo_lab``, found through
+:mod:`zerotopo.cli.lab`; see docs/bench.md); without it they say how to install it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-from types import ModuleType
 
 from zerotopo.errors import ConfigError
+
+#: The targets the lab adds (:mod:`zerotopo.cli.lab`).
+LAB_TARGETS = ("compare", "scale", "step")
 
 EPILOG = """examples:
   zerotopo bench collectives                              # 8 local gloo ranks, emulated topology
@@ -26,13 +27,6 @@ EPILOG = """examples:
   zerotopo bench compare --model tiny --steps 2 --rows zerotopo,zero3,fsdp2-hsdp --json
   zerotopo bench scale --nodes 2,4,8,16 --json -o scale.json --plot scale.png   # root: on the device clock
 """
-
-
-def _step_module() -> ModuleType | None:
-    try:
-        return importlib.import_module("zerotopo.bench.step")
-    except ImportError:
-        return None
 
 
 def _csv(text: str) -> list[str]:
@@ -107,44 +101,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--block", type=int, default=256, help="quantization block (default 256)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
-    compare = sub.add_parser(
-        "compare",
-        help="zerotopo plans vs DeepSpeed ZeRO-3/hpZ vs FSDP2 on one emulated cluster",
-        description="Train one model under every row on the same (emulated) cluster; see docs/bench.md.",
-    )
-    from zerotopo.bench import compare as compare_module
+    from zerotopo.cli import lab
 
-    compare_module.add_arguments(compare)
-    scale = sub.add_parser(
-        "scale",
-        help="the compare rows at 2-16 emulated nodes on the emulated device clock",
-        description="bench compare --regime device-clock at each node count; see docs/bench.md.",
-    )
-    from zerotopo.bench import scale as scale_module
-
-    scale_module.add_arguments(scale)
-    step = sub.add_parser("step", help="time training steps per plan")
-    module = _step_module()
-    if module is not None:
-        module.add_arguments(step)
+    hooks = lab.load()
+    if hooks is not None:
+        hooks.add_bench_targets(sub)
+        return
+    for name in LAB_TARGETS:  # without the lab: each says how to get it
+        # every flag is taken as a plain word (no prefix characters), so run() can name the install
+        p = sub.add_parser(
+            name, help=f"(comes with the lab: {lab.INSTALL})", add_help=False, prefix_chars="\0"
+        )
+        p.add_argument("rest", nargs="*")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.bench_target == "compare":
-        from zerotopo.bench import compare
+    if args.bench_target in LAB_TARGETS:
+        from zerotopo.cli import lab
 
-        return compare.run(args)
-    if args.bench_target == "scale":
-        from zerotopo.bench import scale
-
-        return scale.run(args)
-    if args.bench_target == "step":
-        module = _step_module()
-        if module is None:
-            raise ConfigError(
-                "bench step is not available in this installation (zerotopo.bench.step is missing)"
-            )
-        return int(module.run(args) or 0)
+        return lab.require(f"zerotopo bench {args.bench_target}").run_bench(args)
     if args.bench_target != "collectives":
         raise ConfigError("choose what to benchmark: zerotopo bench collectives | step | compare | scale")
     check_collective_flags(args)

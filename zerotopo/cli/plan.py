@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from zerotopo.cli import lab
 from zerotopo.config.model_files import DEFAULT_VOCAB, load_model, resolve_model_paths, tokenizer_vocab  # noqa: F401
 from zerotopo.cost.bandwidth import curve_set
 from zerotopo.cost.calibration import calibrated
@@ -26,6 +27,7 @@ from zerotopo.cost.planner import MODEL_ERROR, CostOptions, PlanEstimate, plan_c
 from zerotopo.cost.presets import resolve
 from zerotopo.errors import ConfigError
 from zerotopo.placement import numbers
+from zerotopo.placement.plan import PRESETS
 from zerotopo.placement.shape import ModelShape
 from zerotopo.placement.topology import Topology, load_topology
 
@@ -141,6 +143,33 @@ def _positive(name: str, value: int | float | None, maximum: float = 2**40) -> N
     )
 
 
+def named_plans(spec: str) -> str | list:
+    """``--plans`` for the planner: ``auto``/``all``/``presets``, or each named plan as a preset name or, for
+    another framework's cost preset (the lab's ``deepspeed-*``), its ``(Plan, ScheduleModel)`` pair."""
+    if spec in ("all", "auto", "presets"):
+        return spec
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    others = lab.cost_presets()
+    out: list = []
+    for name in names:
+        key = name.lower().replace("_", "-")
+        if key in others:
+            out.append(others[key])
+        else:
+            try:
+                resolve(name)  # an unknown name fails here, naming the presets (and the lab for deepspeed-*)
+            except ConfigError:
+                if not others:
+                    raise
+                raise ConfigError(
+                    f"unknown plan preset {name!r}; presets are {', '.join(PRESETS)}, and for the cost model "
+                    f"{', '.join(others)}",
+                    key="plan",
+                ) from None
+            out.append(name)
+    return out
+
+
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:
     """Run the planner for parsed arguments."""
     from zerotopo.placement.topology import MAX_NODES
@@ -185,7 +214,9 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         search_tolerance=0.0 if getattr(args, "exact", False) else MODEL_ERROR,
         **measured,
     )
-    est = plan_candidates(shape, topo, plans=args.plans, aligned=not args.all_degrees, options=options)
+    est = plan_candidates(
+        shape, topo, plans=named_plans(args.plans), aligned=not args.all_degrees, options=options
+    )
     if args.top:
         est = est[: args.top]
     return est, topo, shape, options
@@ -348,7 +379,9 @@ def scaling(args: argparse.Namespace) -> tuple[list[int], dict[str, list[float]]
     series: dict[str, list[float]] = {}
     if args.plans not in ("all", "auto", "presets"):  # keep the order the plans were named in
         for p in (x.strip() for x in args.plans.split(",") if x.strip()):
-            series[resolve(p)[0].name] = [float("nan")] * len(counts)
+            (item,) = named_plans(p)
+            plan = item[0] if isinstance(item, tuple) else resolve(item)[0]
+            series[plan.name] = [float("nan")] * len(counts)
     for n in counts:
         args.nodes = n
         est, topo, shape, options = estimates(args)
@@ -401,15 +434,10 @@ def plot(path: str, counts: list[int], series: dict[str, list[float]], title: st
 
 
 def validate(args: argparse.Namespace) -> int:
-    """``--validate papers``: the papers' figures against the model's bands (:mod:`zerotopo.cost.papers`)."""
-    from zerotopo.cost import papers
+    """``--validate papers``: the papers' figures against the model's bands (the lab's)."""
+    from zerotopo.cli import lab
 
-    bands, ranking = papers.validate()
-    if args.json:
-        print(json.dumps({"bands": [b.to_json() for b in bands], "ranking": ranking.to_json()}, indent=2))
-    else:
-        print(papers.report(bands, ranking))
-    return 0
+    return lab.require("zerotopo plan --validate papers").validate_papers(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -435,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
         key = args.explain.strip().lower()
         match = [e for e in est if e.name.lower() == key]
         if not match:
-            extra = plan_candidates(shape, topo, plans=[args.explain], options=options)
+            extra = plan_candidates(shape, topo, plans=named_plans(args.explain), options=options)
             match, est = extra, est + extra
         print(explain(match[0], est[: max(3, len(est))] if len(est) <= 6 else est[:3], topo))
         return 0
@@ -444,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
         print(searched, file=sys.stderr)  # stdout stays pure JSON
     else:
         print(table(est, topo, shape, options))
-        advice = recommendation(est, shape, topo, options)
+        advice = recommendation(est, shape, topo, options, others=frozenset(lab.cost_presets()))
         if advice:
             print()
             print(advice)

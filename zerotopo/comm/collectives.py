@@ -56,7 +56,7 @@ def observe_collectives(fn: Observer | None) -> Observer | None:
     the ledger names it; the whole message: gathered output, reduce-scatter input, all-reduce buffer,
     all-to-all input, its elements and their width in bytes), whichever torch.distributed calls carry it (a ring of
     point-to-point sends included). Returns the previous observer; None removes it. For instrumentation
-    such as ``zerotopo.bench.replay``, whose wrappers of torch.distributed skip the calls made while the
+    such as ``zerotopo_lab.bench.replay``, whose wrappers of torch.distributed skip the calls made while the
     engine issues one of its own (:func:`issuing`)."""
     global _observer
     previous, _observer = _observer, fn
@@ -361,7 +361,7 @@ def _ring_reduce_scatter(out_f: torch.Tensor, send: torch.Tensor, group: Any, *,
     sending one partially reduced block to the next pg rank and adding the one received from the previous.
     Two ranks too: gloo's all-reduce sends each of them the whole message, the ring half of it (the
     ``zerotopo`` plan's cross-node ``optim_scatter`` pairs sent twice their schedule's bytes across nodes
-    before, ``tests/bench/test_tier_bytes.py``).
+    before, ``tests/lab/bench/test_tier_bytes.py``).
     It runs to completion on the calling thread (on CPU a collective's wait blocks the host anyway).
     """
     d = group.size

@@ -154,7 +154,7 @@ def _memory(
     # (parameter width) and as the flat reduce-scatter input (gradient width) exist together while it is
     # flattened (on gloo the ring's staged copy then replaces autograd's, freed by then)
     # (every unit's under ``hold_gathered``: a schedule without backward gathers,
-    # ``ScheduleOptions.backward_gather`` False as DeepSpeed stage 3 ran on the bench, keeps what it
+    # ``DeepSpeedSchedule.backward_gather`` False as DeepSpeed stage 3 ran on the bench, keeps what it
     # gathered in the forward until the unit's backward)
     held = total(lambda x: x) if hold_gathered else largest * (1 + plan.prefetch)
     buffers = (held * param_bytes if gathers else 0) + largest * (param_bytes + grad_bytes)

@@ -14,13 +14,13 @@ device memory are kept but marked, and the list is sorted fits first, then by st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from zerotopo.cost.bandwidth import BandwidthTable, default_table
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
 from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, max_model_params
-from zerotopo.cost.presets import COST_PRESETS, resolve, runtime_costs
+from zerotopo.cost.presets import resolve, runtime_costs
 from zerotopo.cost.time import (
     OptimizerShard,
     OverlapModel,
@@ -32,14 +32,7 @@ from zerotopo.cost.time import (
 )
 from zerotopo.errors import PlanError
 from zerotopo.placement.plan import PRESETS, Degrees, Plan, enumerate_plans
-from zerotopo.placement.schedule import (
-    ENGINE,
-    Collective,
-    ScheduleOptions,
-    StepSchedule,
-    engine_units,
-    module_units,
-)
+from zerotopo.placement.schedule import ENGINE, Collective, ScheduleModel, StepSchedule
 from zerotopo.placement.shape import ModelShape
 from zerotopo.placement.topology import Topology
 
@@ -136,9 +129,7 @@ class PlanEstimate:
     @property
     def unit_layers(self) -> int | None:
         """Layers per unit of the schedule costed (None for DeepSpeed's per-module schedule)."""
-        if self.schedule is None or self.schedule.options.granularity != "unit":
-            return None
-        return self.schedule.options.unit_layers
+        return None if self.schedule is None else self.schedule.options.unit_layers
 
     def to_json(self, topology: Topology) -> dict:
         m = self.memory
@@ -200,7 +191,7 @@ class _Fit:
 
     plan: Plan
     degrees: Degrees
-    options: ScheduleOptions
+    options: ScheduleModel
     units: list
     memory: MemoryBreakdown
     fits: bool
@@ -213,7 +204,7 @@ class _Search:
     """What the candidates of one planner call share ([Note: one search] in :func:`plan_candidates`)."""
 
     units: dict = field(default_factory=dict)
-    """(granularity, persistence threshold, layers per unit) -> the model's units."""
+    """A schedule's ``units_key`` -> the model's units."""
     schedules: dict = field(default_factory=dict)
     """(schedule options, layers per unit) -> those options with that many layers per unit."""
     distinct: dict = field(default_factory=dict)
@@ -231,26 +222,22 @@ def _fit(
     options: CostOptions,
     degrees: Degrees | None,
     unit_layers: int | None = None,
-    schedule: ScheduleOptions | None = None,
+    schedule: ScheduleModel | None = None,
     search: _Search | None = None,
 ) -> _Fit:
     """The memory side of a candidate (no schedule is built: the planner prunes by memory first)."""
     plan, sched = resolve(plan)
     sched = schedule or sched
-    if unit_layers is not None and sched.granularity == "unit":
+    if unit_layers is not None and sched.unit_layers is not None:
         sched = _with_unit_layers(sched, unit_layers, search)
     if plan.grad_dtype is None and options.grad_dtype is not None:
         plan = replace(plan, grad_dtype=options.grad_dtype)
     d = degrees or plan.degrees(topology)
     o = options
-    key = (sched.granularity, sched.persistence_threshold, sched.unit_layers)
+    key = sched.units_key
     units = None if search is None else search.units.get(key)
     if units is None:
-        units = (
-            module_units(shape, sched.persistence_threshold)
-            if sched.granularity == "module"
-            else engine_units(shape, sched.unit_layers)
-        )
+        units = sched.units(shape)
         if search is not None:
             search.units[key] = units
     gw = grad_width(plan, o.param_bytes)
@@ -268,7 +255,7 @@ def _fit(
         o.micro_batch,
         shape,
         o.checkpoint_activations,
-        hold_gathered=not sched.backward_gather,
+        hold_gathered=sched.hold_gathered,
     )
     limit = options.memory_limit_bytes
     if limit is None:
@@ -276,13 +263,13 @@ def _fit(
     return _Fit(plan, d, sched, units, memory, memory.total <= limit, grad_bytes, reduce_bytes)
 
 
-def _with_unit_layers(sched: ScheduleOptions, k: int, search: _Search | None) -> ScheduleOptions:
+def _with_unit_layers(sched: ScheduleModel, k: int, search: _Search | None) -> ScheduleModel:
     """``sched`` with ``k`` layers per unit (one object per pair within a search)."""
     if search is None:
-        return replace(sched, unit_layers=k)
+        return sched.with_unit_layers(k)
     out = search.schedules.get((sched, k))
     if out is None:
-        out = search.schedules[(sched, k)] = replace(sched, unit_layers=k)
+        out = search.schedules[(sched, k)] = sched.with_unit_layers(k)
     return out
 
 
@@ -352,15 +339,14 @@ def estimate(
     options: CostOptions,
     *,
     degrees: Degrees | None = None,
-    schedule: ScheduleOptions | None = None,
+    schedule: ScheduleModel | None = None,
     shared: dict | None = None,
 ) -> PlanEstimate:
-    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved). A DeepSpeed
-    cost preset (:mod:`zerotopo.cost.presets`) is costed on DeepSpeed's schedule, any other plan on the
-    engine's; ``schedule`` replaces either (a framework run with other settings). ``shared``: as in
+    """Memory, bytes per tier and step time of one plan (``degrees``: already resolved), on the engine's
+    schedule or on ``schedule`` (another framework's, e.g. the lab's DeepSpeed presets). ``shared``: as in
     :func:`~zerotopo.placement.schedule.step_schedule`."""
     sched = schedule or resolve(plan)[1]
-    choices = options.unit_layers if sched.granularity == "unit" and schedule is None else (None,)
+    choices = options.unit_layers if sched.unit_layers is not None and schedule is None else (None,)
     out = [
         _finish(
             _complete(_fit(plan, shape, topology, options, degrees, k, schedule), topology, options, shared),
@@ -459,7 +445,7 @@ def _bound(f: _Fit, shape: ModelShape, topology: Topology, options: CostOptions,
     per-unit collectives depend on the unit alone (no buckets), else from its whole schedule."""
     o = f.options
     distinct = None
-    if o.reduce_bucket_elems is None and o.allgather_bucket_elems is None:
+    if o.per_unit:
         # candidates share their units list (``_fit``'s cache): find its distinct units once
         hit = search.distinct.get(id(f.units))
         if hit is None:
@@ -533,7 +519,7 @@ def plan_candidates(
     *,
     micro_batch: int = 1,
     grad_accum: int = 1,
-    plans: str | Sequence[str | Plan] = "auto",
+    plans: str | Sequence[str | Plan | tuple[Plan, ScheduleModel]] = "auto",
     aligned: bool = True,
     options: CostOptions | None = None,
     **option_kwargs,
@@ -541,8 +527,9 @@ def plan_candidates(
     """Cost the candidate plans and sort them: fitting plans first, fastest first.
 
     ``plans``: ``"all"`` (every valid plan: presets and Lins-style degrees), ``"auto"`` (the presets plus
-    the :data:`AUTO_TOP` fastest fitting Lins-style plans), ``"presets"``, or a list of preset names /
-    :class:`Plan` objects. Other keyword arguments are :class:`CostOptions` fields.
+    the :data:`AUTO_TOP` fastest fitting Lins-style plans), ``"presets"``, or a list of preset names,
+    :class:`Plan` objects and ``(Plan, ScheduleModel)`` pairs (a plan priced on another framework's
+    schedule). Other keyword arguments are :class:`CostOptions` fields.
     """
     opts = options or CostOptions(micro_batch=micro_batch, grad_accum=grad_accum, **option_kwargs)
     if isinstance(plans, str) and plans not in ("all", "auto", "presets"):
@@ -552,8 +539,12 @@ def plan_candidates(
     search = _Search()
     shared = search.collectives
     if not isinstance(plans, str):
-        chosen = [p if isinstance(p, Plan) else resolve(p)[0] for p in plans]
-        return sorted((estimate(p, shape, topology, opts, shared=shared) for p in chosen), key=_sort_key)
+        chosen = [
+            p if isinstance(p, tuple) else (p if isinstance(p, Plan) else resolve(p)[0], None) for p in plans
+        ]
+        return sorted(
+            (estimate(p, shape, topology, opts, schedule=s, shared=shared) for p, s in chosen), key=_sort_key
+        )
     presets = _presets(topology)
     out = [estimate(p, shape, topology, opts, shared=shared) for p in presets]
     if plans == "presets":
@@ -646,9 +637,15 @@ def pick(estimates: list[PlanEstimate], step: Callable[[PlanEstimate], float] | 
 
 
 def recommendation(
-    estimates: list[PlanEstimate], shape: ModelShape, topology: Topology, options: CostOptions
+    estimates: list[PlanEstimate],
+    shape: ModelShape,
+    topology: Topology,
+    options: CostOptions,
+    others: Collection[str] = (),
 ) -> str:
-    """The plan to use, with a one-line reason, and any secondary partition that costs memory for nothing."""
+    """The plan to use, with a one-line reason, and any secondary partition that costs memory for nothing.
+    ``others``: names of plans priced on another framework's schedule, recommended only when nothing else
+    fits."""
     lines = []
     cands = [e for e in estimates if e.fits]
     for e in list(cands):
@@ -658,8 +655,8 @@ def recommendation(
             lines.append(alt[1])
     if not cands:
         return "no plan fits the device memory: use more nodes, a smaller micro-batch or activation checkpointing"
-    # the DeepSpeed cost presets price another framework's schedule: recommend a plan the engine runs
-    runnable = [c for c in cands if c.plan.name not in COST_PRESETS] or cands
+    # another framework's cost presets price its schedule: recommend a plan the engine runs
+    runnable = [c for c in cands if c.plan.name not in others] or cands
     fastest = min(runnable, key=_sort_key)
     best = pick(runnable)
     runner = sorted((c for c in cands if c is not best and c.name != best.name), key=_sort_key)

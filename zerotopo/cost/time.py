@@ -28,7 +28,7 @@ when :attr:`OverlapModel.concurrent` is 1):
   device on the SMs its kernels share with the compute), counted in the slowdown;
 - on CPU ranks the transport is compute too: each call of a collective that overlaps the compute also
   lengthens the next compute by :func:`transport_time` (the device's measured processor time per call
-  and per MB sent, :mod:`zerotopo.bench.transport`; none on a GPU), counted in the slowdown;
+  and per MB sent, :mod:`zerotopo_lab.bench.transport`; none on a GPU), counted in the slowdown;
 - micro-batches follow each other; in the last one a unit's cross-replica reduction (its
   ``last_reduce``, when the schedule runs it in the backward) is issued when its reduction ends, on a
   third stream when :attr:`OverlapModel.concurrent` is 3 or more, else after it on the reduction
@@ -49,7 +49,7 @@ stream idle while it runs, shared equally between collectives in flight together
 is memory traffic (:func:`optimizer_bytes` per element of the rank's shard over the device's
 ``memory_bandwidth_gbps``). A framework's fixed runtime costs (:class:`RuntimeCosts`: host work per
 unit, a fetch window, a separate scales gather) are DeepSpeed stage 3's in its presets and none in the
-engine (:mod:`zerotopo.cost.presets`).
+engine (:mod:`zerotopo_lab.presets`).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def device_overlap(overlap: OverlapModel, topology: Topology) -> OverlapModel:
 def transport_time(c: Collective, topology: Topology) -> float:
     """Compute seconds one rank loses to the transport of one call of ``c``: the device's
     ``comm_cpu_us_per_call`` plus ``comm_cpu_us_per_mb`` per MB the rank sends (CPU ranks, whose
-    transport runs on the cores the compute runs on: :mod:`zerotopo.bench.transport`); 0 on a device
+    transport runs on the cores the compute runs on: :mod:`zerotopo_lab.bench.transport`); 0 on a device
     without them."""
     dev = topology.device
     return (dev.comm_cpu_us_per_call + dev.comm_cpu_us_per_mb * c.bytes_sent / 1e6) * 1e-6
@@ -232,7 +232,7 @@ def quantizer_bytes(c: Collective, value_bytes: int = 4) -> float:
 @dataclass(frozen=True)
 class RuntimeCosts:
     """A framework runtime's fixed costs that its collectives' bytes do not show (see the module note);
-    the engine has none, DeepSpeed stage 3's are :data:`zerotopo.cost.presets.DEEPSPEED_RUNTIME`."""
+    the engine has none, DeepSpeed stage 3's are :data:`zerotopo_lab.presets.DEEPSPEED_RUNTIME`."""
 
     host_s_per_unit: float = 0.0
     """Host seconds per unit per micro-batch (hooks, fetch and release, gradient hook): a third in the

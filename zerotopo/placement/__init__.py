@@ -18,13 +18,14 @@ from zerotopo.placement.codecs import CODECS, Codec, get_codec
 from zerotopo.placement.schedule import (
     ENGINE,
     Collective,
+    ScheduleBuilder,
+    ScheduleModel,
     ScheduleOptions,
     StepSchedule,
     Unit,
     UnitSteps,
     engine_unit_steps,
     engine_units,
-    module_units,
     step_schedule,
     units_from_numels,
 )
@@ -34,6 +35,8 @@ __all__ = [
     "ENGINE",
     "Codec",
     "Collective",
+    "ScheduleBuilder",
+    "ScheduleModel",
     "ScheduleOptions",
     "StepSchedule",
     "Unit",
@@ -41,7 +44,6 @@ __all__ = [
     "engine_unit_steps",
     "engine_units",
     "get_codec",
-    "module_units",
     "step_schedule",
     "units_from_numels",
 ]

@@ -134,20 +134,14 @@ def plan_codecs(
     param_bytes: int,
     reduce_bytes: int,
     grad_shard_bytes: int,
-    secondary_param_width: bool = False,
 ) -> PlanCodecs:
     """The codecs of ``plan`` (a :class:`~zerotopo.placement.plan.Plan`) for weights of ``param_bytes``,
     a gradient reduction in ``reduce_bytes`` and a gradient shard of ``grad_shard_bytes`` per element.
-    ``secondary_param_width``: a plain secondary keeps the weights' width (DeepSpeed's hpZ copy) instead
-    of bf16 (the engine's)."""
+    A plain secondary partition is bf16."""
     pcodec = codec_for_width(param_bytes)
-    if plan.secondary_dtype == "int8":
-        secondary = CODECS["int8"]
-    else:
-        secondary = pcodec if secondary_param_width else CODECS["bf16"]
     return PlanCodecs(
         gather=CODECS["int8"] if plan.quantize_weights else pcodec,
-        secondary=secondary,
+        secondary=CODECS["int8"] if plan.secondary_dtype == "int8" else CODECS["bf16"],
         reduce=CODECS["int4"] if plan.quantize_grads else codec_for_width(reduce_bytes),
         grad_shard=codec_for_width(grad_shard_bytes),
         param=pcodec,

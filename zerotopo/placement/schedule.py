@@ -1,14 +1,12 @@
 """The per-unit communication schedule of a training step, as data.
 
 [Note: schedule as data] A step is, per micro-batch and per *unit* (what one all-gather fetches: the
-engine's flat units — embedding, each layer, head — or DeepSpeed's per-module parameters), a list of
-collectives:
+engine's flat units — embedding, each layer, head), a list of collectives:
 
 - ``forward``: gathers issued before the unit's forward compute;
 - ``backward``: gathers issued before the unit's backward compute (none for the last forward unit,
   which keeps its weights for the backward that follows at once);
-- ``reduce``: gradient reductions issued after the unit's backward compute (every unit for the engine;
-  for bucketed reductions, only the unit that fills a bucket, and the last one with the remainder);
+- ``reduce``: gradient reductions issued after the unit's backward compute;
 
 and, once per step, the ``step_end`` collectives (post-step parameter all-gather, scalar all-reduces;
 the cross-replica gradient reduction too unless it runs in the backward) that run after the last
@@ -26,6 +24,11 @@ whole message's bytes (what a bandwidth table is indexed by) and whether it can 
 :func:`zerotopo.cost.comm.comm_per_step` returns and the runtime ledger is compared with. The time
 model (:mod:`zerotopo.cost.time`) walks the per-unit lists; the engine executes them
 (:func:`engine_unit_steps`: the runtime and the optimizer run each unit's entries).
+
+This module describes what the engine runs and nothing else. Another framework's schedule is priced by the
+same cost model when a :class:`ScheduleModel` describes it: it emits a :class:`StepSchedule` (usually
+through a subclass of :class:`ScheduleBuilder` that overrides its hooks) and says which units it cuts the
+model into.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from zerotopo.placement import volume
-from zerotopo.placement.codecs import CODECS, Codec, plan_codecs
+from zerotopo.placement.codecs import CODECS, Codec, PlanCodecs, plan_codecs
 from zerotopo.placement.layout import groups, padded_numel
 from zerotopo.placement.plan import Degrees, Plan
 from zerotopo.placement.shape import ModelShape
@@ -47,7 +50,6 @@ from zerotopo.placement.topology import Topology
 PHASES = ("forward", "backward", "grad_reduce", "replica_reduce", "param_gather", "scalar")
 #: Phases that repeat every micro-batch (the rest run once per step).
 MICRO_BATCH_PHASES = ("forward", "backward", "grad_reduce")
-GRANULARITIES = ("unit", "module")
 
 
 #: Codecs whose collectives run the block quantizer.
@@ -108,12 +110,11 @@ class Unit:
     """What one gather fetches and one compute uses."""
 
     name: str
-    """``embedding``, ``layer``, ``head`` (engine units) or ``layer.qkv`` ... (DeepSpeed modules)."""
+    """``embedding``, ``layer``, ``head`` (engine units), or a framework's own unit names."""
     numel: int
     """Parameters of the unit (its gradient elements)."""
     gather_numel: int | None = None
-    """Parameters gathered (None: all; DeepSpeed keeps parameters below its persistence threshold
-    whole on every rank)."""
+    """Parameters gathered (None: all; a framework may keep some parameters whole on every rank)."""
     flops: float = 0.0
     """Forward FLOPs per sample (0 when only bytes are wanted)."""
 
@@ -147,60 +148,76 @@ class UnitSteps:
     ``step_end``): what the engine's optimizer executes."""
 
 
+class ScheduleModel(Protocol):
+    """What the cost model asks of a schedule: which units it cuts a model into and how it builds a
+    :class:`StepSchedule` of them. :class:`ScheduleOptions` is the engine's; another framework's model
+    (priced beside the engine's) implements the same attributes."""
+
+    name: str
+    unit_layers: int | None
+    """Layers per unit the planner may vary (None: the model's units are fixed)."""
+    step_end_in_backward: bool
+    """Each unit's cross-replica reduction runs in the last micro-batch's backward (see the note)."""
+    param_gather_in_forward: bool
+    """A sharded unit's post-step parameter all-gather stays in flight into the next step's first forward."""
+    builder: ClassVar[type[ScheduleBuilder]]
+    """The builder :func:`step_schedule` builds this schedule with."""
+    runtime: Any
+    """The framework's fixed runtime costs (a :class:`zerotopo.cost.time.RuntimeCosts`), None for none."""
+    hold_gathered: bool
+    """Gathered weights stay until their backward (none is gathered again): the memory model holds them."""
+    per_unit: bool
+    """Each unit's collectives depend on that unit alone (no buckets across units), so sums over units
+    need each distinct unit once."""
+    units_key: tuple
+    """What :meth:`units` depends on (the planner caches the units under it)."""
+
+    def units(self, shape: ModelShape) -> list[Unit]:
+        """The units of ``shape``, forward order, with their forward FLOPs per sample."""
+        ...
+
+    def with_unit_layers(self, k: int) -> ScheduleModel:
+        """This schedule with ``k`` layers per unit."""
+        ...
+
+
 @dataclass(frozen=True)
 class ScheduleOptions:
-    """How the schedule cuts the model and batches its collectives (the schedule's knobs)."""
+    """The engine's schedule: its knobs, and the :class:`ScheduleModel` the cost model prices engine plans
+    with."""
 
     name: str = "zerotopo"
-    granularity: str = "unit"
-    """``unit``: the engine's flat units (embedding, each layer, head), one gather and one reduction each;
-    ``module``: one gather per weight matrix, as DeepSpeed ZeRO-3 fetches submodules."""
-    reduce_bucket_elems: int | None = None
-    """Gradient elements per reduction (DeepSpeed ``reduce_bucket_size``); None: one per unit."""
-    prefetch_bucket_elems: int | None = None
-    """Elements gathered ahead (DeepSpeed ``stage3_prefetch_bucket_size``); None: ``plan.prefetch`` units."""
-    persistence_threshold: int = 0
-    """Parameters with fewer elements stay whole on every rank and are never gathered (DeepSpeed
-    ``stage3_param_persistence_threshold``)."""
     unit_layers: int = 1
-    """Layers per unit with the ``unit`` granularity (the engine runs 1)."""
+    """Layers per unit (the engine runs 1; a larger unit means larger messages and buffers)."""
     step_end_in_backward: bool = True
     """Each unit's cross-replica gradient reduction starts in the last micro-batch's backward, once its
     gradient shard is final (the engine with ``set_is_last_backward``, as ``zerotopo train`` runs it);
-    False: all of them after the backward (DeepSpeed's step)."""
+    False: all of them after the backward."""
     param_gather_in_forward: bool = True
     """A sharded unit's post-step parameter all-gather stays in flight into the next step's first forward
-    (the engine's lazy parameter gather); False: at the end of the step (DeepSpeed)."""
-    secondary_param_dtype: bool = False
-    """A plain secondary partition keeps the parameters' width (DeepSpeed's hpZ copy); False: bf16 (the
-    engine's)."""
-    allgather_bucket_elems: int | None = None
-    """Parameter elements per post-step all-gather call (DeepSpeed ZeRO-1/2 ``allgather_bucket_size``,
-    each call gathering that many elements); None: one call per unit."""
-    reduce_scatter_all_reduce: bool = False
-    """The gradient reduce-scatter runs as a full all-reduce: a framework that calls torch's
-    ``reduce_scatter_tensor`` on gloo, which implements it so (torch 2.13: 8 ranks sent 14.0 times the
-    message, an all-reduce's ``2(d-1)/d`` each, where a ring reduce-scatter sends 7.0; DeepSpeed on CPU
-    ranks). The engine runs its own ring there ([Note: gloo reduce-scatter] in
-    :mod:`zerotopo.comm.collectives`), so its schedules keep False."""
-    backward_gather: bool = True
-    """A sharded unit is gathered again before its backward; False: the forward's gathered weights stay
-    until the backward (DeepSpeed stage 3 on the bench: its coordinator keeps every parameter its
-    prefetcher fetched until the parameter's last use, so after the first step nothing is gathered in
-    the backward; :func:`zerotopo.bench.compare.framework_cost`)."""
+    (the engine's lazy parameter gather); False: at the end of the step."""
     description: str = field(default="", compare=False)
 
+    builder: ClassVar[type[ScheduleBuilder]]
+    """:class:`ScheduleBuilder` (set below it)."""
+    runtime: ClassVar[Any] = None
+    hold_gathered: ClassVar[bool] = False
+    per_unit: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
-        if self.granularity not in GRANULARITIES:
-            raise ValueError(
-                f"granularity must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}"
-            )
         if not isinstance(self.unit_layers, int) or self.unit_layers < 1:
             raise ValueError(f"unit_layers must be a positive integer, got {self.unit_layers!r}")
-        for k in ("reduce_bucket_elems", "prefetch_bucket_elems", "allgather_bucket_elems"):
-            v = getattr(self, k)
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise ValueError(f"{k} must be a positive integer or None, got {v!r}")
+
+    @property
+    def units_key(self) -> tuple:
+        return ("engine", self.unit_layers)
+
+    def units(self, shape: ModelShape) -> list[Unit]:
+        """The engine's units of ``shape`` (:func:`engine_units`)."""
+        return engine_units(shape, self.unit_layers)
+
+    def with_unit_layers(self, k: int) -> ScheduleOptions:
+        return dataclasses.replace(self, unit_layers=k)
 
 
 ENGINE = ScheduleOptions()
@@ -214,7 +231,7 @@ class StepSchedule:
     """Forward order; the backward walks them in reverse."""
     step_end: tuple[Collective, ...]
     micro_batches: int
-    options: ScheduleOptions = ENGINE
+    options: ScheduleModel = ENGINE
 
     def collectives(self) -> list[Collective]:
         """Identical calls merged: ``count`` says how many run per step (the ledger's view)."""
@@ -347,60 +364,6 @@ def engine_units(shape: ModelShape, unit_layers: int = 1) -> list[Unit]:
     )
 
 
-def module_units(shape: ModelShape, persistence_threshold: int = 0) -> list[Unit]:
-    """One unit per weight matrix, as DeepSpeed ZeRO-3 gathers submodules: per layer the QKV projection,
-    the attention output and each MLP matrix (two, or three when gated); biases and norms ride along with
-    the next weight matrix and are gathered unless below ``persistence_threshold`` elements (then never
-    gathered). Parameters and FLOPs come from the shape's unit description."""
-    seq = shape.seq_length
-    layer = shape.layer_unit()
-    attention_f = seq * shape.attention_flops()
-
-    def unit(name: str, params: list[int], matmul: int, extra: float = 0.0) -> Unit:
-        gathered = sum(p for p in params if p >= persistence_threshold)
-        return Unit(name, sum(params), gathered, 2.0 * seq * matmul + extra)
-
-    by_module: dict[str, list] = {}
-    for p in layer.params:
-        by_module.setdefault(p.module, []).append(p)
-    # each norm (weight and bias as one) rides with the matrix that reads its output
-    mlp = [m for m in by_module if m.startswith("mlp.")]
-    norm_of = {"attention.query_key_value": "input_layernorm", mlp[0]: "post_attention_layernorm"}
-    units = []
-    for module, params in by_module.items():
-        if module.endswith("layernorm"):
-            continue
-        sizes = [p.numel for p in params]
-        if module in norm_of:
-            sizes.append(sum(p.numel for p in by_module[norm_of[module]]))
-        matmul = sum(p.numel for p in params if p.matmul)
-        # attention scores and context (the s²h term) run between QKV and the output projection
-        extra = attention_f if module == "attention.query_key_value" else 0.0
-        units.append(unit(_MODULE_UNIT_NAMES.get(module, module), sizes, matmul, extra))
-    head = shape.head_unit()
-    emb = shape.embedding_params()
-    head_f = seq * head.flops_per_token
-    head_params = [sum(p.numel for p in head.params if not p.matmul)] + [
-        p.numel for p in head.params if p.matmul
-    ]
-    return (
-        [Unit("embedding", emb, emb if emb >= persistence_threshold else 0)]
-        + units * shape.num_layers
-        + [unit("head", head_params, 0, head_f)]
-    )
-
-
-_MODULE_UNIT_NAMES = {
-    "attention.query_key_value": "layer.qkv",
-    "attention.dense": "layer.dense",
-    "mlp.dense_h_to_4h": "layer.mlp_in",
-    "mlp.dense_4h_to_h": "layer.mlp_out",
-    "mlp.w1": "layer.mlp_in",
-    "mlp.w3": "layer.mlp_up",
-    "mlp.w2": "layer.mlp_out",
-}
-
-
 # -- the schedule ------------------------------------------------------------------------------------
 
 
@@ -414,24 +377,6 @@ def _exact(n: int, d: Degrees) -> int:
     return n
 
 
-def _prefetch_depths(units: list[Unit], plan: Plan, options: ScheduleOptions, reverse: bool) -> list[int]:
-    """Units ahead each unit's compute may have gathers in flight for (walk order)."""
-    order = units[::-1] if reverse else units
-    if options.prefetch_bucket_elems is None:
-        return [plan.prefetch] * len(order)
-    out = []
-    for i in range(len(order)):
-        k, inflight = 0, 0
-        # DeepSpeed issues prefetches while the elements in flight stay under the bucket (at least one)
-        for u in order[i + 1 :]:
-            if k >= 1 and inflight + u.gathered > options.prefetch_bucket_elems:
-                break
-            k += 1
-            inflight += u.gathered
-        out.append(k)
-    return out[::-1] if reverse else out
-
-
 def step_schedule(
     units: list[Unit],
     topology: Topology,
@@ -443,11 +388,11 @@ def step_schedule(
     grad_shard_bytes: int = 4,
     padded: bool = True,
     fp16: bool = False,
-    options: ScheduleOptions = ENGINE,
+    options: ScheduleModel = ENGINE,
     degrees: Degrees | None = None,
     shared: dict | None = None,
 ) -> StepSchedule:
-    """The schedule of one step of ``plan`` (see the module note).
+    """The schedule of one step of ``plan`` (see the module note), built by ``options.builder``.
 
     ``param_bytes`` is the width of the gathered weights, ``reduce_bytes`` that of the per-micro-batch
     gradient reduction and ``grad_shard_bytes`` that of the accumulated gradient shard reduced once per
@@ -460,26 +405,28 @@ def step_schedule(
     if not units:
         raise ValueError("a model needs at least one unit")
     widths = {"param_bytes": param_bytes, "reduce_bytes": reduce_bytes, "grad_shard_bytes": grad_shard_bytes}
-    b = _Collectives(topology, plan, degrees or plan.degrees(topology), options, widths, shared)
-    sizes = [b.size_of(u.numel, padded) for u in units]
-    gathered = [b.size_of(u.gathered, padded) if u.gathered else 0 for u in units]
-    reduces, bucket_replicas = _reductions(b, sizes)
-    steps, step_end = _unit_steps(b, units, sizes, gathered, reduces, bucket_replicas)
-    step_end.extend(_bucketed_param_gathers(b, sizes))
-    step_end.extend(_scalars(b, fp16))
-    return StepSchedule(tuple(steps), tuple(c for c in step_end if c.bytes_sent), micro_batches, options)
+    b = options.builder(topology, plan, degrees or plan.degrees(topology), options, widths, shared)
+    return b.build(units, micro_batches, padded=padded, fp16=fp16)
 
 
-class _Collectives:
-    """The collectives one schedule is made of, each built once for the arguments it depends on (in the
-    memo a planner shares over its candidates, see :func:`step_schedule`'s ``shared``)."""
+class ScheduleBuilder:
+    """Builds the engine's :class:`StepSchedule`; each collective is built once for the arguments it
+    depends on (in the memo a planner shares over its candidates, see :func:`step_schedule`'s ``shared``).
+
+    A model of another framework's schedule subclasses it and overrides its hooks (:meth:`make_codecs`,
+    :meth:`reductions`, :meth:`prefetch_depths`, :meth:`unit_end_param_gather`, :meth:`extra_step_end`,
+    :attr:`backward_gather`), extending :attr:`context` with whatever its collectives depend on beyond
+    the engine's."""
+
+    backward_gather: bool = True
+    """A sharded unit is gathered again before its backward (all but the last forward unit)."""
 
     def __init__(
         self,
         topology: Topology,
         plan: Plan,
         d: Degrees,
-        options: ScheduleOptions,
+        options: ScheduleModel,
         widths: dict[str, int],
         shared: dict | None,
     ) -> None:
@@ -487,7 +434,7 @@ class _Collectives:
         self.block, self.w = plan.quant_block, d.world
         self.param_bytes, self.grad_shard_bytes = widths["param_bytes"], widths["grad_shard_bytes"]
         self.reduce_bytes = widths["reduce_bytes"]
-        self.codecs = plan_codecs(plan, **widths, secondary_param_width=options.secondary_param_dtype)
+        self.codecs = self.make_codecs(widths)
         if d.secondary is not None:
             self.bwd = ("secondary", d.secondary, self.codecs.secondary)
         else:
@@ -502,14 +449,7 @@ class _Collectives:
         # what each kind of collective depends on besides its arguments (the topology owns the memo)
         self.context = {
             "gather": (self.w, self.block, self.param_bytes),
-            "reduce": (
-                self.w,
-                self.block,
-                d.grads,
-                plan.quantize_grads,
-                widths["reduce_bytes"],
-                options.reduce_scatter_all_reduce,
-            ),
+            "reduce": (self.w, self.block, d.grads, plan.quantize_grads, widths["reduce_bytes"]),
             "replica": (
                 self.w,
                 self.block,
@@ -521,6 +461,115 @@ class _Collectives:
             ),
             "param_gather": (self.w, self.block, d.params, d.optim, self.param_bytes, self.in_fwd),
         }
+
+    # -- hooks ---------------------------------------------------------------------------------------
+
+    def make_codecs(self, widths: dict[str, int]) -> PlanCodecs:
+        """The codecs of the plan's collectives."""
+        return plan_codecs(self.plan, **widths)
+
+    def reductions(
+        self, sizes: list[int]
+    ) -> tuple[dict[int, tuple[Collective, ...]], dict[int, tuple[Collective, ...]]]:
+        """Per unit, the gradient reductions issued after its backward, and the cross-replica reductions
+        it issues in the last micro-batch's backward when the schedule runs them there: the engine
+        reduces each unit's gradient on its own."""
+        reduces = {i: self.reduce(sizes[i]) for i in reversed(range(len(sizes)))}
+        return reduces, {i: self.replica(n) for i, n in enumerate(sizes)}
+
+    def prefetch_depths(self, units: list[Unit], reverse: bool) -> list[int]:
+        """Units ahead each unit's compute may have gathers in flight for (walk order): the plan's."""
+        return [self.plan.prefetch] * len(units)
+
+    def unit_end_param_gather(self, n: int) -> tuple[Collective, ...]:
+        """A unit's post-step parameter all-gather when it runs at the step end (not in the forward)."""
+        return () if self.in_fwd else self.param_gather(n)
+
+    def extra_step_end(self, sizes: list[int]) -> list[Collective]:
+        """Step-end collectives beyond the units' own and the scalars (the engine has none)."""
+        return []
+
+    # -- building ------------------------------------------------------------------------------------
+
+    def build(
+        self,
+        units: list[Unit],
+        micro_batches: int,
+        *,
+        padded: bool,
+        fp16: bool,
+        last_keeps_weights: bool = True,
+    ) -> StepSchedule:
+        """The step of ``units``. ``last_keeps_weights``: the last forward unit keeps its gathered weights
+        for the backward (the cost model's step); False gives every unit a backward gather (what the
+        runtime executes per unit, skipping it for a unit still full, :func:`engine_unit_steps`)."""
+        sizes = [self.size_of(u.numel, padded) for u in units]
+        gathered = [self.size_of(u.gathered, padded) if u.gathered else 0 for u in units]
+        reduces, replicas = self.reductions(sizes)
+        steps, step_end = self._unit_steps(units, sizes, gathered, reduces, replicas, last_keeps_weights)
+        step_end.extend(self.extra_step_end(sizes))
+        step_end.extend(self._scalars(fp16))
+        return StepSchedule(
+            tuple(steps), tuple(c for c in step_end if c.bytes_sent), micro_batches, self.options
+        )
+
+    def _unit_steps(
+        self,
+        units: list[Unit],
+        sizes: list[int],
+        gathered: list[int],
+        reduces: dict[int, tuple[Collective, ...]],
+        replicas: dict[int, tuple[Collective, ...]],
+        last_keeps_weights: bool,
+    ) -> tuple[list[UnitSteps], list[Collective]]:
+        """Each unit's entry, and the step-end collectives the units leave there (in unit order)."""
+        d = self.d
+        fdepth = self.prefetch_depths(units, reverse=False)
+        bdepth = self.prefetch_depths(units, reverse=True)
+        bwd_kind, bwd_size, bwd_codec = self.bwd
+        steps: list[UnitSteps] = []
+        step_end: list[Collective] = []
+        for i, u in enumerate(units):
+            N, G = sizes[i], gathered[i]
+            keeps = last_keeps_weights and i == len(units) - 1
+            fwd = self.gather("forward", "params", d.params, self.codecs.gather, G) if d.params > 1 else ()
+            # the last forward unit still holds its weights; with p == 1 every unit does
+            regather = not keeps and d.params > 1 and self.backward_gather
+            bwd = self.gather("backward", bwd_kind, bwd_size, bwd_codec, G) if regather else ()
+            last = replicas[i] if self.in_bwd else ()
+            first = self.param_gather(N) if self.in_fwd else ()
+            steps.append(
+                UnitSteps(
+                    u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first, self.replica(N),
+                    self.param_gather(N),
+                )
+            )  # fmt: skip
+            if not self.in_bwd:
+                step_end.extend(self.replica(N))
+            step_end.extend(self.unit_end_param_gather(N))
+        return steps, step_end
+
+    def _scalars(self, fp16: bool) -> list[Collective]:
+        """The step end's scalar all-reduces: the gradient norm (summing each optimizer shard once, over
+        one optimizer group) and, with fp16, the overflow flag over the world."""
+        d, w, topology = self.d, self.w, self.topology
+        out = []
+        if d.optim > 1:
+            nbytes = volume.all_reduce_bytes(1, d.optim, 4)
+            out.append(
+                self.coll("scalar", "all_reduce", "optim", d.optim, nbytes, "fp32", 4, overlappable=False)
+            )
+        if fp16 and w > 1:
+            world_tier = topology.tier_of_group(range(w)) or ""
+            nodes = -(-w // topology.devices_per_node)
+            nbytes = volume.all_reduce_bytes(1, w, 4)
+            out.append(
+                self.coll("scalar", "all_reduce", "world", w, nbytes, "fp32", 4, overlappable=False,
+                          where=(world_tier, nodes, min(w, topology.devices_per_node)))
+            )  # fmt: skip
+        return out
+
+    # -- collectives ---------------------------------------------------------------------------------
 
     def size_of(self, n: int, padded: bool) -> int:
         return padded_numel(n, self.d) if padded else _exact(n, self.d)
@@ -588,8 +637,6 @@ class _Collectives:
         if not self.plan.quantize_grads:
             rcodec = self.codecs.reduce
             op, b = rcodec.reduce_op, rcodec.reduce_bytes(n, d.grads, block)
-            if self.options.reduce_scatter_all_reduce and op == "reduce_scatter":
-                op, b = "all_reduce", 2 * b  # an all-reduce: the reduce-scatter's bytes, then as many again
             return (self.coll("grad_reduce", op, "grads", d.grads, b, rcodec.name, rcodec.payload(n, block)),)
         i4 = CODECS["int4"]
         if tier == topology.network.name and g_intra > 1 and d.grads % g_intra == 0:
@@ -644,105 +691,6 @@ class _Collectives:
                           pcodec.payload(N // d.params, self.block), overlappable=self.in_fwd),)  # fmt: skip
 
 
-def _reductions(
-    b: _Collectives, sizes: list[int]
-) -> tuple[dict[int, tuple[Collective, ...]], dict[int, tuple[Collective, ...]]]:
-    """Per unit, the gradient reductions issued after its backward, and (bucketed only) the cross-replica
-    reductions of the buckets it closes.
-
-    The backward walks the units in reverse: reductions (bucketed or not) follow that order. The
-    cross-replica reduction in the last backward is per unit, or per bucket beside the bucket's own
-    reduction (DeepSpeed ZeRO-1/2 reduce their buckets at the accumulation boundary, MiCS all-reduces
-    each bucket's shard across replicas after reducing it within the group)."""
-    limit = b.options.reduce_bucket_elems
-    reduces: dict[int, tuple[Collective, ...]] = {}
-    bucket_replicas: dict[int, tuple[Collective, ...]] = {}
-    bucket = 0
-    for i in reversed(range(len(sizes))):
-        if limit is None:
-            reduces[i] = b.reduce(sizes[i])
-            continue
-        # DeepSpeed reduces the bucket before a gradient that would overflow it joins, and the
-        # remainder after the last one
-        out: tuple[Collective, ...] = ()
-        rep: tuple[Collective, ...] = ()
-        if bucket and bucket + sizes[i] > limit:
-            out, rep, bucket = b.reduce(bucket), b.replica(bucket), 0
-        bucket += sizes[i]
-        if i == 0:
-            out, rep, bucket = out + b.reduce(bucket), rep + b.replica(bucket), 0
-        reduces[i] = out
-        bucket_replicas[i] = rep
-    return reduces, bucket_replicas
-
-
-def _bucketed_param_gathers(b: _Collectives, sizes: list[int]) -> list[Collective]:
-    """The post-step parameter all-gather at the step end in calls of ``allgather_bucket_elems``
-    elements (none unless the options bucket it)."""
-    if b.options.allgather_bucket_elems is None or b.in_fwd:
-        return []
-    total = sum(sizes)
-    k = max(1, b.d.optim // b.d.params)
-    per = -(-b.options.allgather_bucket_elems // k) * k  # whole per-rank chunks
-    full, rest = divmod(total, per)
-    return [*b.param_gather(per) * full, *(b.param_gather(rest) if rest else ())]
-
-
-def _unit_steps(
-    b: _Collectives,
-    units: list[Unit],
-    sizes: list[int],
-    gathered: list[int],
-    reduces: dict[int, tuple[Collective, ...]],
-    bucket_replicas: dict[int, tuple[Collective, ...]],
-) -> tuple[list[UnitSteps], list[Collective]]:
-    """Each unit's entry, and the step-end collectives the units leave there (in unit order)."""
-    d, options = b.d, b.options
-    fdepth = _prefetch_depths(units, b.plan, options, reverse=False)
-    bdepth = _prefetch_depths(units, b.plan, options, reverse=True)
-    bwd_kind, bwd_size, bwd_codec = b.bwd
-    steps: list[UnitSteps] = []
-    step_end: list[Collective] = []
-    for i, u in enumerate(units):
-        N, G = sizes[i], gathered[i]
-        is_last = i == len(units) - 1
-        fwd = b.gather("forward", "params", d.params, b.codecs.gather, G) if d.params > 1 else ()
-        # the last forward unit still holds its weights; with p == 1 every unit does
-        regather = not is_last and d.params > 1 and options.backward_gather
-        bwd = b.gather("backward", bwd_kind, bwd_size, bwd_codec, G) if regather else ()
-        last = (bucket_replicas[i] if bucket_replicas else b.replica(N)) if b.in_bwd else ()
-        first = b.param_gather(N) if b.in_fwd else ()
-        steps.append(
-            UnitSteps(
-                u, fwd, bwd, reduces[i], fdepth[i], bdepth[i], last, first, b.replica(N), b.param_gather(N)
-            )
-        )
-        if not b.in_bwd:
-            step_end.extend(b.replica(N))
-        if not b.in_fwd and options.allgather_bucket_elems is None:
-            step_end.extend(b.param_gather(N))
-    return steps, step_end
-
-
-def _scalars(b: _Collectives, fp16: bool) -> list[Collective]:
-    """The step end's scalar all-reduces: the gradient norm (summing each optimizer shard once, over one
-    optimizer group) and, with fp16, the overflow flag over the world."""
-    d, w, topology = b.d, b.w, b.topology
-    out = []
-    if d.optim > 1:
-        nbytes = volume.all_reduce_bytes(1, d.optim, 4)
-        out.append(b.coll("scalar", "all_reduce", "optim", d.optim, nbytes, "fp32", 4, overlappable=False))
-    if fp16 and w > 1:
-        world_tier = topology.tier_of_group(range(w)) or ""
-        nodes = -(-w // topology.devices_per_node)
-        nbytes = volume.all_reduce_bytes(1, w, 4)
-        out.append(
-            b.coll("scalar", "all_reduce", "world", w, nbytes, "fp32", 4, overlappable=False,
-                   where=(world_tier, nodes, min(w, topology.devices_per_node)))
-        )  # fmt: skip
-    return out
-
-
 def engine_unit_steps(
     numels: list[int],
     topology: Topology,
@@ -757,10 +705,11 @@ def engine_unit_steps(
     optimizer execute them: the forward gather, the backward gather (every unit gets one, whichever
     ends the forward: the runtime skips it for a unit still full), the gradient reduction, the
     cross-replica reduction and the post-step parameter gather. The cost model's schedule is built by
-    the same function (:func:`step_schedule`), so what runs is what is costed."""
-    units = [Unit(f"unit{i}", n) for i, n in enumerate(numels)] + [Unit("end", 0)]  # every real unit non-last
-    sched = step_schedule(
-        units, topology, plan, micro_batches=1, param_bytes=param_bytes, reduce_bytes=reduce_bytes,
-        grad_shard_bytes=grad_shard_bytes, degrees=degrees,
-    )  # fmt: skip
-    return list(sched.units[: len(numels)])
+    the same builder (:func:`step_schedule`), so what runs is what is costed."""
+    units = [Unit(f"unit{i}", n) for i, n in enumerate(numels)]
+    widths = {"param_bytes": param_bytes, "reduce_bytes": reduce_bytes, "grad_shard_bytes": grad_shard_bytes}
+    b = ScheduleBuilder(topology, plan, degrees, ENGINE, widths, None)
+    return list(b.build(units, 1, padded=True, fp16=False, last_keeps_weights=False).units)
+
+
+ScheduleOptions.builder = ScheduleBuilder

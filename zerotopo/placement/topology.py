@@ -98,7 +98,7 @@ class Device:
     prices the quantizer's kernels by the bytes they move at this rate (a roofline). 0: unknown."""
     comm_cpu_us_per_call: float = 0.0
     """Compute microseconds one rank loses to the transport of each collective call it makes: CPU ranks,
-    whose transport is processor work on the cores the compute runs on (:mod:`zerotopo.bench.transport`
+    whose transport is processor work on the cores the compute runs on (:mod:`zerotopo_lab.bench.transport`
     measures it). 0: none (a GPU's NIC and communication kernels run beside the compute)."""
     comm_cpu_us_per_mb: float = 0.0
     """As :attr:`comm_cpu_us_per_call`, per MB (10^6 bytes) the rank sends."""

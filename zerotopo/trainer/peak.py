@@ -6,7 +6,7 @@ then. On the CPU it is the process's peak resident set (``VmHWM`` in ``/proc/sel
 torch, the process groups: what the rank holds before any model state exists). Where the kernel allows it
 the probe resets ``VmHWM`` at start (``/proc/self/clear_refs``), so import-time peaks are not counted.
 
-The same probe measures each row of ``zerotopo bench compare`` (:mod:`zerotopo.bench.measure`): rows run
+The same probe measures each row of ``zerotopo bench compare`` (:mod:`zerotopo_lab.bench.measure`): rows run
 one after the other in the same processes, so before the baseline is read the previous row's objects are
 collected and glibc hands freed pages back (:func:`release_memory`), and the baseline is only the
 interpreter and the libraries every row shares.

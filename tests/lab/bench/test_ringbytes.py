@@ -1,0 +1,69 @@
+"""The schedule's bytes per tier hop by hop (what the emulated links count), one process."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerotopo.cost.planner import CostOptions, estimate
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import load_topology
+from zerotopo_lab.bench.ringbytes import group_tier_bytes, ring_tier_bytes
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return load_topology("emulated-frontier")  # 2 nodes x 2 packages x 2 dies
+
+
+def test_a_ring_puts_each_hop_in_the_tier_it_crosses(topo):
+    # 0..7: 4 hops inside a package, 2 across packages (1-2, 5-6), 2 across nodes (3-4, 7-0)
+    assert group_tier_bytes("all_gather", list(range(8)), 10.0, topo) == {
+        "package": 40,
+        "node": 20,
+        "network": 20,
+    }
+    # [0, 2, 4, 6]: half its hops stay in a node
+    assert group_tier_bytes("all_reduce", [0, 2, 4, 6], 10.0, topo) == {"node": 20, "network": 20}
+    # an all-to-all sends a share to every other member: from each of 4 members, 2 of 3 shares leave the node
+    got = group_tier_bytes("reduce_scatter_int4", [0, 2, 4, 6], 30.0, topo)
+    assert got == pytest.approx({"node": 40, "network": 80})
+    assert group_tier_bytes("all_gather", [3], 10.0, topo) == {}
+
+
+@pytest.mark.parametrize("preset", ["zero3", "zerotopo", "zeropp", "mics"])
+def test_every_byte_of_the_schedule_is_on_one_tier(topo, preset):
+    shape = ModelShape(
+        name="t", hidden_size=64, num_layers=2, num_attention_heads=4, vocab_size=256, seq_length=32
+    )
+    plan = get_preset(preset)
+    est = estimate(plan, shape, topo, CostOptions(micro_batch=1, grad_accum=2))
+    ring = ring_tier_bytes(est.schedule, topo, plan.degrees(topo))
+    assert set(ring) == set(topo.tier_names)
+    total = sum(c.bytes_sent * c.count for c in est.schedule.collectives())
+    assert sum(ring.values()) == pytest.approx(total)
+    if preset == "zero3":  # one ring over the world: package : node : network = 2 : 1 : 1
+        assert ring["package"] == pytest.approx(2 * ring["node"]) and ring["node"] == pytest.approx(
+            ring["network"]
+        )
+    if preset == "mics":  # nothing leaves a node but the cross-replica all-reduce
+        assert ring["network"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_the_zerotopo_rows_links_carry_its_schedule_across_nodes(nodes):
+    # the links' counters over whole steps (the engine's lazy parameter gathers landed) against the
+    # schedule hop by hop: the payload (headers off) within 5%, the wire's bytes above it
+    from zerotopo.launch.netem import available
+    from zerotopo_lab.bench.compare import CompareOptions, compare
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"emulated network unavailable: {why}")
+    opts = CompareOptions(model="small", rows=("zerotopo",), nodes=nodes, steps=1, warmup=1, micro_batches=1,
+                          batch=1, dtype="bf16", network_mbit=400, timeout_s=900)  # fmt: skip
+    (row,) = compare(opts, command="test")["rows"]
+    payload = row["network_payload_over_ring"]
+    assert payload == pytest.approx(1.0, abs=0.05), row["tier_payload_bytes_per_step"]
+    assert row["network_bytes_over_ring"] > payload

@@ -1,0 +1,160 @@
+"""``zerotopo bench scale``'s pure parts: the workload at each node count, the node list, the options of
+each count and the report assembled from ``bench compare``'s (no ranks: a stand-in compare)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zerotopo.errors import ConfigError
+from zerotopo_lab.bench.clocked import target_workload, workload
+from zerotopo_lab.bench.compare import CompareOptions
+from zerotopo_lab.bench.scale import count_options, format_scale, parse_nodes, plot, scale, series
+
+
+def test_the_global_batch_splits_over_more_ranks_as_nodes_grow():
+    # NeoX-20B: micro-batch 4 on each of 384 GCDs, 1,536 sequences per step
+    per_rank = {n: target_workload(n, 4).micro_batches for n in (2, 4, 8, 16)}
+    assert per_rank == {2: 48, 4: 24, 8: 12, 16: 6}
+    for n in (2, 4, 8, 16):
+        w = target_workload(n, 4)
+        assert w.ranks * w.micro_batch * w.micro_batches == w.global_batch == 1536
+    assert (
+        "6 micro-batches x 4 sequences per rank on 64 ranks (16 nodes): 1536"
+        in target_workload(16, 4).describe()
+    )
+
+
+def test_the_micro_batch_mode_keeps_the_work_per_rank():
+    for n in (2, 16):
+        w = target_workload(n, 4, "micro-batch", micro_batches=2)
+        assert w.micro_batches == 2 and w.global_batch == n * 4 * 4 * 2
+    with pytest.raises(ValueError, match="does not split"):
+        workload(5, 4, micro_batch=4, global_batch=1536)  # 20 ranks do not divide 384 micro-batches
+    with pytest.raises(ValueError, match="unknown workload mode"):
+        workload(2, 4, 4, 1536, mode="tokens")
+
+
+def test_node_counts_are_parsed_and_bounded():
+    assert parse_nodes("2,4,8,16") == (2, 4, 8, 16)
+    assert parse_nodes("4, 2,4") == (4, 2)
+    for bad in ("0", "32", "two", ","):
+        with pytest.raises(ConfigError, match="--nodes"):
+            parse_nodes(bad)
+
+
+def test_each_count_runs_on_the_clock_with_its_workload():
+    opts = count_options(CompareOptions(rows=("zero3",)), 8, "global-batch", 1)
+    assert opts.regime == "device-clock" and opts.nodes == 8 and opts.micro_batches == 12
+    assert opts.workload.global_batch == 1536 and opts.rows == ("zero3",)
+
+
+def _fake_report(opts):
+    n = opts.nodes
+    rows = [
+        {"name": "zero3", "step_time_s": 1.0 + n / 10, "step_time_min_s": 1.0, "step_time_max_s": 1.2 + n,
+         "predicted_step_time_s": 1.1 + n / 10, "peak_memory_bytes": 2**20, "tier_bytes_per_step": {"network": 2e6}},
+        {"name": "fsdp2-hsdp", "step_time_s": 2.0, "step_time_min_s": 1.9, "step_time_max_s": 2.1,
+         "predicted_step_time_s": None, "peak_memory_bytes": None, "tier_bytes_per_step": {}},
+        {"name": "zeropp", "does_not_fit": True, "step_time_s": None},
+    ]  # fmt: skip
+    clock = {"dilation": 12.5, "workload": opts.workload.describe()}
+    return {"world_size": 4 * n, "device_clock": clock, "regime": {"name": "device-clock"}, "rows": rows,
+            "planner_pick": "zero3", "fastest_zerotopo_row": "zero3", "losses_agree": True, "void": None}  # fmt: skip
+
+
+def test_each_count_runs_with_and_without_the_curves():
+    report = scale(CompareOptions(), (2,), "micro-batch", curves=(None, "frontier-48"),
+                   run_compare=lambda opts: {**_fake_report(opts), "curves_seen": opts.curves})  # fmt: skip
+    assert [e["curves"] for e in report["counts"]] == [None, "frontier-48"]
+    assert set(series(report)) >= {"zero3", "zero3 (frontier-48)"}
+
+
+def test_the_report_holds_every_count_and_plots(tmp_path):
+    report = scale(CompareOptions(), (2, 4), "global-batch", run_compare=_fake_report)
+    json.dumps(report)
+    assert [e["nodes"] for e in report["counts"]] == [2, 4]
+    assert [e["dilation"] for e in report["counts"]] == [12.5, 12.5]
+    assert report["counts"][1]["workload"].startswith("24 micro-batches")
+    s = series(report)
+    # in the target's seconds: each count's step over its own D
+    assert s["zero3"]["measured"] == [(2, pytest.approx(1.2 / 12.5)), (4, pytest.approx(1.4 / 12.5))]
+    assert s["zero3"]["predicted"] == [(2, pytest.approx(1.3 / 12.5)), (4, pytest.approx(1.5 / 12.5))]
+    assert s["fsdp2-hsdp"]["predicted"] == [] and "zeropp" not in s or s["zeropp"]["measured"] == []
+    text = format_scale(report)
+    assert "4 nodes (16 ranks), D 12.5" in text and "zeropp           does not fit" in text
+    pytest.importorskip("matplotlib")
+    plot(report, str(tmp_path / "scale.png"))
+    assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_eight_ranks_a_node_are_four_packages_of_frontiers_share(tmp_path):
+    from zerotopo.placement.topology import load_topology
+    from zerotopo_lab.bench.clock import target_topology
+    from zerotopo_lab.bench.scale import node_topology
+
+    assert node_topology(4, str(tmp_path)) == "emulated-frontier"
+    four = load_topology("emulated-frontier", nodes=2)
+    eight = load_topology(node_topology(8, str(tmp_path)), nodes=2)
+    assert eight.devices_per_node == 8 and eight.world_size == 16
+    assert [(t.name, t.fanout) for t in eight.tiers] == [("package", 2), ("node", 4)]
+    # each rank keeps its share of the node's injection
+    assert eight.network.injection_gbps == pytest.approx(2 * four.network.injection_gbps)
+    # ranks 0-7 on node 0, 8-15 on node 1
+    assert eight.tier_of_group((6, 7)) == "package" and eight.tier_of_group((3, 4)) == "node"
+    assert eight.tier_of_group((7, 8)) == "network" and eight.tier_of_group((0, 15)) == "network"
+    # the clock's target: Frontier's node of 8 GCDs sharing its 100 GB/s
+    target = target_topology(eight, load_topology("frontier"), 2)
+    assert target.devices_per_node == 8 and target.network.injection_gbps == pytest.approx(100.0)
+    with pytest.raises(ConfigError, match="--ranks-per-node"):
+        node_topology(5, str(tmp_path))
+
+
+def test_eight_ranks_a_node_split_the_global_batch_and_replay_a_whole_node(tmp_path):
+    from zerotopo_lab.bench.replay import target_span
+    from zerotopo_lab.bench.scale import node_topology
+
+    opts = count_options(CompareOptions(topology=node_topology(8, str(tmp_path))), 2, "global-batch", 1)
+    assert opts.micro_batches == 24 and opts.workload.ranks == 16  # 1536 / (4 x 16)
+    # a bench node of 8 stands for a Frontier node of 8: no share to scale
+    assert target_span(1, 8, 8, 2, 8) == ("node", 1, 8)
+    assert target_span(2, 16, 8, 2, 8) == ("network", 2, 8)
+    assert target_span(2, 2, 8, 2, 8) == ("network", 2, 1)
+    assert target_span(1, 4, 4, 2, 8) == ("node", 1, 8)  # 4 per node: half a node's GCDs each
+
+
+def test_more_ranks_than_the_machine_holds_are_refused(capsys):
+    from zerotopo.cli.main import main
+
+    assert main(["bench", "scale", "--nodes", "2,16", "--ranks-per-node", "8"]) != 0
+    assert "--nodes: 16 nodes of 8 ranks are 128 ranks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_nodes_of_eight_ranks_run_and_their_links_show_the_nodes(tmp_path):
+    # one step of zero3 on 2 x 8 ranks: a ring over the 16 ranks crosses a package in 8 of its hops, a
+    # node's packages in 6 and the network in 2 (7-8, 15-0), as the links count them
+    import subprocess
+    import sys
+
+    from zerotopo.launch.netem import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"emulated network unavailable: {why}")
+    out = tmp_path / "scale.json"
+    cmd = [sys.executable, "-m", "zerotopo.cli.main", "bench", "scale", "--nodes", "2", "--ranks-per-node", "8",
+           "--model", "tiny", "--rows", "zero3", "--mode", "micro-batch", "--curves", "off", "--steps", "1",
+           "--warmup", "1", "--repeat", "1", "--timeout", "900", "--json", "-o", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1200)
+    report = json.loads(out.read_text())
+    (entry,) = report["counts"]
+    assert entry["nodes"] == 2 and entry["ranks_per_node"] == 8 and entry["world_size"] == 16
+    assert entry["topology"] == "emulated-frontier-8" and entry["dilation"] >= 1
+    assert entry["workload"].startswith("1 micro-batches x 4 sequences per rank on 16 ranks (2 nodes)")
+    (row,) = entry["rows"]
+    assert row["name"] == "zero3" and len(row["peak_memory_bytes_per_rank"]) == 16
+    sent = row["tier_payload_bytes_per_step"]
+    assert sent["node"] / sent["package"] == pytest.approx(6 / 8, rel=0.05)
+    assert sent["network"] / sent["package"] == pytest.approx(2 / 8, rel=0.05)

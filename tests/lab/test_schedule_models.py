@@ -1,0 +1,99 @@
+"""The engine's schedule describes the engine only; DeepSpeed's is a schedule model beside it that emits
+the same StepSchedule and adds behaviour only through its own knobs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zerotopo.config.model_files import load_model
+from zerotopo.placement.plan import get_preset
+from zerotopo.placement.schedule import (
+    ENGINE,
+    ScheduleOptions,
+    engine_unit_steps,
+    engine_units,
+    step_schedule,
+)
+from zerotopo.placement.topology import load_topology
+from zerotopo_lab.deepspeed_schedule import DeepSpeedSchedule, module_units
+
+#: A DeepSpeed schedule with every knob where the engine stands.
+LIKE_ENGINE = DeepSpeedSchedule(
+    step_end_in_backward=True, param_gather_in_forward=True, secondary_param_dtype=False
+)
+
+
+def test_the_engines_schedule_options_are_the_engines_knobs_only():
+    fields = {f.name for f in dataclasses.fields(ScheduleOptions)}
+    assert fields == {"name", "unit_layers", "step_end_in_backward", "param_gather_in_forward", "description"}
+    assert ENGINE.runtime is None and not ENGINE.hold_gathered and ENGINE.per_unit
+
+
+@pytest.mark.parametrize("preset", ["zero3", "zeropp", "zerotopo", "mics", "zero1"])
+@pytest.mark.parametrize("fp16", [False, True])
+def test_deepspeeds_model_with_the_engines_settings_builds_the_engines_schedule(preset, fp16):
+    shape, _ = load_model(["neox-125m"], None)
+    topo = load_topology("frontier", nodes=2)
+    units = engine_units(shape)
+    kw = dict(micro_batches=3, param_bytes=2, reduce_bytes=4, grad_shard_bytes=4, fp16=fp16)
+    engine = step_schedule(units, topo, get_preset(preset), **kw)
+    other = step_schedule(units, topo, get_preset(preset), options=LIKE_ENGINE, **kw)
+    assert other.units == engine.units and other.step_end == engine.step_end
+    assert other.collectives() == engine.collectives()
+
+
+def test_each_deepspeed_knob_changes_the_schedule():
+    shape, _ = load_model(["neox-125m"], None)
+    topo = load_topology("frontier", nodes=2)
+    units = module_units(shape, 0)
+    plan = get_preset("zeropp")
+    base = step_schedule(units, topo, plan, micro_batches=2, options=LIKE_ENGINE)
+    knobs = {
+        "reduce_bucket_elems": 10**7,
+        "prefetch_bucket_elems": 10**6,
+        "step_end_in_backward": False,
+        "param_gather_in_forward": False,
+        "secondary_param_dtype": True,
+        "backward_gather": False,
+    }
+    for k, v in knobs.items():
+        changed = step_schedule(
+            units, topo, plan, micro_batches=2, options=dataclasses.replace(LIKE_ENGINE, **{k: v})
+        )
+        assert changed != base, k
+    # the gloo reduce-scatter shows on an unquantized ZeRO-3, the all-gather buckets on ZeRO-1's step end
+    z3 = get_preset("zero3")
+    gloo = dataclasses.replace(LIKE_ENGINE, reduce_scatter_all_reduce=True)
+    for sched, op in ((LIKE_ENGINE, "reduce_scatter"), (gloo, "all_reduce")):
+        built = step_schedule(units, topo, z3, micro_batches=2, options=sched).collectives()
+        assert {c.op for c in built if c.phase == "grad_reduce"} == {op}
+    at_end = dataclasses.replace(LIKE_ENGINE, param_gather_in_forward=False)
+    z1 = get_preset("zero1")
+    whole = step_schedule(units, topo, z1, micro_batches=2, options=at_end)
+    bucketed = step_schedule(
+        units, topo, z1, micro_batches=2, options=dataclasses.replace(at_end, allgather_bucket_elems=10**7)
+    )
+    calls = lambda s: sum(c.count for c in s.collectives() if c.phase == "param_gather")  # noqa: E731
+    assert calls(whole) == len(units) and calls(bucketed) == -(-sum(u.numel for u in units) // 10**7)
+
+
+def test_deepspeed_has_no_layers_per_unit_to_choose():
+    with pytest.raises(ValueError, match="per module"):
+        LIKE_ENGINE.with_unit_layers(2)
+    assert LIKE_ENGINE.unit_layers is None and ENGINE.with_unit_layers(3).unit_layers == 3
+
+
+def test_every_engine_unit_gets_a_backward_gather_to_execute():
+    """The runtime is given a backward gather for every unit, the last included (it skips the gather for a
+    unit still full): no placeholder unit is needed to get one."""
+    topo = load_topology("frontier", nodes=2)
+    plan = get_preset("zero3")
+    steps = engine_unit_steps(
+        [4096, 8192, 4096], topo, plan, degrees=plan.degrees(topo), param_bytes=2, reduce_bytes=4,
+        grad_shard_bytes=4,
+    )  # fmt: skip
+    assert len(steps) == 3 and all(s.backward for s in steps)
+    costed = step_schedule(engine_units(load_model(["neox-125m"], None)[0]), topo, plan, micro_batches=1)
+    assert not costed.units[-1].backward and all(u.backward for u in costed.units[:-1])

@@ -1,0 +1,287 @@
+"""``zerotopo bench scale``: the head-to-head at several emulated node counts, on the device clock.
+
+At each node count the same emulated Frontier (``emulated-frontier``'s tree: 4 ranks per node, or 8
+with ``--ranks-per-node 8``, Frontier's 8 GCDs a node, :func:`node_topology`) runs
+``bench compare --regime device-clock`` (:mod:`zerotopo_lab.bench.clocked`) with the rows that decide how
+to train at scale: the planner's pick, zero3, zeropp, mics, ``zerotopo``, DeepSpeed ZeRO-3, DeepSpeed
+hpZ and FSDP2 HSDP (and the ``no-comm`` floor, for the measured R), with the shaped links alone and
+with the Frontier curves replayed at that node count (``--curves``). The planner is asked again at each
+count, on that count's machine. The workload at each count is stated (:func:`zerotopo_lab.bench.clocked.
+target_workload`): by default NeoX-20B at configs/neox-20b.yml's global batch, fewer micro-batches per
+rank as nodes grow; ``--mode micro-batch`` keeps a fixed number per rank.
+
+Ranks start as forks of one fork server that imported torch once (``ZEROTOPO_START_METHOD=forkserver``,
+:mod:`zerotopo.launch.spawn`), so tens of ranks share its pages; each rank's peak memory is in its row
+(``peak_memory_bytes_per_rank``).
+
+The JSON report holds, per node count, the rows as ``bench compare --json`` writes them, with the node
+count, D, the regime and the workload; ``--plot`` draws step time against nodes per row, measured and
+predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from typing import Any
+
+from zerotopo.errors import ConfigError
+from zerotopo_lab.bench import FLOOR_ROW
+from zerotopo_lab.bench.clocked import MODES, target_workload
+from zerotopo_lab.bench.replay import CURVES
+
+BASE_TOPOLOGY = "emulated-frontier"
+RANKS_PER_NODE = (4, 8)
+"""``--ranks-per-node``: ``emulated-frontier``'s own 2 packages of 2 dies, or 4 packages as a Frontier node."""
+SCALE_ROWS = (FLOOR_ROW, "planner", "zero3", "zeropp", "mics", "zerotopo", "deepspeed-zero3", "deepspeed-hpz",
+              "fsdp2-hsdp")  # fmt: skip
+DEFAULT_NODES = (2, 4, 8, 16)
+MAX_NODES = 16
+MAX_RANKS = 64
+"""What one machine holds (each rank a process of the fork server): 16 nodes of 4 or 8 of 8."""
+
+
+def parse_nodes(text: str) -> tuple[int, ...]:
+    """``2,4,8,16`` -> (2, 4, 8, 16): distinct counts from 1 to :data:`MAX_NODES`, in the order given."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or not 1 <= int(part) <= MAX_NODES:
+            raise ConfigError(f"expected node counts from 1 to {MAX_NODES}, got {part!r}", key="--nodes")
+        if int(part) not in out:
+            out.append(int(part))
+    if not out:
+        raise ConfigError("give at least one node count, e.g. --nodes 2,4", key="--nodes")
+    return tuple(out)
+
+
+def node_topology(ranks_per_node: int, directory: str, base: str = BASE_TOPOLOGY) -> str:
+    """The topology with ``ranks_per_node`` ranks a node: ``base`` itself when its nodes have that many,
+    else ``base``'s tree with its outermost tier inside a node (the node's packages) widened to hold
+    them and its network injection scaled with them (the same share per rank), written as a topology
+    file into ``directory``; returns what ``--topology`` takes (a name or that file's path).
+
+    Raises ConfigError when the tiers below the node's outermost do not divide ``ranks_per_node``."""
+    import yaml
+
+    from zerotopo import resources
+    from zerotopo.placement.topology import load_topology
+
+    topo = load_topology(base)
+    if topo.devices_per_node == ranks_per_node:
+        return base
+    inner = topo.devices_per_node // topo.tiers[-1].fanout
+    if ranks_per_node < 1 or ranks_per_node % inner:
+        raise ConfigError(
+            f"{base} cannot hold {ranks_per_node} ranks a node: its tiers below the node's {topo.tiers[-1].name} "
+            f"hold {inner} ranks, so give a multiple of {inner}", key="--ranks-per-node",
+        )  # fmt: skip
+    raw = yaml.safe_load(resources.builtin_file("topologies", base).read_text())
+    raw["name"] = f"{base}-{ranks_per_node}"
+    raw["description"] = (
+        f"{base} with {ranks_per_node} ranks a node ({ranks_per_node // inner} {topo.tiers[-1].name}s)"
+    )
+    raw["tiers"][-1]["fanout"] = ranks_per_node // inner
+    raw["network"]["injection_gbps"] = topo.network.injection_gbps * ranks_per_node / topo.devices_per_node
+    path = os.path.join(directory, f"{raw['name']}.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return path
+
+
+def count_options(base: Any, nodes: int, mode: str, micro_batches: int, curves: str | None = None) -> Any:
+    """``base`` (:class:`zerotopo_lab.bench.compare.CompareOptions`) at ``nodes`` nodes: the device clock,
+    the stated workload's micro-batches per rank, and ``curves`` replayed at this node count (None:
+    the links alone)."""
+    from zerotopo.placement.topology import load_topology
+
+    per_node = load_topology(base.topology).devices_per_node
+    work = target_workload(nodes, per_node, mode, micro_batches)
+    return replace(base, regime="device-clock", nodes=nodes, micro_batches=work.micro_batches, workload=work,
+                   curves=curves, replay=None)  # fmt: skip
+
+
+def count_entry(nodes: int, report: dict[str, Any], curves: str | None = None) -> dict[str, Any]:
+    """One node count's entry of the scale report: its node count, D, regime, workload and curve replay
+    beside the rows and settings ``bench compare`` reported."""
+    clock = report.get("device_clock") or {}
+    return {
+        "nodes": nodes,
+        "curves": curves,
+        "topology": report.get("topology"),
+        "world_size": report["world_size"],
+        "ranks_per_node": report["world_size"] // nodes,
+        "dilation": clock.get("dilation"),
+        "regime": report.get("regime"),
+        "workload": clock.get("workload"),
+        "device_clock": clock,
+        "planner_pick": report.get("planner_pick"),
+        "fastest_zerotopo_row": report.get("fastest_zerotopo_row"),
+        "losses_agree": report.get("losses_agree"),
+        "void": report.get("void"),
+        "tier_rates_mbit": report.get("tier_rates_mbit"),
+        "wall_s": report.get("wall_s"),
+        "rows": report["rows"],
+    }
+
+
+def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_batches: int = 1,
+          command: str = "", run_compare: Any = None, curves: tuple[str | None, ...] = (None,)) -> dict[str, Any]:  # fmt: skip
+    """Run ``bench compare`` on the device clock at each of ``nodes``, once per entry of ``curves``
+    (None: the shaped links alone; a :data:`zerotopo_lab.bench.replay.CURVES` name: replayed at that node
+    count); ``run_compare(opts) -> report``, default :func:`zerotopo_lab.bench.compare.compare`. Returns
+    the scale report."""
+    from zerotopo_lab.bench.compare import compare
+
+    run_compare = run_compare or (lambda opts: compare(opts, command=command))
+    os.environ.setdefault("ZEROTOPO_START_METHOD", "forkserver")
+    counts = []
+    for n in nodes:
+        for c in curves:
+            print(f"bench scale: {n} nodes" + (f", curves {c}" if c else ""), file=sys.stderr, flush=True)
+            counts.append(count_entry(n, run_compare(count_options(base, n, mode, micro_batches, c)), c))
+    return {"command": command, "mode": mode, "nodes": list(nodes), "counts": counts}
+
+
+def series(report: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Per row: (nodes, seconds) of its measured median step and of its prediction, in node order, as
+    the target's seconds (over each count's own D: the counts' dilations differ)."""
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for entry in sorted(report["counts"], key=lambda e: e["nodes"]):
+        for r in entry["rows"]:
+            name = r["name"] + (f" ({entry['curves']})" if entry.get("curves") else "")
+            s = out.setdefault(name, {"measured": [], "predicted": []})
+            D = entry.get("dilation") or 1.0
+            if r.get("step_time_s"):
+                s["measured"].append((entry["nodes"], r["step_time_s"] / D))
+            if r.get("predicted_step_time_s"):
+                s["predicted"].append((entry["nodes"], r["predicted_step_time_s"] / D))
+    return out
+
+
+def format_scale(report: dict[str, Any]) -> str:
+    """The scale report as a table: per row, step seconds measured (min-max) and predicted at each count."""
+    lines = [f"bench scale ({report['mode']}): nodes {', '.join(map(str, report['nodes']))}"]
+    for e in report["counts"]:
+        lines.append("")
+        replay = f", curves {e['curves']} replayed" if e.get("curves") else ""
+        lines.append(
+            f"{e['nodes']} nodes ({e['world_size']} ranks){replay}, D {e['dilation']:.3g}: {e['workload']}"
+        )
+        lines.append(
+            f"  {'row':<16} {'step s':>8} {'min-max':>15} {'pred s':>8} {'peak MiB/rank':>13}  cross-node MB"
+        )
+        for r in e["rows"]:
+            if not r.get("step_time_s"):
+                why = "does not fit" if r.get("does_not_fit") else r.get("error", "did not run")
+                lines.append(f"  {r['name']:<16} {why}")
+                continue
+            lo, hi = r.get("step_time_min_s"), r.get("step_time_max_s")
+            pred = r.get("predicted_step_time_s")
+            peak = r.get("peak_memory_bytes")
+            net = (r.get("tier_bytes_per_step") or {}).get("network")
+            lines.append(
+                f"  {r['name']:<16} {r['step_time_s']:>8.3f} {f'{lo:.3f}-{hi:.3f}':>15} "
+                f"{'-' if pred is None else f'{pred:.3f}':>8} {'-' if peak is None else f'{peak / 2**20:.0f}':>13}  "
+                f"{'-' if net is None else f'{net / 1e6:.2f}'}"
+            )
+        lines.append(f"  planner's pick {e['planner_pick']}; fastest zerotopo row {e['fastest_zerotopo_row']}; "
+                     + ("losses agree" if e["losses_agree"] else f"COMPARISON VOID: {e['void']}"))  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """A PNG of step time against nodes per row: measured (solid, markers) and predicted (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (name, s) in enumerate(series(report).items()):
+        color = f"C{i % 10}"
+        if s["measured"]:
+            ax.plot(*zip(*s["measured"]), "o-", color=color, label=f"{name} measured")
+        if s["predicted"]:
+            ax.plot(*zip(*s["predicted"]), "x--", color=color, label=f"{name} predicted")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("emulated nodes")
+    ax.set_ylabel("target step time, s (step / D)")
+    ax.set_title(f"bench scale ({report['mode']})")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)),
+                   help=f"emulated node counts (default 2,4,8,16; at most {MAX_RANKS} ranks in all)")  # fmt: skip
+    p.add_argument("--ranks-per-node", type=int, choices=RANKS_PER_NODE, default=4,
+                   help="ranks per emulated node: 4 (default; emulated-frontier's 2 packages of 2) or 8 "
+                   "(4 packages, as Frontier's 8 GCDs a node)")  # fmt: skip
+    p.add_argument("--mode", choices=MODES, default="global-batch",
+                   help="global-batch (default): NeoX-20B's global batch (configs/neox-20b.yml) split over the "
+                   "ranks; micro-batch: --micro-batches per rank at every count")  # fmt: skip
+    p.add_argument(
+        "--micro-batches", type=int, default=1, help="micro-batch mode: per rank per step (default 1)"
+    )
+    p.add_argument("--rows", default=",".join(SCALE_ROWS), help="comma-separated rows (default: all)")
+    p.add_argument("--curves", choices=("both", "off", *CURVES), default="both",
+                   help="at each count, the shaped links alone (off), the Frontier curves replayed at that node "
+                   "count in place of the links' times (frontier-48), or both (default)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=2, help="timed steps per row (default 2)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--repeat", type=int, default=3, help="runs of every row at each count (default 3)")
+    p.add_argument("--model", default="wide", help="the bench model (default wide)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="wire dtype (default bf16)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one run's ranks may take")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE")
+    p.add_argument("--plot", metavar="PNG", help="step time against nodes per row (needs matplotlib)")
+    p.add_argument("--log", metavar="FILE", help="with --json: where the ranks' output goes")
+
+
+def run(args: argparse.Namespace) -> int:
+    from zerotopo_lab.bench.compare import CLOCK_BATCH, CLOCK_SEQ, CompareOptions, emit
+
+    nodes = parse_nodes(args.nodes)
+    too_many = [n for n in nodes if n * args.ranks_per_node > MAX_RANKS]
+    if too_many:
+        raise ConfigError(
+            f"{too_many[0]} nodes of {args.ranks_per_node} ranks are {too_many[0] * args.ranks_per_node} ranks, "
+            f"more than the {MAX_RANKS} one machine holds; give at most {MAX_RANKS // args.ranks_per_node} nodes",
+            key="--nodes",
+        )
+    rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
+    if not rows:
+        raise ConfigError("no rows given", key="--rows")
+    for key in ("steps", "repeat", "micro_batches"):
+        if getattr(args, key) < 1:
+            raise ConfigError(
+                f"expected a positive number, got {getattr(args, key)}", key="--" + key.replace("_", "-")
+            )
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib: pip install matplotlib", key="--plot") from None
+    base = CompareOptions(regime="device-clock", model=args.model, rows=rows, steps=args.steps, warmup=args.warmup,
+                          repeat=args.repeat, dtype=args.dtype, batch=CLOCK_BATCH, seq=CLOCK_SEQ,
+                          timeout_s=args.timeout)  # fmt: skip
+    command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench scale"
+    curves = {"both": (None, *CURVES), "off": (None,)}.get(args.curves, (args.curves,))
+    with tempfile.TemporaryDirectory(prefix="zerotopo-scale-") as directory:
+        base = replace(base, topology=node_topology(args.ranks_per_node, directory))
+        report = emit(
+            args,
+            lambda: scale(base, nodes, args.mode, args.micro_batches, command, curves=curves),
+            plot,
+            format_scale,
+        )
+    return 0 if all(e["losses_agree"] for e in report["counts"]) else 1

@@ -1,0 +1,240 @@
+"""DeepSpeed's step schedule as the cost model prices it: a :class:`~zerotopo.placement.schedule.ScheduleModel`
+beside the engine's, emitting the same :class:`~zerotopo.placement.schedule.StepSchedule`.
+
+[Note: DeepSpeed's schedule] The engine gathers one flat unit per layer; DeepSpeed ZeRO-3 gathers each
+submodule's parameters (:func:`module_units`), prefetches while the elements in flight stay under a bucket,
+reduces gradients in buckets and, for ZeRO-1/2, all-gathers the updated parameters in buckets at the step
+end. Its hpZ copy keeps the parameters' width, and on gloo its gradient reduce-scatter
+(``reduce_scatter_tensor``) runs as a full all-reduce. Each of these is a knob of :class:`DeepSpeedSchedule`
+and a hook of :class:`DeepSpeedBuilder`; the presets at DeepSpeed's defaults are in
+:mod:`zerotopo_lab.presets`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from zerotopo.cost.time import RuntimeCosts
+from zerotopo.placement.codecs import PlanCodecs
+from zerotopo.placement.schedule import Collective, ScheduleBuilder, Unit
+from zerotopo.placement.shape import ModelShape
+
+#: Host seconds stage 3 adds per module per step (benchmarks/deepspeed_host_cost.py, 256 modules).
+DS_HOST_S_PER_MODULE = 426e-6
+#: ``PartitionedParameterCoordinator.__max_ongoing_fetch_events``.
+DS_FETCH_WINDOW = 2
+
+#: DeepSpeed stage 3's fixed costs (:mod:`zerotopo_lab.presets`' note).
+DEEPSPEED_RUNTIME = RuntimeCosts(
+    host_s_per_unit=DS_HOST_S_PER_MODULE, fetch_window=DS_FETCH_WINDOW, scale_gather=True
+)
+
+
+class DeepSpeedBuilder(ScheduleBuilder):
+    """The engine's builder with DeepSpeed's buckets, hpZ width and gloo reduce-scatter (module note)."""
+
+    options: DeepSpeedSchedule
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.backward_gather = self.options.backward_gather
+        self.context["reduce"] = (*self.context["reduce"], self.options.reduce_scatter_all_reduce)
+
+    def make_codecs(self, widths: dict[str, int]) -> PlanCodecs:
+        codecs = super().make_codecs(widths)
+        if self.options.secondary_param_dtype and self.plan.secondary_dtype != "int8":
+            # the hpZ copy keeps the parameters' width
+            return dataclasses.replace(codecs, secondary=codecs.param)
+        return codecs
+
+    def _reduce(self, n: int) -> tuple[Collective, ...]:
+        out = super()._reduce(n)
+        if not self.options.reduce_scatter_all_reduce:
+            return out
+        # an all-reduce: the reduce-scatter's bytes, then as many again
+        return tuple(
+            dataclasses.replace(c, op="all_reduce", bytes_sent=2 * c.bytes_sent)
+            if c.op == "reduce_scatter"
+            else c
+            for c in out
+        )
+
+    def reductions(
+        self, sizes: list[int]
+    ) -> tuple[dict[int, tuple[Collective, ...]], dict[int, tuple[Collective, ...]]]:
+        """DeepSpeed reduces the bucket before a gradient that would overflow it joins, and the remainder
+        after the last one (backward order); the cross-replica reduction in the last backward is per
+        bucket, beside the bucket's own reduction (DeepSpeed ZeRO-1/2 reduce their buckets at the
+        accumulation boundary, MiCS all-reduces each bucket's shard across replicas after reducing it
+        within the group)."""
+        limit = self.options.reduce_bucket_elems
+        if limit is None:
+            return super().reductions(sizes)
+        reduces: dict[int, tuple[Collective, ...]] = {}
+        bucket_replicas: dict[int, tuple[Collective, ...]] = {}
+        bucket = 0
+        for i in reversed(range(len(sizes))):
+            out: tuple[Collective, ...] = ()
+            rep: tuple[Collective, ...] = ()
+            if bucket and bucket + sizes[i] > limit:
+                out, rep, bucket = self.reduce(bucket), self.replica(bucket), 0
+            bucket += sizes[i]
+            if i == 0:
+                out, rep, bucket = out + self.reduce(bucket), rep + self.replica(bucket), 0
+            reduces[i] = out
+            bucket_replicas[i] = rep
+        return reduces, bucket_replicas
+
+    def prefetch_depths(self, units: list[Unit], reverse: bool) -> list[int]:
+        """DeepSpeed issues prefetches while the elements in flight stay under the bucket (at least one)."""
+        limit = self.options.prefetch_bucket_elems
+        if limit is None:
+            return super().prefetch_depths(units, reverse)
+        order = units[::-1] if reverse else units
+        out = []
+        for i in range(len(order)):
+            k, inflight = 0, 0
+            for u in order[i + 1 :]:
+                if k >= 1 and inflight + u.gathered > limit:
+                    break
+                k += 1
+                inflight += u.gathered
+            out.append(k)
+        return out[::-1] if reverse else out
+
+    def unit_end_param_gather(self, n: int) -> tuple[Collective, ...]:
+        return () if self.options.allgather_bucket_elems is not None else super().unit_end_param_gather(n)
+
+    def extra_step_end(self, sizes: list[int]) -> list[Collective]:
+        """The post-step parameter all-gather at the step end in calls of ``allgather_bucket_elems``
+        elements (none unless the options bucket it)."""
+        if self.options.allgather_bucket_elems is None or self.in_fwd:
+            return []
+        total = sum(sizes)
+        k = max(1, self.d.optim // self.d.params)
+        per = -(-self.options.allgather_bucket_elems // k) * k  # whole per-rank chunks
+        full, rest = divmod(total, per)
+        return [*self.param_gather(per) * full, *(self.param_gather(rest) if rest else ())]
+
+
+@dataclass(frozen=True)
+class DeepSpeedSchedule:
+    """DeepSpeed's schedule knobs (its config keys named beside each); a
+    :class:`~zerotopo.placement.schedule.ScheduleModel`."""
+
+    name: str = "deepspeed"
+    reduce_bucket_elems: int | None = None
+    """Gradient elements per reduction (``reduce_bucket_size``); None: one per module."""
+    prefetch_bucket_elems: int | None = None
+    """Elements gathered ahead (``stage3_prefetch_bucket_size``); None: ``plan.prefetch`` modules."""
+    persistence_threshold: int = 0
+    """Parameters with fewer elements stay whole on every rank and are never gathered
+    (``stage3_param_persistence_threshold``)."""
+    step_end_in_backward: bool = False
+    """Each cross-replica gradient reduction runs in the boundary backward (ZeRO-1/2 with
+    ``overlap_comm``, MiCS); False: all of them after the backward (stage 3's step)."""
+    param_gather_in_forward: bool = False
+    """The post-step parameter all-gather stays in flight into the next forward (DeepSpeed: never)."""
+    secondary_param_dtype: bool = True
+    """A plain secondary partition (the hpZ copy) keeps the parameters' width; False: bf16."""
+    allgather_bucket_elems: int | None = None
+    """Parameter elements per post-step all-gather call (ZeRO-1/2 ``allgather_bucket_size``); None: one
+    call per module."""
+    reduce_scatter_all_reduce: bool = False
+    """The gradient reduce-scatter runs as a full all-reduce: DeepSpeed calls torch's
+    ``reduce_scatter_tensor``, which gloo implements so (an all-reduce's ``2(d-1)/d`` of the message per
+    rank where a ring reduce-scatter sends ``(d-1)/d``; docs/cost-model.md)."""
+    backward_gather: bool = True
+    """A sharded module is gathered again before its backward; False: the forward's gathered weights stay
+    until the backward (stage 3 on the bench: its coordinator keeps every parameter its prefetcher
+    fetched until the parameter's last use, so after the first step nothing is gathered in the backward)."""
+    description: str = field(default="", compare=False)
+
+    builder: ClassVar[type[ScheduleBuilder]] = DeepSpeedBuilder
+    unit_layers: ClassVar[None] = None
+
+    def __post_init__(self) -> None:
+        for k in ("reduce_bucket_elems", "prefetch_bucket_elems", "allgather_bucket_elems"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{k} must be a positive integer or None, got {v!r}")
+
+    @property
+    def runtime(self) -> RuntimeCosts | None:
+        """Stage 3's fixed costs when it fetches modules (:data:`DEEPSPEED_RUNTIME`); none for ZeRO-1/2."""
+        return DEEPSPEED_RUNTIME if self.prefetch_bucket_elems is not None else None
+
+    @property
+    def hold_gathered(self) -> bool:
+        return not self.backward_gather
+
+    @property
+    def per_unit(self) -> bool:
+        return self.reduce_bucket_elems is None and self.allgather_bucket_elems is None
+
+    @property
+    def units_key(self) -> tuple:
+        return ("module", self.persistence_threshold)
+
+    def units(self, shape: ModelShape) -> list[Unit]:
+        """DeepSpeed's modules of ``shape`` (:func:`module_units`)."""
+        return module_units(shape, self.persistence_threshold)
+
+    def with_unit_layers(self, k: int) -> DeepSpeedSchedule:
+        raise ValueError(f"{self.name} gathers per module: it has no layers per unit to choose ({k} given)")
+
+
+def module_units(shape: ModelShape, persistence_threshold: int = 0) -> list[Unit]:
+    """One unit per weight matrix, as DeepSpeed ZeRO-3 gathers submodules: per layer the QKV projection,
+    the attention output and each MLP matrix (two, or three when gated); biases and norms ride along with
+    the next weight matrix and are gathered unless below ``persistence_threshold`` elements (then never
+    gathered). Parameters and FLOPs come from the shape's unit description."""
+    seq = shape.seq_length
+    layer = shape.layer_unit()
+    attention_f = seq * shape.attention_flops()
+
+    def unit(name: str, params: list[int], matmul: int, extra: float = 0.0) -> Unit:
+        gathered = sum(p for p in params if p >= persistence_threshold)
+        return Unit(name, sum(params), gathered, 2.0 * seq * matmul + extra)
+
+    by_module: dict[str, list] = {}
+    for p in layer.params:
+        by_module.setdefault(p.module, []).append(p)
+    # each norm (weight and bias as one) rides with the matrix that reads its output
+    mlp = [m for m in by_module if m.startswith("mlp.")]
+    norm_of = {"attention.query_key_value": "input_layernorm", mlp[0]: "post_attention_layernorm"}
+    units = []
+    for module, params in by_module.items():
+        if module.endswith("layernorm"):
+            continue
+        sizes = [p.numel for p in params]
+        if module in norm_of:
+            sizes.append(sum(p.numel for p in by_module[norm_of[module]]))
+        matmul = sum(p.numel for p in params if p.matmul)
+        # attention scores and context (the s²h term) run between QKV and the output projection
+        extra = attention_f if module == "attention.query_key_value" else 0.0
+        units.append(unit(_MODULE_UNIT_NAMES.get(module, module), sizes, matmul, extra))
+    head = shape.head_unit()
+    emb = shape.embedding_params()
+    head_f = seq * head.flops_per_token
+    head_params = [sum(p.numel for p in head.params if not p.matmul)] + [
+        p.numel for p in head.params if p.matmul
+    ]
+    return (
+        [Unit("embedding", emb, emb if emb >= persistence_threshold else 0)]
+        + units * shape.num_layers
+        + [unit("head", head_params, 0, head_f)]
+    )
+
+
+_MODULE_UNIT_NAMES = {
+    "attention.query_key_value": "layer.qkv",
+    "attention.dense": "layer.dense",
+    "mlp.dense_h_to_4h": "layer.mlp_in",
+    "mlp.dense_4h_to_h": "layer.mlp_out",
+    "mlp.w1": "layer.mlp_in",
+    "mlp.w3": "layer.mlp_up",
+    "mlp.w2": "layer.mlp_out",
+}
