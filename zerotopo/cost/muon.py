@@ -10,8 +10,9 @@ reduce-scatter move the same bytes as under AdamW; the exchange is the extra tra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from zerotopo.cost.time import StepTime
 from zerotopo.placement.layout import group_of, optim_range, padded_numel
 from zerotopo.placement.matrices import Matrix, assign_owners, exchange
 from zerotopo.placement.plan import Degrees
@@ -22,6 +23,33 @@ from zerotopo.placement.topology import Topology
 #: Newton-Schulz runs in bf16 (torch's ``Muon``): priced at the device's peak × this efficiency unless a
 #: measured rate is given.
 NS_EFFICIENCY = 0.5
+
+
+@dataclass(frozen=True)
+class MuonPricing:
+    """What the planner prices a Muon run by (``CostOptions.muon``): torch's ``Muon`` with ``ns_steps``
+    Newton-Schulz iterations on the matrices and an elementwise aux keeping ``aux_states`` fp32 states
+    per element (AdamW: 2) on the rest."""
+
+    ns_steps: int = 5
+    aux_states: int = 2
+
+    def __post_init__(self) -> None:
+        if self.ns_steps < 1 or self.aux_states < 0:
+            raise ValueError(
+                f"MuonPricing: ns_steps must be at least 1 and aux_states at least 0, got {self.ns_steps} "
+                f"and {self.aux_states}"
+            )
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """The fp32 master, the aux's states and Muon's momentum, each over the whole chunk."""
+        return 4 * (1 + self.aux_states + 1)
+
+
+def _ns_rate(topology: Topology, efficiency: float, achieved_tflops: float | None) -> float:
+    """FLOP/s of the owners' bf16 Newton-Schulz: a measured rate, else the device's peak × ``efficiency``."""
+    return (achieved_tflops or topology.device.peak_tflops * efficiency) * 1e12
 
 
 def model_matrices(shape: ModelShape) -> list[Matrix]:
@@ -83,7 +111,7 @@ def muon_cost(
     ex = exchange(mats, own.owners, ranges)
     tier = group_tier(topology, d, "optim")
     nbytes = 2 * ex.padded_bytes(2) if d.optim > 1 else 0
-    rate = (achieved_tflops or topology.device.peak_tflops * efficiency) * 1e12
+    rate = _ns_rate(topology, efficiency, achieved_tflops)
     busiest = max(own.flops) if own.flops else 0
     link = topology.bandwidth_gbps(tier) * 1e9 if tier is not None else 0.0
     return MuonCost(
@@ -95,4 +123,37 @@ def muon_cost(
         ns_s=busiest / rate,
         exchange_s=nbytes / link if link else 0.0,
         state_bytes_per_param=4 * (1 + aux_states + 1),
+    )
+
+
+def ns_seconds_lower_bound(
+    shape: ModelShape,
+    d: Degrees,
+    topology: Topology,
+    *,
+    ns_steps: int = 5,
+    efficiency: float = NS_EFFICIENCY,
+    achieved_tflops: float | None = None,
+) -> float:
+    """A lower bound on :func:`muon_cost`'s ``seconds`` without assigning owners: the busiest owner does
+    at least the mean of the group's Newton-Schulz FLOPs, and the exchange takes at least no time."""
+    total = sum(m.ns_flops(ns_steps) for m in model_matrices(shape))
+    return total / d.optim / _ns_rate(topology, efficiency, achieved_tflops)
+
+
+def with_muon(t: StepTime, c: MuonCost) -> StepTime:
+    """``t`` with Muon's step added after it, overlapped with nothing: the busiest owner's Newton-Schulz
+    joins the optimizer step, the exchange the communication the compute does not hide; the rates
+    shrink by the same factor as the step grows."""
+    step = t.step_time_s + c.seconds
+    slower = t.step_time_s / step if step > 0 else 1.0
+    return replace(
+        t,
+        step_time_s=step,
+        comm_s=t.comm_s + c.exchange_s,
+        exposed_comm_s=t.exposed_comm_s + c.exchange_s,
+        optimizer_s=t.optimizer_s + c.ns_s,
+        tokens_per_s=t.tokens_per_s * slower,
+        tflops_per_device=t.tflops_per_device * slower,
+        mfu=t.mfu * slower,
     )
