@@ -281,6 +281,12 @@ def _compute(options: CostOptions) -> str:
     )
     if options.bandwidth is not None:
         rate += f", curves {Path(options.bandwidth.source).name}"
+    if options.muon is not None:
+        m = options.muon
+        rate += (
+            f"; optimizer Muon ({m.state_bytes_per_param} B/param of state, {m.ns_steps} bf16 Newton-Schulz "
+            "steps on each matrix's owner and the exchange added to the step)"
+        )
     return rate
 
 
