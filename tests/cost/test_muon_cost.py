@@ -166,3 +166,22 @@ def test_plan_ranks_by_the_first_optimizer_or_the_configs(capsys):
     assert optimizer_pricing(muon, "adamw") == {"optim_bytes_per_param": 12}
     assert optimizer_pricing(OptimizerArgs(), None) == {"optim_bytes_per_param": 12}
     assert optimizer_pricing(OptimizerArgs(), "muon") == {"muon": MuonPricing()}
+
+
+@pytest.mark.slow  # two full searches on 384 ranks
+def test_the_search_picks_another_plan_for_muon():
+    """NeoX-20B on 48 Frontier nodes: AdamW's search picks a plan with smaller optimizer groups (p=2 g=2
+    o=96 today), where Muon's owners would each orthogonalize more matrices; Muon's search picks a plan
+    that is faster once that is counted."""
+    from dataclasses import replace
+
+    from zerotopo.cost.muon import MuonPricing
+    from zerotopo.cost.planner import best_plan, plan_candidates
+
+    shape, topo, adamw = _neox20b_on_48_frontier_nodes()
+    a = best_plan(plan_candidates(shape, topo, plans="auto", options=adamw))
+    m = best_plan(plan_candidates(shape, topo, plans="auto", options=replace(adamw, muon=MuonPricing())))
+    assert a is not None and m is not None and a.degrees != m.degrees
+    a_under_muon = a.time.step_time_s + muon_cost(shape, a.degrees, topo, efficiency=adamw.efficiency).seconds
+    assert m.time.step_time_s < a_under_muon
+    assert m.degrees.optim > a.degrees.optim  # more owners share the 176 matrices
