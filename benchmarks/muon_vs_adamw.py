@@ -122,8 +122,14 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rolling_median(values: list[float], width: int = 11) -> list[float]:
+    half = width // 2
+    return [statistics.median(values[max(0, i - half) : i + half + 1]) for i in range(len(values))]
+
+
 def plot(results: list[dict], path: Path) -> bool:
-    """Every run's train loss (lines) and validation loss (dots), and its step times; False without matplotlib."""
+    """Every run's train loss (lines) and validation loss (dots), and its step time (rolling median over
+    11 steps); AdamW in blues, Muon in reds, darker for higher rates. False without matplotlib."""
     try:
         import matplotlib
 
@@ -132,20 +138,25 @@ def plot(results: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     fig, (loss_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in results:
-        style = "-" if r["kind"] == "muon" else "--"
-        steps, losses = zip(*r["train_curve"])
-        (line,) = loss_ax.plot(steps, losses, style, lw=1, label=r["name"])
-        vs, vl = zip(*r["valid"])
-        loss_ax.scatter(vs, vl, s=14, color=line.get_color())
-        ts, tt = zip(*r["step_times"])
-        time_ax.plot(ts, tt, style, lw=0.7, color=line.get_color(), label=r["name"])
+    for kind, cmap in (("adamw", plt.cm.Blues), ("muon", plt.cm.Reds)):
+        runs = sorted((r for r in results if r["kind"] == kind), key=lambda r: r["lr"])
+        for k, r in enumerate(runs):
+            color = cmap(0.45 + 0.5 * k / max(1, len(runs) - 1))
+            steps, losses = zip(*r["train_curve"])
+            loss_ax.plot(steps, losses, lw=1, color=color, label=r["name"])
+            vs, vl = zip(*r["valid"])
+            loss_ax.scatter(vs, vl, s=16, color=color, edgecolors="black", linewidths=0.5, zorder=3)
+            ts, tt = zip(*r["step_times"])
+            time_ax.plot(ts, _rolling_median(list(tt)), lw=1, color=color, label=r["name"])
     loss_ax.set(xlabel="step", ylabel="train loss (lines), validation loss (dots)", ylim=(1.4, 4.0))
-    time_ax.set(xlabel="step", ylabel="step time s (8 gloo ranks, shared 2-core CPU)")
+    time_ax.set(xlabel="step", ylabel="step time s (rolling median of 11 steps)")
+    time_ax.set_ylim(bottom=0)
     loss_ax.legend(fontsize=8)
     time_ax.legend(fontsize=8)
     fig.suptitle(
-        "zerotopo train (tiny, bundled corpus, 200 steps): Muon + AdamW aux (solid) vs AdamW (dashed)"
+        "zerotopo train (tiny, bundled corpus, 200 steps, 8 gloo ranks on a shared 2-core CPU): "
+        "Muon + AdamW aux (reds) vs AdamW (blues)",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
