@@ -70,3 +70,120 @@ def test_plan_cli_shows_muon_beside_adamw(capsys):
     # optimizer GiB, printed to 0.01
     assert float(muon[2]) == pytest.approx(float(adamw[2]) * 16 / 12, abs=0.01)
     assert float(muon[5]) > float(adamw[5])  # step s
+
+
+# -- the planner prices Muon in its search (CostOptions.muon) ----------------------------------------------
+
+
+def _neox20b_on_48_frontier_nodes():
+    """The shape, topology and AdamW options ``zerotopo plan --model neox-20b --nodes 48`` costs."""
+    from zerotopo.config.model_files import load_model
+    from zerotopo.cost.planner import CostOptions
+
+    shape, neox = load_model(["neox-20b"], None)
+    options = CostOptions(
+        micro_batch=neox.train_micro_batch_size_per_gpu or 1, grad_accum=neox.gradient_accumulation_steps or 1,
+        checkpoint_activations=bool(neox.checkpoint_activations), grad_dtype=neox.grad_dtype,
+    )  # fmt: skip
+    return shape, load_topology("frontier", nodes=48), options
+
+
+def test_muon_pricing_adds_the_owner_and_exchange_time_and_changes_the_pick():
+    from dataclasses import replace
+
+    from zerotopo.cost.muon import MuonPricing
+    from zerotopo.cost.planner import plan_candidates
+
+    shape, topo, adamw = _neox20b_on_48_frontier_nodes()
+    muon = replace(adamw, muon=MuonPricing())
+    plans = ["zero3", "mics"]
+    a = {e.name: e for e in plan_candidates(shape, topo, plans=plans, options=adamw)}
+    m_list = plan_candidates(shape, topo, plans=plans, options=muon)
+    m = {e.name: e for e in m_list}
+    for name in plans:
+        c = muon_cost(shape, a[name].degrees, topo, efficiency=adamw.efficiency)
+        assert m[name].muon == c and a[name].muon is None
+        # the step: AdamW's plus the busiest owner's Newton-Schulz and the exchange, nothing else
+        assert m[name].time.step_time_s == pytest.approx(a[name].time.step_time_s + c.ns_s + c.exchange_s)
+        assert m[name].time.tokens_per_s == pytest.approx(
+            a[name].time.tokens_per_s * a[name].time.step_time_s / m[name].time.step_time_s
+        )
+        # the memory: 16 bytes of optimizer state per parameter of the chunk instead of 12, and the busiest
+        # owner's whole matrices (fp32 master and momentum) beside them; the rest unchanged
+        assert c.owned_bytes > 0
+        assert m[name].memory.optim == pytest.approx(a[name].memory.optim * 16 / 12 + c.owned_bytes)
+        assert m[name].memory.total - m[name].memory.optim == a[name].memory.total - a[name].memory.optim
+        assert "muon" in m[name].to_json(topo) and "muon" not in a[name].to_json(topo)
+    # mics: 8 owners per node share all 176 matrices (3.75 s of Newton-Schulz each); zero3's 384 share
+    # them job-wide (0.22 s on the busiest): AdamW ranks mics first, Muon zero3
+    assert min(a.values(), key=lambda e: e.time.step_time_s).name == "mics"
+    assert m_list[0].name == "zero3"
+    assert m["mics"].time.step_time_s - a["mics"].time.step_time_s > 3.5
+    assert m["zero3"].time.step_time_s - a["zero3"].time.step_time_s < 0.5
+
+
+def test_auto_search_under_muon_keeps_the_exhaustive_searchs_best():
+    """The search's lower bound counts Muon too (the busiest owner does at least the mean), so the
+    exact ``auto`` search returns the fastest plans of ``all`` under Muon."""
+    from zerotopo.config.model_files import load_model
+    from zerotopo.cost.muon import MuonPricing
+    from zerotopo.cost.planner import AUTO_TOP, CostOptions, plan_candidates
+
+    shape, _ = load_model(["neox-1-3b"], None)
+    topo = load_topology("frontier", nodes=4)
+    opts = CostOptions(muon=MuonPricing(), search_tolerance=0.0)
+    every = [e for e in plan_candidates(shape, topo, plans="all", options=opts) if e.fits]
+    auto = [e for e in plan_candidates(shape, topo, plans="auto", options=opts) if e.fits]
+    best = sorted(e.time.step_time_s for e in every)[:AUTO_TOP]
+    assert sorted(e.time.step_time_s for e in auto)[:AUTO_TOP] == pytest.approx(best, rel=1e-12)
+    assert all(e.muon is not None for e in auto)
+
+
+def test_muon_lower_bound_is_below_the_cost():
+    from zerotopo.cost.muon import ns_seconds_lower_bound
+
+    topo = load_topology("emulated")
+    for d in (Degrees(1, 1, 1, 8), Degrees(1, 1, 4, 8), Degrees(2, 4, 8, 8)):
+        assert ns_seconds_lower_bound(SHAPE, d, topo) <= muon_cost(SHAPE, d, topo).seconds
+
+
+def test_plan_ranks_by_the_first_optimizer_or_the_configs(capsys):
+    from zerotopo.cli.main import main
+    from zerotopo.cli.plan import optimizer_pricing
+    from zerotopo.config.neox import OptimizerArgs
+    from zerotopo.cost.muon import MuonPricing
+
+    def ranking(*extra: str) -> list[str]:
+        argv = ["plan", "--model", "neox-20b", "--nodes", "48", "--plans", "zero3,mics", *extra]
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        return [line.split()[0] for line in out.splitlines() if line.split()[:1] in (["zero3"], ["mics"])]
+
+    assert ranking()[:2] == ["mics", "zero3"]  # the config's AdamW
+    assert ranking("--optimizer", "adamw,muon")[:2] == ["mics", "zero3"]
+    assert ranking("--optimizer", "muon,adamw")[:2] == ["zero3", "mics"]
+    # a config whose optimizer is Muon is priced as Muon, with its Newton-Schulz steps and aux states
+    muon = OptimizerArgs(type="Muon", options={"ns_steps": 3, "aux": {"type": "SGD"}})
+    assert optimizer_pricing(muon, None) == {"muon": MuonPricing(ns_steps=3, aux_states=0)}
+    assert optimizer_pricing(muon, "adamw") == {"optim_bytes_per_param": 12}
+    assert optimizer_pricing(OptimizerArgs(), None) == {"optim_bytes_per_param": 12}
+    assert optimizer_pricing(OptimizerArgs(), "muon") == {"muon": MuonPricing()}
+
+
+@pytest.mark.slow  # two full searches on 384 ranks
+def test_the_search_picks_another_plan_for_muon():
+    """NeoX-20B on 48 Frontier nodes: AdamW's search picks a plan with smaller optimizer groups (p=2 g=2
+    o=96 today), where Muon's owners would each orthogonalize more matrices; Muon's search picks a plan
+    that is faster once that is counted."""
+    from dataclasses import replace
+
+    from zerotopo.cost.muon import MuonPricing
+    from zerotopo.cost.planner import best_plan, plan_candidates
+
+    shape, topo, adamw = _neox20b_on_48_frontier_nodes()
+    a = best_plan(plan_candidates(shape, topo, plans="auto", options=adamw))
+    m = best_plan(plan_candidates(shape, topo, plans="auto", options=replace(adamw, muon=MuonPricing())))
+    assert a is not None and m is not None and a.degrees != m.degrees
+    a_under_muon = a.time.step_time_s + muon_cost(shape, a.degrees, topo, efficiency=adamw.efficiency).seconds
+    assert m.time.step_time_s < a_under_muon
+    assert m.degrees.optim > a.degrees.optim  # more owners share the 176 matrices

@@ -16,6 +16,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from zerotopo.cli import lab
 from zerotopo.config.model_files import DEFAULT_VOCAB, load_model, resolve_model_paths, tokenizer_vocab  # noqa: F401
@@ -101,8 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--optimizer",
         default=None,
-        help="adamw,muon: after the ranking, each plan under each optimizer side by side (Muon's state "
-        "bytes, Newton-Schulz time and exchange; see docs/optimizers.md)",
+        help="adamw,muon: the ranking prices the first (default: the config's optimizer); after it, each "
+        "plan under each optimizer side by side (Muon's state bytes, Newton-Schulz time and exchange; see "
+        "docs/optimizers.md)",
     )
 
 
@@ -170,6 +172,23 @@ def named_plans(spec: str) -> str | list:
     return out
 
 
+def optimizer_pricing(optimizer: Any, kinds: str | None) -> dict[str, Any]:
+    """The :class:`CostOptions` fields that price the ranking's optimizer: the first of ``--optimizer``'s
+    ``kinds`` when given, else the config's ``optimizer`` block (Muon: its ``ns_steps`` and aux states)."""
+    from zerotopo.cli.plan_optim import ADAMW_BYTES, parse_kinds
+    from zerotopo.cost.muon import MuonPricing
+
+    configured = optimizer.type.lower() == "muon"
+    muon = parse_kinds(kinds)[0] == "muon" if kinds is not None else configured
+    if not muon:
+        return {"optim_bytes_per_param": ADAMW_BYTES if configured else optimizer.bytes_per_param()}
+    if not configured:
+        return {"muon": MuonPricing()}  # torch's 5 Newton-Schulz steps, an AdamW aux
+    # the config's Muon: its Newton-Schulz steps; its states but the momentum are the aux's
+    steps = int(optimizer.options.get("ns_steps", MuonPricing.ns_steps))
+    return {"muon": MuonPricing(ns_steps=steps, aux_states=len(optimizer.state_names()) - 1)}
+
+
 def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, ModelShape, CostOptions]:
     """Run the planner for parsed arguments."""
     from zerotopo.placement.topology import MAX_NODES
@@ -208,7 +227,7 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
         grad_dtype=args.grad_dtype or neox.grad_dtype,
-        optim_bytes_per_param=neox.optimizer.bytes_per_param(),
+        **optimizer_pricing(neox.optimizer, getattr(args, "optimizer", None)),
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
         unit_layers=unit_layers,
         search_tolerance=0.0 if getattr(args, "exact", False) else MODEL_ERROR,
@@ -293,6 +312,12 @@ def _compute(options: CostOptions) -> str:
     )
     if options.bandwidth is not None:
         rate += f", curves {Path(options.bandwidth.source).name}"
+    if options.muon is not None:
+        m = options.muon
+        rate += (
+            f"; optimizer Muon ({m.state_bytes_per_param} B/param of state, {m.ns_steps} bf16 Newton-Schulz "
+            "steps on each matrix's owner and the exchange added to the step)"
+        )
     return rate
 
 

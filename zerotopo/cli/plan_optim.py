@@ -1,9 +1,10 @@
 """``zerotopo plan --optimizer adamw,muon``: each ranked plan under each optimizer, side by side.
 
-AdamW is the planner's own estimate (12 bytes of optimizer state per parameter). Muon (with an AdamW
-aux, :mod:`zerotopo.engine.muon`) keeps 16 and adds, per step, the Newton-Schulz FLOPs of the busiest
-owner of the ``optim`` group and the two bf16 all-to-alls of its exchange (:mod:`zerotopo.cost.muon`);
-both are added to the step time, not overlapped with anything.
+AdamW keeps 12 bytes of optimizer state per parameter. Muon (with an AdamW aux,
+:mod:`zerotopo.engine.muon`) keeps 16 and adds, per step, the Newton-Schulz FLOPs of the busiest owner of
+the ``optim`` group and the two bf16 all-to-alls of its exchange (:mod:`zerotopo.cost.muon`); both are
+added to the step time, not overlapped with anything. The ranking itself prices the first optimizer
+listed (``CostOptions.muon``), so the plans are those the search found for it.
 """
 
 from __future__ import annotations
@@ -53,10 +54,14 @@ def optimizer_table(
         ]
     ]
     for e in est:
-        per_param = e.memory.optim / options.optim_bytes_per_param if options.optim_bytes_per_param else 0
+        per_param = e.memory.optim / options.state_bytes_per_param if options.state_bytes_per_param else 0
+        # the ranking's step without the optimizer it priced (Muon's part is added back below)
+        base = e.time.step_time_s - (e.muon.seconds if e.muon is not None else 0.0)
         for kind in kinds:
             if kind == "muon":
-                c = muon_cost(shape, e.degrees, topo, efficiency=options.efficiency, achieved_tflops=rate)
+                c = e.muon or muon_cost(
+                    shape, e.degrees, topo, efficiency=options.efficiency, achieved_tflops=rate
+                )
                 optim, extra = per_param * c.state_bytes_per_param, c.seconds
                 muon = [f"{c.ns_s:.3f}", f"{c.flops_imbalance:.2f}", f"{c.exchange_bytes / 1e9:.2f}",
                         f"{c.exchange_s:.3f}", c.exchange_tier or "-"]  # fmt: skip
@@ -65,7 +70,7 @@ def optimizer_table(
             total = e.memory.total - e.memory.optim + optim
             rows.append(
                 [e.name, "Muon" if kind == "muon" else "AdamW", f"{optim / GIB:.2f}", f"{total / GIB:.2f}",
-                 "yes" if total <= limit else "NO", f"{e.time.step_time_s + extra:.3f}", *muon]
+                 "yes" if total <= limit else "NO", f"{base + extra:.3f}", *muon]
             )  # fmt: skip
     return columns(
         [

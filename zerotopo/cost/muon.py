@@ -1,17 +1,20 @@
-"""What Muon adds to a plan's step (see [Note: Muon on element shards] in ``zerotopo/engine/muon.py``):
-the Newton-Schulz FLOPs on the busiest owner of the ``optim`` group, its imbalance, the two bf16
-all-to-alls that carry each matrix's pieces to its owner and back, and the optimizer state bytes.
+"""What Muon adds to a plan's step (see [Note: Muon with owner-held state] in ``zerotopo/engine/muon.py``):
+the Newton-Schulz FLOPs on the busiest owner of the ``optim`` group, its imbalance, the two fp32
+all-to-alls that carry each matrix's gradient pieces to its owner and its updated weights back, and the
+optimizer state bytes.
 
 The engine keeps the fp32 master and every state on the element shards, each laid out over the whole
-chunk, so the state bytes per parameter are ``4 × (1 + states)``: 16 with an AdamW aux (master, its two
-moments and Muon's momentum), against AdamW's 12. The parameter all-gather and the gradient
-reduce-scatter move the same bytes as under AdamW; the exchange is the extra traffic.
+chunk (``4 × (1 + states)`` bytes per element: 16 with an AdamW aux, against AdamW's 12), and each owner
+holds its matrices' fp32 master and momentum whole besides (8 bytes per owned element, the busiest owner
+priced). The parameter all-gather and the gradient reduce-scatter move the same bytes as under AdamW;
+the exchange is the extra traffic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from zerotopo.cost.time import StepTime
 from zerotopo.placement.layout import group_of, optim_range, padded_numel
 from zerotopo.placement.matrices import Matrix, assign_owners, exchange
 from zerotopo.placement.plan import Degrees
@@ -22,6 +25,34 @@ from zerotopo.placement.topology import Topology
 #: Newton-Schulz runs in bf16 (torch's ``Muon``): priced at the device's peak × this efficiency unless a
 #: measured rate is given.
 NS_EFFICIENCY = 0.5
+
+
+@dataclass(frozen=True)
+class MuonPricing:
+    """What the planner prices a Muon run by (``CostOptions.muon``): torch's ``Muon`` with ``ns_steps``
+    Newton-Schulz iterations on the matrices and an elementwise aux keeping ``aux_states`` fp32 states
+    per element (AdamW: 2) on the rest."""
+
+    ns_steps: int = 5
+    aux_states: int = 2
+
+    def __post_init__(self) -> None:
+        if self.ns_steps < 1 or self.aux_states < 0:
+            raise ValueError(
+                f"MuonPricing: ns_steps must be at least 1 and aux_states at least 0, got {self.ns_steps} "
+                f"and {self.aux_states}"
+            )
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """The fp32 master, the aux's states and Muon's momentum, each over the whole chunk (the owners'
+        whole matrices come on top: :attr:`MuonCost.owned_bytes`)."""
+        return 4 * (1 + self.aux_states + 1)
+
+
+def _ns_rate(topology: Topology, efficiency: float, achieved_tflops: float | None) -> float:
+    """FLOP/s of the owners' bf16 Newton-Schulz: a measured rate, else the device's peak × ``efficiency``."""
+    return (achieved_tflops or topology.device.peak_tflops * efficiency) * 1e12
 
 
 def model_matrices(shape: ModelShape) -> list[Matrix]:
@@ -48,12 +79,16 @@ class MuonCost:
     flops_imbalance: float
     """Busiest owner over the mean (the step waits for the busiest)."""
     exchange_bytes: int
-    """Bytes one rank sends per step in the two all-to-alls (bf16, padded to the largest pair)."""
+    """Bytes the busiest position sends per step in the two all-to-alls (fp32 both ways, each pair exactly
+    its pieces: :meth:`~zerotopo.placement.matrices.Exchange.step_bytes`)."""
     exchange_tier: str | None
     """The outermost tier the ``optim`` group crosses (None: one position, no exchange)."""
     ns_s: float
     exchange_s: float
     state_bytes_per_param: int
+    """On the element chunks, per parameter of the chunk."""
+    owned_bytes: int = 0
+    """The busiest owner's whole matrices: fp32 master and momentum (8 bytes per element)."""
 
     @property
     def seconds(self) -> float:
@@ -82,8 +117,8 @@ def muon_cost(
     ranges = [[optim_range(t, d, n) for n in numels] for t in members]
     ex = exchange(mats, own.owners, ranges)
     tier = group_tier(topology, d, "optim")
-    nbytes = 2 * ex.padded_bytes(2) if d.optim > 1 else 0
-    rate = (achieved_tflops or topology.device.peak_tflops * efficiency) * 1e12
+    nbytes = max(ex.step_bytes(q) for q in range(d.optim)) if d.optim > 1 else 0
+    rate = _ns_rate(topology, efficiency, achieved_tflops)
     busiest = max(own.flops) if own.flops else 0
     link = topology.bandwidth_gbps(tier) * 1e9 if tier is not None else 0.0
     return MuonCost(
@@ -95,4 +130,38 @@ def muon_cost(
         ns_s=busiest / rate,
         exchange_s=nbytes / link if link else 0.0,
         state_bytes_per_param=4 * (1 + aux_states + 1),
+        owned_bytes=max(own.state_bytes(q) for q in range(d.optim)) if mats else 0,
+    )
+
+
+def ns_seconds_lower_bound(
+    shape: ModelShape,
+    d: Degrees,
+    topology: Topology,
+    *,
+    ns_steps: int = 5,
+    efficiency: float = NS_EFFICIENCY,
+    achieved_tflops: float | None = None,
+) -> float:
+    """A lower bound on :func:`muon_cost`'s ``seconds`` without assigning owners: the busiest owner does
+    at least the mean of the group's Newton-Schulz FLOPs, and the exchange takes at least no time."""
+    total = sum(m.ns_flops(ns_steps) for m in model_matrices(shape))
+    return total / d.optim / _ns_rate(topology, efficiency, achieved_tflops)
+
+
+def with_muon(t: StepTime, c: MuonCost) -> StepTime:
+    """``t`` with Muon's step added after it, overlapped with nothing: the busiest owner's Newton-Schulz
+    joins the optimizer step, the exchange the communication the compute does not hide; the rates
+    shrink by the same factor as the step grows."""
+    step = t.step_time_s + c.seconds
+    slower = t.step_time_s / step if step > 0 else 1.0
+    return replace(
+        t,
+        step_time_s=step,
+        comm_s=t.comm_s + c.exchange_s,
+        exposed_comm_s=t.exposed_comm_s + c.exchange_s,
+        optimizer_s=t.optimizer_s + c.ns_s,
+        tokens_per_s=t.tokens_per_s * slower,
+        tflops_per_device=t.tflops_per_device * slower,
+        mfu=t.mfu * slower,
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from zerotopo.cost.bandwidth import BandwidthTable, default_table
 from zerotopo.cost.comm import CollectiveCost, bytes_by_tier, grad_width, schedule_of
 from zerotopo.cost.memory import GIB, MemoryBreakdown, _memory, max_model_params
+from zerotopo.cost.muon import MuonCost, MuonPricing, muon_cost, ns_seconds_lower_bound, with_muon
 from zerotopo.cost.presets import resolve, runtime_costs
 from zerotopo.cost.time import (
     OptimizerShard,
@@ -72,7 +73,12 @@ class CostOptions:
     """``param`` or ``fp32`` for plans that leave ``grad_dtype`` unset (``zerotopo plan`` passes a NeoX
     config's default, ``NeoXArgs.grad_dtype``: DeepSpeed's, the model dtype); a plan's own wins."""
     optim_bytes_per_param: int = 12
-    """fp32 master + Adam m, v."""
+    """fp32 master + Adam m, v (an elementwise optimizer's; ``muon`` replaces it)."""
+    muon: MuonPricing | None = None
+    """Price a Muon run (:mod:`zerotopo.cost.muon`): its state bytes per parameter replace
+    ``optim_bytes_per_param``, and every candidate's step adds the Newton-Schulz time of its ``optim``
+    group's busiest owner and the exchange's two all-to-alls, so the search ranks plans by Muon's step.
+    None: an elementwise optimizer."""
     fp16: bool = False
     """fp16 adds a world all-reduce of the overflow flag each step."""
     memory_limit_bytes: float | None = None
@@ -95,6 +101,11 @@ class CostOptions:
     def __post_init__(self) -> None:
         if not 0 <= self.search_tolerance < 1:
             raise ValueError(f"search_tolerance must be in [0, 1), got {self.search_tolerance!r}")
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """Optimizer-state bytes per parameter of the optimizer priced (Muon's when ``muon`` is set)."""
+        return self.muon.state_bytes_per_param if self.muon is not None else self.optim_bytes_per_param
 
     def table(self, topology: Topology) -> BandwidthTable | None:
         if self.bandwidth is not None:
@@ -121,6 +132,9 @@ class PlanEstimate:
     (:func:`~zerotopo.cost.memory.max_model_params`: no buffers or activations, as Xu et al., "Scaling
     Large Language Model Training on Frontier with Low-Bandwidth Partitioning" (arXiv:2501.04266) §I
     counts)."""
+    muon: MuonCost | None = field(default=None, compare=False)
+    """Muon's share of the step (``CostOptions.muon``), already in ``time`` and ``memory``; None when
+    the optimizer priced is elementwise."""
 
     @property
     def name(self) -> str:
@@ -153,6 +167,21 @@ class PlanEstimate:
             "fits": self.fits,
             "unit_layers": self.unit_layers,
             "max_params": self.max_params,
+        } | ({} if self.muon is None else {"muon": self._muon_json()})
+
+    def _muon_json(self) -> dict:
+        c = self.muon
+        assert c is not None
+        return {
+            "matrices": c.matrices,
+            "ns_flops": c.ns_flops,
+            "ns_s": c.ns_s,
+            "flops_imbalance": c.flops_imbalance,
+            "exchange_bytes": c.exchange_bytes,
+            "exchange_s": c.exchange_s,
+            "exchange_tier": c.exchange_tier,
+            "state_bytes_per_param": c.state_bytes_per_param,
+            "owned_bytes": c.owned_bytes,
         }
 
 
@@ -213,6 +242,8 @@ class _Search:
     """A collective's time, by what it depends on."""
     collectives: dict = field(default_factory=dict)
     """The collectives of a schedule step, built once for the degrees, codec and size they depend on."""
+    muon: dict = field(default_factory=dict)
+    """Degrees -> Muon's cost (:func:`_muon`) and, under ``("bound", Degrees)``, its lower bound."""
 
 
 def _fit(
@@ -250,7 +281,7 @@ def _fit(
         d,
         o.param_bytes,
         grad_bytes,
-        o.optim_bytes_per_param,
+        o.state_bytes_per_param,
         True,
         o.micro_batch,
         shape,
@@ -297,27 +328,74 @@ def _complete(f: _Fit, topology: Topology, options: CostOptions, shared: dict | 
     return f.plan, f.degrees, f.memory, _schedule(f, topology, options, shared), f.fits
 
 
-def _finish(prepared, shape: ModelShape, topology: Topology, options: CostOptions) -> PlanEstimate:
+def _finish(
+    prepared, shape: ModelShape, topology: Topology, options: CostOptions, search: _Search | None = None
+) -> PlanEstimate:
     plan, d, memory, schedule, fits = prepared
     o = options
     comm = schedule.collectives()
-    t = retime(plan, d, schedule, shape, topology, o)
+    muon = _muon(d, shape, topology, o, search)
+    t = retime(plan, d, schedule, shape, topology, o, muon=muon)
     limit = o.memory_limit_bytes if o.memory_limit_bytes is not None else topology.device.memory_gib * GIB
+    if muon is not None and muon.owned_bytes:  # the busiest owner's whole matrices, beside its chunks
+        memory = replace(memory, optim=memory.optim + muon.owned_bytes)
+        fits = fits and memory.total <= limit
     grad_bytes = grad_width(plan, o.param_bytes) if o.grad_bytes is None else o.grad_bytes
     biggest = max_model_params(
         topology, plan, param_bytes=o.param_bytes, grad_bytes=grad_bytes,
-        optim_bytes_per_param=o.optim_bytes_per_param, memory_bytes=limit,
+        optim_bytes_per_param=o.state_bytes_per_param, memory_bytes=limit,
     )  # fmt: skip
-    return PlanEstimate(plan, d, memory, comm, bytes_by_tier(comm, topology), t, fits, schedule, biggest)
+    return PlanEstimate(
+        plan, d, memory, comm, bytes_by_tier(comm, topology), t, fits, schedule, biggest, muon=muon
+    )
+
+
+def _muon(
+    d: Degrees, shape: ModelShape, topology: Topology, o: CostOptions, search: _Search | None = None
+) -> MuonCost | None:
+    """Muon's cost under ``d`` when ``o`` prices Muon (once per degrees within a search), else None."""
+    if o.muon is None:
+        return None
+    hit = None if search is None else search.muon.get(d)
+    if hit is None:
+        hit = muon_cost(
+            shape, d, topology, ns_steps=o.muon.ns_steps, aux_states=o.muon.aux_states,
+            efficiency=o.efficiency, achieved_tflops=o.achieved_tflops,
+        )  # fmt: skip
+        if search is not None:
+            search.muon[d] = hit
+    return hit
+
+
+def _muon_bound(d: Degrees, shape: ModelShape, topology: Topology, o: CostOptions, search: _Search) -> float:
+    """A lower bound on what Muon adds to the step under ``d`` (0 for an elementwise optimizer)."""
+    if o.muon is None:
+        return 0.0
+    key = ("bound", d.optim)
+    hit = search.muon.get(key)
+    if hit is None:
+        hit = search.muon[key] = ns_seconds_lower_bound(
+            shape, d, topology, ns_steps=o.muon.ns_steps, efficiency=o.efficiency,
+            achieved_tflops=o.achieved_tflops,
+        )  # fmt: skip
+    return hit
 
 
 def retime(
-    plan: Plan, d: Degrees, schedule: StepSchedule, shape: ModelShape, topology: Topology, o: CostOptions
+    plan: Plan,
+    d: Degrees,
+    schedule: StepSchedule,
+    shape: ModelShape,
+    topology: Topology,
+    o: CostOptions,
+    *,
+    muon: MuonCost | None = None,
 ) -> StepTime:
     """The step time of a built schedule under ``o``'s compute, curves and overlap (the schedule does
-    not depend on them: a sweep over those inputs builds it once)."""
+    not depend on them: a sweep over those inputs builds it once). With ``o.muon`` set, Muon's step is
+    added (:func:`zerotopo.cost.muon.with_muon`; ``muon``: its cost when already computed)."""
     grad_bytes = grad_width(plan, o.param_bytes) if o.grad_bytes is None else o.grad_bytes
-    return step_time(
+    t = step_time(
         schedule,
         topology,
         shape,
@@ -330,6 +408,8 @@ def retime(
         runtime=runtime_costs(schedule.options),
         optimizer=OptimizerShard(shape.param_count() // d.optim, grad_bytes, o.param_bytes),
     )
+    muon = muon or _muon(d, shape, topology, o)
+    return t if muon is None else with_muon(t, muon)
 
 
 def estimate(
@@ -452,12 +532,14 @@ def _bound(f: _Fit, shape: ModelShape, topology: Topology, options: CostOptions,
             hit = search.distinct[id(f.units)] = (f.units, _distinct_units(f.units))
         distinct = hit[1]
     times, shared = search.times, search.collectives
+    extra = _muon_bound(f.degrees, shape, topology, options, search)
     if distinct is None:
-        return _lower_bound(_schedule(f, topology, options, shared), shape, topology, options, times=times)
+        sched = _schedule(f, topology, options, shared)
+        return _lower_bound(sched, shape, topology, options, times=times) + extra
     units, weights = distinct
     sched = _schedule(f, topology, options, shared, units)
     # a sum of k equal terms may round differently from k additions: keep the bound below the exact one
-    return _lower_bound(sched, shape, topology, options, weights, times) * (1 - 1e-9)
+    return (_lower_bound(sched, shape, topology, options, weights, times) + extra) * (1 - 1e-9)
 
 
 def placement(plan: Plan, topology: Topology, degrees: Degrees | None = None) -> tuple:
@@ -554,7 +636,7 @@ def plan_candidates(
     if plans == "all":
         best: dict[tuple, PlanEstimate] = {}
         for f in fits:  # each plan with its best unit size
-            e = _finish(_complete(f, topology, opts, shared), shape, topology, opts)
+            e = _finish(_complete(f, topology, opts, shared), shape, topology, opts, search)
             key = placement(e.plan, topology, e.degrees)
             if key not in best or _sort_key(e) < _sort_key(best[key]):
                 best[key] = e
@@ -579,7 +661,7 @@ def _auto(
     for bound, _, f in bounded:
         if len(top) >= AUTO_TOP and bound > top[AUTO_TOP - 1].time.step_time_s * keep:
             break
-        e = _finish(_complete(f, topology, options, search.collectives), shape, topology, options)
+        e = _finish(_complete(f, topology, options, search.collectives), shape, topology, options, search)
         key = placement(e.plan, topology, e.degrees)
         old = best.get(key)
         if old is not None and _sort_key(old) <= _sort_key(e):
