@@ -315,8 +315,9 @@ def _compute(options: CostOptions) -> str:
     if options.muon is not None:
         m = options.muon
         rate += (
-            f"; optimizer Muon ({m.state_bytes_per_param} B/param of state, {m.ns_steps} bf16 Newton-Schulz "
-            "steps on each matrix's owner and the exchange added to the step)"
+            f"; optimizer Muon ({m.state_bytes_per_param} B/param of state on the chunks and the owners' whole "
+            f"matrices, {m.ns_steps} bf16 Newton-Schulz steps on each matrix's owner and the exchange added to "
+            "the step)"
         )
     return rate
 

@@ -1,8 +1,9 @@
 """``zerotopo plan --optimizer adamw,muon``: each ranked plan under each optimizer, side by side.
 
 AdamW keeps 12 bytes of optimizer state per parameter. Muon (with an AdamW aux,
-:mod:`zerotopo.engine.muon`) keeps 16 and adds, per step, the Newton-Schulz FLOPs of the busiest owner of
-the ``optim`` group and the two bf16 all-to-alls of its exchange (:mod:`zerotopo.cost.muon`); both are
+:mod:`zerotopo.engine.muon`) keeps 16 on the element chunks and the busiest owner's whole matrices (fp32
+master and momentum) beside them, and adds, per step, the Newton-Schulz FLOPs of the busiest owner of the
+``optim`` group and the two fp32 all-to-alls of its exchange (:mod:`zerotopo.cost.muon`); both are
 added to the step time, not overlapped with anything. The ranking itself prices the first optimizer
 listed (``CostOptions.muon``), so the plans are those the search found for it.
 """
@@ -54,7 +55,8 @@ def optimizer_table(
         ]
     ]
     for e in est:
-        per_param = e.memory.optim / options.state_bytes_per_param if options.state_bytes_per_param else 0
+        chunks = e.memory.optim - (e.muon.owned_bytes if e.muon is not None else 0)
+        per_param = chunks / options.state_bytes_per_param if options.state_bytes_per_param else 0
         # the ranking's step without the optimizer it priced (Muon's part is added back below)
         base = e.time.step_time_s - (e.muon.seconds if e.muon is not None else 0.0)
         for kind in kinds:
@@ -62,7 +64,7 @@ def optimizer_table(
                 c = e.muon or muon_cost(
                     shape, e.degrees, topo, efficiency=options.efficiency, achieved_tflops=rate
                 )
-                optim, extra = per_param * c.state_bytes_per_param, c.seconds
+                optim, extra = per_param * c.state_bytes_per_param + c.owned_bytes, c.seconds
                 muon = [f"{c.ns_s:.3f}", f"{c.flops_imbalance:.2f}", f"{c.exchange_bytes / 1e9:.2f}",
                         f"{c.exchange_s:.3f}", c.exchange_tier or "-"]  # fmt: skip
             else:
@@ -74,9 +76,10 @@ def optimizer_table(
             )  # fmt: skip
     return columns(
         [
-            "optimizers side by side: optimizer state per device (AdamW 12 B/param, Muon + AdamW aux 16), the "
-            "step with Muon's Newton-Schulz on the busiest owner (bf16, 5 steps) and its exchange "
-            "(two bf16 all-to-alls in the optim group, padded to the largest pair) added",
+            "optimizers side by side: optimizer state per device (AdamW 12 B/param; Muon + AdamW aux 16 on the "
+            "chunks and the busiest owner's whole matrices, fp32 master and momentum), the step with Muon's "
+            "Newton-Schulz on the busiest owner (bf16, 5 steps) and its exchange (two fp32 all-to-alls in the "
+            "optim group, each pair exactly its pieces) added",
         ],
         rows,
     )
