@@ -20,9 +20,10 @@ checkpoint components]). The components, in the order :func:`build` makes them:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +43,9 @@ from zerotopo.launch.devices import check_device_list
 from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
 from zerotopo.logs import attach_run_log, get_logger
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
+from zerotopo.placement.plan import Plan
+from zerotopo.placement.shape import ModelShape
+from zerotopo.placement.topology import Topology
 from zerotopo.trainer.job import TrainJob
 from zerotopo.trainer.longrun import LongRun, check_fresh_start, check_run_identity, config_hash
 from zerotopo.trainer.lr_schedule import ScheduleLR, held_schedule, schedule_for
@@ -50,6 +54,9 @@ from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
 from zerotopo.trainer.preflight import check_memory, hf_source, model_config, recognise_topology
 from zerotopo.trainer.schedule_resume import check_resumed_schedule, schedule_record
 from zerotopo.trainer.train_data import TrainData
+
+if TYPE_CHECKING:
+    from zerotopo.checkpoint.background import BackgroundSaver
 
 log = get_logger("train")
 
@@ -74,9 +81,9 @@ class ModelEngine:
     counted from, and the engine's ledger of collectives."""
 
     cfg: NeoXConfig
-    model: Any
+    model: torch.nn.Module
     ledger: Ledger
-    shape: Any
+    shape: ModelShape
     unit_numels: list[int]
     param_dtype: torch.dtype
     loss_scale: Any
@@ -89,12 +96,12 @@ class OptimizerLR:
     """The sharded optimizer and the LR scheduler that sets its rate (made by :meth:`start` once the start
     step is known)."""
 
-    optimizer: Any
-    lr_at: Any
+    optimizer: ShardedOptimizer
+    lr_at: Callable[[int], Any]
     """``step -> learning rate`` of the config's schedule (held at skipped fp16 steps)."""
     schedule: dict[str, Any]
     """The schedule's settings, as a checkpoint records them."""
-    scheduler: Any = None
+    scheduler: ScheduleLR | None = None
 
     def start(self, step: int) -> None:
         self.scheduler = ScheduleLR(self.optimizer, self.lr_at, start_step=step)
@@ -121,8 +128,8 @@ class Trainer:
     job: TrainJob
     run: LongRun
     ctx: RankContext
-    topology: Any
-    plan: Any
+    topology: Topology
+    plan: Plan
     tokenizer: Any
     batch: tuple[int, int, int]
     """``(micro, accumulation steps, global batch)`` in samples."""
@@ -134,7 +141,7 @@ class Trainer:
     checkpointer: Checkpointer
     metrics: Metrics = field(default_factory=Metrics)
     start_step: int = 0
-    saver: Any = None
+    saver: BackgroundSaver | None = None
     """The background checkpoint writer (``async_save``), else None."""
     t_run: float = 0.0
 
