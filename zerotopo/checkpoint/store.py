@@ -15,6 +15,11 @@ Layout of ``<save>/step_<N>/``:
   shape, the world size and plan that wrote it, the tokenizer.
 - ``config.json`` (Hugging Face's, for ``zerotopo export-hf``) and the run's tokenizer files.
 
+What is saved is the state of the components registered with a
+:class:`~zerotopo.checkpoint.components.Checkpointer` (:func:`standard_checkpointer` makes a run's set; see
+[Note: checkpoint components]); the manifest's ``components`` entry records the key prefixes of each
+component's tensors (absent in checkpoints written before it was recorded, which load as before).
+
 [Note: atomic save] Ranks write into ``<save>/.step_<N>.tmp-<random>``; once every rank has finished
 (DCP's final gather), rank 0 writes ``checkpoint.json``, renames the directory to ``step_<N>`` and then
 replaces ``<save>/latest`` atomically (a new file renamed over the old one). A run killed at any moment
@@ -84,21 +89,19 @@ def _pieces(unit, chunk: torch.Tensor):
 
 
 def _shard_state(
-    model, optimizer, *, weights_only: bool = False, copy_to: torch.device | None = None
+    model, optimizer, *, weights_only: bool = False, states_only: bool = False
 ) -> dict[str, Any]:
     """This rank's shards as DCP entries: views of the optimizer's fp32 buffers, cut per parameter
-    (``weights_only``: the master weights alone; ``copy_to``: views of a copy of each buffer made there,
-    which later steps do not change)."""
+    (``weights_only``: the master weights alone; ``states_only``: the per-element optimizer states alone)."""
     from zerotopo.checkpoint.dcpio import FlatPieces
 
     state: dict[str, Any] = {}
-    kinds = [("param", optimizer.master)]
+    kinds = [] if states_only else [("param", optimizer.master)]
     if not weights_only:
         kinds += list(optimizer.states.items())
     for i, u in enumerate(model.units):
         for kind, bufs in kinds:
-            buf = bufs[i] if copy_to is None else bufs[i].to(copy_to, copy=True)
-            for s, off, view in _pieces(u, buf):
+            for s, off, view in _pieces(u, bufs[i]):
                 state.setdefault(f"{kind}/{s.name}", FlatPieces(s.numel)).pieces.append((off, view))
     return state
 
@@ -208,67 +211,18 @@ def save_phase(phase: str, step: int) -> None:
     test replaces it to stop a rank or the job at a named phase."""
 
 
-def _manifest(
-    *,
-    step: int,
-    model,
-    optimizer,
-    world: int,
-    consumed_samples: int,
-    cfg: NeoXConfig,
-    plan_name: str,
-    plan_label: str,
-    seed: int,
-    config_hash: str,
-    lr_schedule: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The manifest of a save, taken at the step it saves (a background save writes it later)."""
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "step": step,
-        "consumed_samples": consumed_samples,
-        "optimizer_steps": optimizer.step_count,
-        "optimizer": {
-            "type": optimizer.spec.name,
-            "states": list(optimizer.states),
-            "scalars": optimizer.scalar_state(),
-        },
-        "world_size": world,
-        "plan": plan_name,
-        "degrees": plan_label,
-        "seed": seed,
-        "config_hash": config_hash,
-        "lr_schedule": lr_schedule,
-        "loss_scaler": sorted(model.scaler.state_dict()) if model.scaler is not None else None,
-        "model": asdict(cfg),
-        "parameters": {s.name: list(s.shape) for u in model.units for s in u.slots},
-        "tokenizer": None,
-    }
-
-
-def _finalize(root: Path, tmp: str, final: Path, *, manifest: dict[str, Any], cfg: NeoXConfig,
-              tokenizer: dict[str, Any] | None) -> None:  # fmt: skip
-    """Rank 0, once every rank's shards are written: the manifest, the rename, then ``latest``."""
-    from zerotopo.models.hf import hf_config_dict
-
+def _finalize(
+    root: Path, tmp: str, final: Path, *, manifest: dict[str, Any], files: dict[str, str | Path]
+) -> None:
+    """Rank 0, once every rank's shards are written: the components' files (text, or a file copied) and
+    the manifest, the rename, then ``latest``."""
     step = manifest["step"]
     tmp_dir = Path(tmp)
-    if tokenizer:
-        copied = []
-        for f in tokenizer.get("files") or []:
-            if f and os.path.isfile(f) and Path(f).name not in (MANIFEST, "config.json", "dcp_metadata.json"):
-                shutil.copyfile(f, tmp_dir / Path(f).name)
-                copied.append(Path(f).name)
-        manifest["tokenizer"] = {
-            "type": tokenizer.get("type"),
-            "eod": tokenizer.get("eod"),
-            "files": copied,
-        }
-    hf = hf_config_dict(cfg)
-    if tokenizer and tokenizer.get("eod") is not None:
-        hf["bos_token_id"] = hf["eos_token_id"] = int(tokenizer["eod"])
-    write_text_atomic(tmp_dir / "config.json", json.dumps(hf, indent=2) + "\n", perms=0o666)
+    for name, content in files.items():
+        if isinstance(content, Path):
+            shutil.copyfile(content, tmp_dir / name)
+        else:
+            write_text_atomic(tmp_dir / name, content, perms=0o666)
     write_text_atomic(tmp_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n", perms=0o666)
     for f in tmp_dir.iterdir():  # every piece durable before the directory is renamed into place
         _fsync_file(f)
@@ -303,15 +257,16 @@ def _fsync_file(path: Path) -> None:
 
 @dataclass
 class PendingSave:
-    """A save taken at a step boundary, not yet written: what :func:`write_save` persists. With
-    ``copied`` its tensors are copies (training may go on); otherwise views of the live buffers."""
+    """A save taken at a step boundary, not yet written: what :func:`write_save` persists (see
+    :meth:`zerotopo.checkpoint.components.Checkpointer.snapshot`). With ``copied`` its tensors are copies
+    (training may go on); otherwise views of the live buffers. ``files``: written beside the shards by
+    rank 0 (text, or a file to copy)."""
 
     root: Path
     step: int
     state: dict[str, Any]
     manifest: dict[str, Any]
-    cfg: NeoXConfig
-    tokenizer: dict[str, Any] | None
+    files: dict[str, str | Path]
     copied: bool
 
     @property
@@ -320,13 +275,11 @@ class PendingSave:
         return sum(t.numel() * t.element_size() for t in _tensors_of(self.state))
 
 
-def snapshot_save(
-    root: Path,
+def standard_checkpointer(
     model,
     optimizer,
     *,
-    step: int,
-    consumed_samples: int,
+    consumed_samples: int = 0,
     cfg: NeoXConfig,
     plan_name: str = "",
     plan_label: str = "",
@@ -334,30 +287,35 @@ def snapshot_save(
     tokenizer: dict[str, Any] | None = None,
     config_hash: str = "",
     lr_schedule: dict[str, Any] | None = None,
-    copy: bool = False,
+):
+    """A :class:`~zerotopo.checkpoint.components.Checkpointer` of the components a training run saves:
+    the model, optimizer, loss scaler and RNG (:func:`zerotopo.checkpoint.state.model_components`), the
+    samples consumed (``data``), the run's seed and config hash (``run``) and the tokenizer."""
+    from zerotopo.checkpoint.components import Checkpointer, Record, TokenizerFiles
+    from zerotopo.checkpoint.state import model_components
+
+    eod = (tokenizer or {}).get("eod")
+    return Checkpointer(
+        [
+            *model_components(
+                model, optimizer, cfg, plan_name=plan_name, plan_label=plan_label, seed=seed,
+                lr_schedule=lr_schedule, eod=eod,
+            ),
+            Record("data", {"consumed_samples": consumed_samples}),
+            Record("run", {"seed": seed, "config_hash": config_hash}),
+            TokenizerFiles(tokenizer),
+        ]
+    )  # fmt: skip
+
+
+def snapshot_save(
+    root: Path, model, optimizer, *, step: int, copy: bool = False, **manifest: Any
 ) -> PendingSave:
     """Collective: the state of ``step`` to save, checked finite on every rank (:class:`NonFiniteError`
-    otherwise, nothing written). ``copy``: the shards are copied off the optimizer's buffers (host memory),
-    so the next step may change them while a background writer persists the copy."""
-    root = Path(root)
-    optimizer.sync_shards()  # state held elsewhere (Muon's matrix owners) into the per-parameter chunks
-    check_finite_state(optimizer, step=step, root=root)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    manifest = _manifest(
-        step=step, model=model, optimizer=optimizer, world=world, consumed_samples=consumed_samples,
-        cfg=cfg, plan_name=plan_name, plan_label=plan_label, seed=seed, config_hash=config_hash,
-        lr_schedule=lr_schedule,
-    )  # fmt: skip
-    if copy:
-        save_phase("copy", step)
-        state = _shard_state(model, optimizer, copy_to=torch.device("cpu"))
-    else:
-        state = _shard_state(model, optimizer)
-    if model.scaler is not None:
-        scaler = _scaler_tensors(model.scaler)
-        state.update({k: v.clone() for k, v in scaler.items()} if copy else scaler)
-    state.update(_rng_tensors(rank))  # copies of the generators' states
-    return PendingSave(root, step, state, manifest, cfg, tokenizer, copy)
+    otherwise, nothing written); ``manifest``: :func:`standard_checkpointer`'s keywords. ``copy``: the
+    shards are copied off the optimizer's buffers (host memory), so the next step may change them while a
+    background writer persists the copy."""
+    return standard_checkpointer(model, optimizer, **manifest).snapshot(root, step=step, copy=copy)
 
 
 def write_save(pending: PendingSave, group: Any = None) -> Path:
@@ -412,8 +370,7 @@ def write_save(pending: PendingSave, group: Any = None) -> Path:
                 tmp,
                 final,
                 manifest=dict(pending.manifest),
-                cfg=pending.cfg,
-                tokenizer=pending.tokenizer,
+                files=pending.files,
             )
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -819,7 +776,12 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
             f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; it is incomplete or of another model"
         )
     allowed = re.compile(r"^(scaler/[A-Za-z0-9_]+|rng/\d+/(torch|cuda))$")
-    extra = sorted(k for k in stored if k not in expected and not allowed.match(k))
+    registered = _registered_prefixes(ckpt, {"param", "scaler", "rng", *saved_optimizer(ckpt)["states"]})
+    extra = sorted(
+        k
+        for k in stored
+        if k not in expected and not allowed.match(k) and k.split("/", 1)[0] not in registered
+    )
     if extra:
         raise ZerotopoError(
             f"{ckpt.path}: unexpected tensor {extra[0]!r}{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; "
@@ -845,6 +807,23 @@ def check_compatible(ckpt: Checkpoint, cfg: NeoXConfig) -> None:
             pos += c.sizes[0]
         if pos != numel:
             raise ZerotopoError(f"{ckpt.path}: {key}: shards cover {pos} of {numel} elements")
+
+
+def _registered_prefixes(ckpt: Checkpoint, own: set[str]) -> set[str]:
+    """The first key segments of the tensors the manifest's ``components`` entry says were saved by
+    components beyond the model's, optimizer's, loss scaler's and RNG's (``own``, checked on their own);
+    empty for a checkpoint written before components were recorded."""
+    entry = ckpt.manifest.get("components")
+    if entry is None:
+        return set()
+    if not isinstance(entry, dict) or not all(
+        isinstance(v, list) and all(isinstance(p, str) and p for p in v) for v in entry.values()
+    ):
+        raise ZerotopoError(
+            f'{ckpt.path / MANIFEST}: "components" must map each component to a list of key prefixes; '
+            "the manifest is damaged"
+        )
+    return {p for prefixes in entry.values() for p in prefixes} - own
 
 
 def _check_small_states(ckpt: Checkpoint, stored: dict[str, Any]) -> None:
@@ -1001,10 +980,6 @@ def load_checkpoint(
     """Collective: load the checkpoint ``path`` names into a wrapped model, resharding as needed.
     ``weights_only``: the master weights alone, the optimizer starts afresh at step 0 (its type may
     differ from the one that wrote the checkpoint); otherwise the optimizer must be the writer's."""
-    import torch.distributed.checkpoint as dcp
-
-    from zerotopo.checkpoint.dcpio import FlatLoadPlanner, SafeReader
-
     step_dir = find_checkpoint(path)
     if step_dir is None:
         raise ZerotopoError(f"no checkpoint at {path}")
@@ -1012,45 +987,11 @@ def load_checkpoint(
     check_compatible(ckpt, cfg)
     if not weights_only:
         check_optimizer(ckpt, optimizer.spec.name, list(optimizer.states))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    # views: DCP reads straight into the optimizer's buffers
-    state = _shard_state(model, optimizer, weights_only=weights_only)
-    stored = ckpt.metadata.state_dict_metadata
-    scaler_keys = [k for k in stored if k.startswith("scaler/")]
-    if model.scaler is not None:
-        for k in scaler_keys:
-            state[k] = torch.zeros(tuple(stored[k].size), dtype=torch.float64)
-    same_world = ckpt.manifest["world_size"] == world and f"rng/{rank}/torch" in stored
-    if same_world:
-        state[f"rng/{rank}/torch"] = torch.empty(tuple(stored[f"rng/{rank}/torch"].size), dtype=torch.uint8)
-        if f"rng/{rank}/cuda" in stored and torch.cuda.is_available():
-            state[f"rng/{rank}/cuda"] = torch.empty(tuple(stored[f"rng/{rank}/cuda"].size), dtype=torch.uint8)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Detected pickle protocol")
-        _run_dcp(
-            lambda: dcp.load(state, storage_reader=SafeReader(step_dir), planner=FlatLoadPlanner()),
-            f"loading {step_dir}",
-        )
+    checkpointer = standard_checkpointer(model, optimizer, cfg=cfg, seed=seed)
+    only = ("model", "loss_scaler", "rng") if weights_only else ("model", "optimizer", "loss_scaler", "rng")
+    ckpt = checkpointer.load(step_dir, only=only)
     if weights_only:
         settle_optimizer(model, optimizer, step=0, zero_moments=True)
-    else:
-        saved = saved_optimizer(ckpt)
-        settle_optimizer(
-            model, optimizer, step=int(ckpt.manifest["optimizer_steps"]), scalars=saved["scalars"]
-        )
-    if model.scaler is not None and scaler_keys:
-        _restore_scaler(model.scaler, {k: state[k] for k in scaler_keys})
-    step = ckpt.step
-    if same_world:
-        torch.set_rng_state(state[f"rng/{rank}/torch"])
-        if f"rng/{rank}/cuda" in state:
-            torch.cuda.set_rng_state(state[f"rng/{rank}/cuda"])
-    else:
-        torch.manual_seed(seed + step)
-        if rank == 0:
-            warnings.warn(
-                f"{step_dir} was written by {ckpt.manifest['world_size']} ranks, this run has {world}: "
-                "the weights and optimizer states are resharded; random states restart from the seed",
-                stacklevel=2,
-            )
-    return ResumeState(step=step, consumed_samples=int(ckpt.manifest["consumed_samples"]), source=step_dir)
+    return ResumeState(
+        step=ckpt.step, consumed_samples=int(ckpt.manifest["consumed_samples"]), source=step_dir
+    )

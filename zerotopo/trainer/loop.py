@@ -1,4 +1,4 @@
-"""One rank of a training run: build the mesh, the model and the data, then train, evaluate and log.
+"""One rank of a training run: its components built (:mod:`zerotopo.trainer.recipe`), then train, evaluate, log.
 
 [Note: host synchronization] Following the rule that the host synchronizes only when logging
 (docs/engine.md, "Synchronization", rule 3), per-step losses stay on the device and are
@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +20,12 @@ import torch
 import torch.distributed as dist
 
 from zerotopo.checkpoint.retention import prune_checkpoints
-from zerotopo.checkpoint.store import NonFiniteError, load_checkpoint, snapshot_save, write_save
-from zerotopo.comm.ledger import Ledger
-from zerotopo.comm.mesh import build_mesh
+from zerotopo.checkpoint.store import NonFiniteError, write_save
 from zerotopo.config.neox import NeoXArgs
 from zerotopo.data.dataset import DistributedBatches
-from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.dtypes import PRECISIONS
-from zerotopo.engine import MixedPrecision, ShardedOptimizer, debug
-from zerotopo.engine.optim import make_scaler
-from zerotopo.errors import ConfigError, ZerotopoError
-from zerotopo.fsutil import write_text_atomic
-from zerotopo.launch.advice import topology_mismatch_advice
-from zerotopo.launch.devices import check_device_list
-from zerotopo.launch.discovery import check_against_topology, discover, init_distributed, topological_index
+from zerotopo.errors import ZerotopoError
 from zerotopo.logs import (
-    attach_run_log,
     close_run_log,
     console_muted,
     get_logger,
@@ -45,49 +33,17 @@ from zerotopo.logs import (
     setup_console,
     terminal_columns,
 )
-from zerotopo.models.neox import GPTNeoX, NeoXConfig
 from zerotopo.trainer.job import TrainJob
-from zerotopo.trainer.longrun import (
-    LongRun,
-    check_finite_rows,
-    check_fresh_start,
-    check_run_identity,
-    config_hash,
-    per_step_means,
-)
-from zerotopo.trainer.lr_schedule import ScheduleLR, held_schedule, schedule_for
-from zerotopo.trainer.metrics import MetricsWriter, open_wandb, plot_run, write_summary
-from zerotopo.trainer.peak import PeakMemory, unmap_large_frees
+from zerotopo.trainer.longrun import LongRun, check_finite_rows, per_step_means
+from zerotopo.trainer.metrics import plot_run, write_summary
+from zerotopo.trainer.peak import PeakMemory
 from zerotopo.trainer.preempt import EXIT_PREEMPTED, Preempted, Preemption, preemption_signals, signal_name
-from zerotopo.trainer.preflight import (
-    build_datasets,
-    check_memory,
-    hf_source,
-    model_config,
-    recognise_topology,
-)
-from zerotopo.trainer.schedule_resume import check_resumed_schedule, schedule_record
-from zerotopo.trainer.steps import (
-    allocated_peak,
-    elapsed_eta,
-    lm_loss,
-    train_samples_needed,
-    usable_valid_split,
-)
+from zerotopo.trainer.recipe import RankContext, Trainer, build
+from zerotopo.trainer.steps import allocated_peak, elapsed_eta, lm_loss
 
 log = get_logger("train")
 
 DTYPES = PRECISIONS
-
-
-@dataclass
-class RankContext:
-    """What every part of the loop needs to know about this rank."""
-
-    rank: int
-    world: int
-    device: torch.device
-    is_main: bool
 
 
 def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
@@ -117,72 +73,18 @@ def train_rank(rank: int, world: int, job: TrainJob) -> dict[str, Any] | None:
     return summary
 
 
-@dataclass
-class Trainer:
-    """One rank's run once it is built: what the step functions below read, and the figures they keep
-    between log intervals. Built by :func:`setup`; the loop in :func:`_train_rank` reads top to bottom."""
-
-    args: NeoXArgs
-    job: TrainJob
-    run: LongRun
-    ctx: RankContext
-    topology: Any
-    plan: Any
-    cfg: NeoXConfig
-    tokenizer: Any
-    probe: PeakMemory
-    model: Any
-    optimizer: Any
-    ledger: Ledger
-    loss_scale: Any
-    shape: Any
-    unit_numels: list[int]
-    param_dtype: torch.dtype
-    batch: tuple[int, int, int]
-    """``(micro, accumulation steps, global batch)`` in samples."""
-    iters: int
-    lr_at: Any
-    """``step -> learning rate`` of the config's schedule (held at skipped fp16 steps)."""
-    run_dir: Path
-    start_step: int = 0
-    scheduler: Any = None
-    """The torch LR scheduler that sets the optimizer's rate (built once the start step is known)."""
-    consumed: int = 0
-    train_batches: Any = None
-    valid_ds: Any = None
-    eod: int | None = None
-    writer: MetricsWriter | None = None
-    bar: Any = None
-    pending: list[tuple[int, torch.Tensor, dict[str, Any]]] = field(default_factory=list)
-    first_loss: float | None = None
-    last_loss: float | None = None
-    valid_losses: list[float] = field(default_factory=list)
-    skipped_total: int = 0
-    t_run: float = 0.0
-    saver: Any = None
-    """The background checkpoint writer (``async_save``), else None."""
-
-    @property
-    def flops_per_step(self) -> float:
-        return self.shape.step_flops(self.batch[2], checkpoint_activations=self.args.checkpoint_activations)
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch[2] * self.args.seq_length
-
-
 def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str, Any] | None:
     setup_console(verbose=rank == 0)
     with console_muted() if job.config_warnings_shown else contextlib.nullcontext():
         args = job.load_args(quiet=rank != 0)
-    tr = setup(args, job, run)
-    tr.bar = progress_bar(tr)
+    tr = build(args, job, run)
+    tr.metrics.bar = progress_bar(tr)
     save_steps = set(args.save_iters(tr.iters))
     tr.t_run = time.perf_counter()
     for step in range(tr.start_step, tr.iters):
-        tr.pending.append(train_step(tr, step))
-        if tr.bar is not None:
-            tr.bar.update(1)
+        tr.metrics.pending.append(train_step(tr, step))
+        if tr.metrics.bar is not None:
+            tr.metrics.bar.update(1)
         last_step = step + 1 == tr.iters
         saving = bool(args.save) and step + 1 in save_steps and not last_step
         stop = run.preemption.agreed()  # the same answer on every rank at the same step
@@ -195,163 +97,15 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
             break
         if saving and save(tr, step + 1) and tr.saver is None:
             _retain(args, tr.ctx)
-        tr.ledger.reset()
+        tr.engine.ledger.reset()
     run.preemption.settle()  # the last step's flag: every rank started its all-reduce
-    if tr.bar is not None:
-        tr.bar.close()
+    if tr.metrics.bar is not None:
+        tr.metrics.bar.close()
     if args.save and tr.start_step < tr.iters and not run.preemption.stopped_by:
         save(tr, tr.iters, last=True)
         _retain(args, tr.ctx)
     wait_for_save(tr, last=True)
     return finish(tr)
-
-
-def setup(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
-    """This rank joined to the job, its model sharded and resumed, its data and run directory open."""
-    info = discover(prefer=None if job.launcher in ("auto", "local") else job.launcher)
-    job = recognise_topology(job, args, info)
-    topology = job.load_topology(args, nodes=info.num_nodes if info.launcher != "local" else None)
-    if info.world_size != topology.world_size:
-        raise ConfigError(
-            f"the job has {info.world_size} ranks but topology {topology.name!r} with {topology.nodes} nodes "
-            f"x {topology.devices_per_node} devices needs {topology.world_size}; "
-            + topology_mismatch_advice(info, topology),
-            key="topology",
-        )
-    check_against_topology(info, topology)
-    # A launched rank that sees no device stops here, naming the variable that hid it (not at the rendezvous).
-    seen = torch.cuda.device_count() if info.launcher != "local" else None
-    check_device_list(os.environ, topology, device_count=seen)
-    device = init_distributed(info)
-    torch.set_num_threads(max(1, int(os.environ.get("ZEROTOPO_THREADS_PER_RANK", "1"))))
-    plan = job.load_plan(args)
-    plan.degrees(topology)  # an unusable plan fails here, before the lock is taken
-    ctx = RankContext(rank=info.rank, world=info.world_size, device=device, is_main=info.rank == 0)
-    run.take_lock(args, ctx.is_main, launcher_holds=job.save_locked)
-    mesh = build_mesh(topology, plan, topo_index=topological_index(info, topology), device=device)
-    if device.type == "cpu":
-        unmap_large_frees()  # freed units go back to the OS (zerotopo.trainer.peak, [Note: CPU ranks and glibc])
-    probe = PeakMemory(device)  # the baseline: interpreter, torch, process groups; no model state yet
-    if ctx.is_main:
-        log.info(
-            f"zerotopo train: {ctx.world} ranks joined; building the model and sharding it (plan {plan.name})"
-        )
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
-    tr = build_model(args, job, run, ctx, topology, plan, mesh, tokenizer, probe)
-    tr.start_step, tr.consumed = resume(args, job, tr.model, tr.optimizer, tr.cfg, ctx)
-    tr.scheduler = ScheduleLR(tr.optimizer, tr.lr_at, start_step=tr.start_step)
-    if ctx.is_main:
-        log.info("zerotopo train: opening the data")
-    open_data(tr)
-    if ctx.is_main:
-        tr.writer = open_run_dir(tr)
-    if args.async_save and args.save:
-        from zerotopo.checkpoint.background import BackgroundSaver, check_host_memory
-
-        check_host_memory(tr.optimizer, is_main=ctx.is_main, say=log.info)
-        tr.saver = BackgroundSaver()
-    return tr
-
-
-def build_model(
-    args: NeoXArgs, job: TrainJob, run: LongRun, ctx: RankContext, topology, plan, mesh, tokenizer, probe
-) -> Trainer:
-    """The model built on the meta device, checked against the device's memory, then sharded by the
-    engine with its optimizer; the learning-rate schedule and the run directory's name."""
-    cfg = model_config(args, job, tokenizer)
-    param_dtype = DTYPES[args.resolved_precision]
-    micro, accum, global_batch = args.batch_sizes(ctx.world)
-    torch.manual_seed(args.seed)
-    with torch.device("meta"):
-        # no storage: parallelize materializes each unit in turn and keeps this rank's shards only,
-        # drawing the init in the order an eager build with this seed would (engine/api.py)
-        model = GPTNeoX(cfg)
-    unit_numels = [
-        sum(p.numel() for p in m.parameters()) for m in [model.embed_in, *model.layers, model.head]
-    ]
-    shape = cfg.shape(args.seq_length)
-    check_memory(args, shape, unit_numels, topology, plan, param_bytes=param_dtype.itemsize, micro=micro)
-
-    ledger = Ledger()
-    fp16 = args.fp16
-    loss_scale: Any = None
-    if args.resolved_precision == "fp16":
-        loss_scale = fp16.loss_scale if fp16.loss_scale else "dynamic"
-    model = debug.parallelize(
-        model, mesh=mesh, mp_policy=MixedPrecision(param_dtype), options=debug.DebugOptions(ledger=ledger)
-    )
-    optimizer = ShardedOptimizer(
-        model,
-        args.optimizer.type,
-        lr=args.lr,
-        weight_decay=args.effective_weight_decay,
-        max_grad_norm=args.gradient_clipping or None,
-        loss_scale=make_scaler(loss_scale, param_dtype, **fp16.scaler_options()),
-        **args.optimizer.hyperparameters(),
-    )
-    iters = args.train_iters or 100
-    schedule = schedule_for(args, iters)
-    return Trainer(
-        args=args, job=job, run=run, ctx=ctx, topology=topology, plan=plan, cfg=cfg, tokenizer=tokenizer,
-        probe=probe, model=model, optimizer=optimizer, ledger=ledger, loss_scale=loss_scale, shape=shape,
-        unit_numels=unit_numels, param_dtype=param_dtype, batch=(micro, accum, global_batch), iters=iters,
-        lr_at=held_schedule(schedule, iters, optimizer), run_dir=job.resolve_run_dir(plan.name),
-    )  # fmt: skip
-
-
-def open_data(tr: Trainer) -> None:
-    """The training batches from the resumed position and the validation split (None: not evaluated)."""
-    args, ctx = tr.args, tr.ctx
-    micro, _, global_batch = tr.batch
-    eval_runs = tr.iters // args.eval_interval + 1
-    num_samples = (
-        train_samples_needed(tr.iters, tr.start_step, tr.consumed, global_batch, ctx),
-        max(eval_runs * args.eval_iters * micro * ctx.world, 1),
-        1,
-    )
-    train_ds, valid_ds, _ = build_datasets(args, num_samples)
-    tr.valid_ds = usable_valid_split(valid_ds, micro, ctx, args)
-    tr.eod = tr.tokenizer.eod if args.eod_mask_loss else None
-    tr.train_batches = iter(
-        DistributedBatches(train_ds, micro, ctx.rank, ctx.world, start_sample=tr.consumed)
-    )
-
-
-def open_run_dir(tr: Trainer) -> MetricsWriter:
-    """Rank 0: the run directory's log, resolved config and metrics writer, and the run's opening line."""
-    args, run_dir = tr.args, tr.run_dir
-    log_copies = (Path(args.log_dir) / f"{run_dir.name}.log",) if args.log_dir else ()
-    attach_run_log(run_dir, copies=log_copies)
-    saved_config = run_config(args, tr.plan, tr.job, tr.topology)
-    write_text_atomic(run_dir / "config.yml", _yaml_dump(saved_config))
-    writer = MetricsWriter(
-        run_dir,
-        tr.topology.tier_names,
-        tensorboard_dir=args.tensorboard_dir,
-        resume_step=tr.start_step if args.load else None,
-        wandb_run=open_wandb(
-            project=args.wandb_project,
-            group=args.wandb_group,
-            team=args.wandb_team,
-            host=args.wandb_host,
-            name=run_dir.name,
-            run_dir=run_dir,
-            config=saved_config,
-        )
-        if args.use_wandb
-        else None,
-    )
-    cfg, topology, plan, (micro, accum, global_batch) = tr.cfg, tr.topology, tr.plan, tr.batch
-    log.info(
-        f"zerotopo train: {cfg.num_layers} layers x {cfg.hidden_size} wide, "
-        f"{sum(tr.unit_numels) / 1e6:.2f}M parameters, {args.resolved_precision}; plan {plan.name} "
-        f"({plan.label(topology)}) on {topology.name} x{topology.nodes} nodes = {tr.ctx.world} ranks; batch "
-        f"{micro} x {accum} micro x {tr.ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; "
-        f"run dir {run_dir}"
-    )
-    if hasattr(tr.optimizer, "describe"):  # Muon: which parameters each optimizer runs on
-        log.info(tr.optimizer.describe())
-    return writer
 
 
 def progress_bar(tr: Trainer):
@@ -377,28 +131,30 @@ def forward_backward_step(tr: Trainer) -> torch.Tensor:
     accum = tr.batch[1]
     loss_sum = torch.zeros((), device=tr.ctx.device, dtype=torch.float32)
     for mb in range(accum):
-        batch = next(tr.train_batches).to(tr.ctx.device, non_blocking=True)  # no stream sync on the step path
+        batch = tr.data.next_micro_batch().to(
+            tr.ctx.device, non_blocking=True
+        )  # no stream sync on the step path
         inputs, labels = batch[:, :-1], batch[:, 1:]
-        logits = tr.model(inputs)
-        loss = lm_loss(logits, inputs, labels, tr.eod)
-        tr.model.set_is_last_backward(mb == accum - 1)  # step-end reductions start in this backward
-        tr.model.scale_loss(loss / accum).backward()
+        logits = tr.engine.model(inputs)
+        loss = lm_loss(logits, inputs, labels, tr.data.eod)
+        tr.engine.model.set_is_last_backward(mb == accum - 1)  # step-end reductions start in this backward
+        tr.engine.model.scale_loss(loss / accum).backward()
         loss_sum += loss.detach()
     return loss_sum
 
 
 def train_step(tr: Trainer, step: int) -> tuple[int, torch.Tensor, dict[str, Any]]:
     """One optimizer step: ``(step number, mean loss on the device, the metrics row without its loss)``."""
-    lr = tr.optimizer.param_groups[0]["lr"]  # set by tr.scheduler for this step
+    lr = tr.optim.optimizer.param_groups[0]["lr"]  # set by tr.optim.scheduler for this step
     if isinstance(lr, torch.Tensor):
         lr = lr.clone()  # the scheduler updates the group's tensor in place
     t0 = time.perf_counter()
     loss_sum = forward_backward_step(tr)
-    stats = tr.optimizer.step()
-    tr.scheduler.step()
-    tr.optimizer.zero_grad()
+    stats = tr.optim.optimizer.step()
+    tr.optim.scheduler.step()
+    tr.optim.optimizer.zero_grad()
     dt = time.perf_counter() - t0
-    comm = tr.ledger.mark_step()
+    comm = tr.engine.ledger.mark_step()
     row = {
         "kind": "train",
         "step": step + 1,
@@ -409,7 +165,7 @@ def train_step(tr: Trainer, step: int) -> tuple[int, torch.Tensor, dict[str, Any
         "step_time_s": dt,
         "tokens_per_s": tr.tokens_per_step / dt,
         "tflops_per_device": tr.flops_per_step / dt / tr.ctx.world / 1e12,
-        "peak_memory_bytes": allocated_peak(tr.probe),
+        "peak_memory_bytes": allocated_peak(tr.engine.probe),
     }
     peak = tr.topology.device.peak_tflops
     if peak:
@@ -422,25 +178,25 @@ def train_step(tr: Trainer, step: int) -> tuple[int, torch.Tensor, dict[str, Any
 def log_rows(tr: Trainer, step: int, console: bool) -> None:
     """The pending steps' rows, their losses summed across ranks (one all-reduce), written out and checked
     finite; with ``console`` the last one is the log line."""
-    losses = per_step_means(torch.stack([p[1] for p in tr.pending]))
-    for (_, _, r), value in zip(tr.pending, losses):
+    losses = per_step_means(torch.stack([p[1] for p in tr.metrics.pending]))
+    for (_, _, r), value in zip(tr.metrics.pending, losses):
         r["loss"] = value
         r.update({k: float(v) for k, v in r.items() if isinstance(v, torch.Tensor)})
         r["skipped"] = int(bool(r["skipped"]))
-        tr.skipped_total += r["skipped"]
+        tr.metrics.skipped_total += r["skipped"]
         r["perplexity"] = math.exp(min(value, 50.0))
-        if tr.writer:
-            tr.writer.write(r)
-    check_finite_rows([r for _, _, r in tr.pending], tr.args.save)
-    tr.first_loss = losses[0] if tr.first_loss is None else tr.first_loss
-    tr.last_loss = losses[-1]
+        if tr.metrics.writer:
+            tr.metrics.writer.write(r)
+    check_finite_rows([r for _, _, r in tr.metrics.pending], tr.args.save)
+    tr.metrics.first_loss = losses[0] if tr.metrics.first_loss is None else tr.metrics.first_loss
+    tr.metrics.last_loss = losses[-1]
     if tr.ctx.is_main and console:
-        r = tr.pending[-1][2]
-        _say(tr.bar, console_line(tr, r, step))
-        if tr.bar is not None:
-            tr.bar.set_postfix(loss=f"{r['loss']:.3f}")
-    tr.pending.clear()
-    tr.ledger.poll()  # resolve the completed collective timings (never waits)
+        r = tr.metrics.pending[-1][2]
+        _say(tr.metrics.bar, console_line(tr, r, step))
+        if tr.metrics.bar is not None:
+            tr.metrics.bar.set_postfix(loss=f"{r['loss']:.3f}")
+    tr.metrics.pending.clear()
+    tr.engine.ledger.poll()  # resolve the completed collective timings (never waits)
 
 
 def console_line(tr: Trainer, r: dict[str, Any], step: int) -> str:
@@ -453,8 +209,8 @@ def console_line(tr: Trainer, r: dict[str, Any], step: int) -> str:
         f"step {r['step']:>5}/{iters} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
         f"{r['tokens_per_s']:.0f} tok/s | {r['tflops_per_device'] * 1e3:.2f} GFLOPS/dev"
         + (f" | MFU {r['mfu'] * 100:.1f}%" if "mfu" in r else "")
-        + (f" | loss scale {r['loss_scale']:g}" if tr.loss_scale is not None else "")
-        + f" | skipped {tr.skipped_total}"
+        + (f" | loss scale {r['loss_scale']:g}" if tr.engine.loss_scale is not None else "")
+        + f" | skipped {tr.metrics.skipped_total}"
         + f" | {elapsed_eta(time.perf_counter() - tr.t_run, step + 1 - tr.start_step, iters - step - 1)}"
         + f" | {tiers}"
     )
@@ -463,19 +219,19 @@ def console_line(tr: Trainer, r: dict[str, Any], step: int) -> str:
 def maybe_evaluate(tr: Trainer, step: int, last_step: bool) -> None:
     """The validation loss every ``eval_interval`` steps and after the last one."""
     args = tr.args
-    if tr.valid_ds is None or not args.eval_iters:
+    if tr.data.valid is None or not args.eval_iters:
         return
     if (step + 1) % args.eval_interval != 0 and not last_step:
         return
-    vloss = evaluate(tr.model, tr.valid_ds, tr.batch[0], tr.ctx, args.eval_iters, tr.eod)
-    tr.valid_losses.append(vloss)
-    if tr.writer:
-        tr.writer.write(
+    vloss = evaluate(tr.engine.model, tr.data.valid, tr.batch[0], tr.ctx, args.eval_iters, tr.data.eod)
+    tr.metrics.valid_losses.append(vloss)
+    if tr.metrics.writer:
+        tr.metrics.writer.write(
             {"kind": "valid", "step": step + 1, "loss": vloss, "perplexity": math.exp(min(vloss, 50.0))}
         )
     if tr.ctx.is_main:
         _say(
-            tr.bar,
+            tr.metrics.bar,
             f"step {step + 1:>5}/{tr.iters} | validation loss {vloss:.4f} | perplexity {math.exp(vloss):.2f}",
         )
 
@@ -501,24 +257,10 @@ def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
     t0 = time.perf_counter()
     background = tr.saver is not None and not last
     wait_for_save(tr, before=at_step)  # at most one save in flight; a failed one warns (or strict_saves)
-    if tr.writer is not None:
-        tr.writer.sync()  # every logged row on disk before the checkpoint that follows it
+    if tr.metrics.writer is not None:
+        tr.metrics.writer.sync()  # every logged row on disk before the checkpoint that follows it
     try:
-        pending = snapshot_save(
-            Path(args.save),
-            tr.model,
-            tr.optimizer,
-            step=at_step,
-            consumed_samples=tr.consumed + (at_step - tr.start_step) * tr.batch[2],
-            cfg=tr.cfg,
-            plan_name=tr.plan.name,
-            plan_label=tr.plan.label(tr.topology),
-            seed=args.seed,
-            tokenizer=tokenizer_info(args, tr.tokenizer),
-            config_hash=config_hash(args, tr.cfg),
-            lr_schedule=schedule_record(args, tr.iters),
-            copy=background,
-        )
+        pending = tr.checkpointer.snapshot(args.save, step=at_step, copy=background)
         if background:
             tr.saver.start(pending, on_done=lambda _: _retain(args, tr.ctx))
         else:
@@ -568,17 +310,25 @@ def wait_for_save(tr: Trainer, *, last: bool = False, before: int | None = None)
 def finish(tr: Trainer) -> dict[str, Any] | None:
     """Close the engine and, on rank 0, write the run's summary and plots; returns the summary there."""
     wall = time.perf_counter() - tr.t_run
-    memory = tr.model.memory_report()
+    memory = tr.engine.model.memory_report()
     args, topology, plan = tr.args, tr.topology, tr.plan
     peak = peak_report(
-        tr.probe, tr.ctx, args, tr.shape, tr.unit_numels, topology, plan, tr.param_dtype.itemsize, tr.batch[0]
+        tr.engine.probe,
+        tr.ctx,
+        args,
+        tr.engine.shape,
+        tr.engine.unit_numels,
+        topology,
+        plan,
+        tr.engine.param_dtype.itemsize,
+        tr.batch[0],
     )
     # Land in-flight parameter gathers and stop the engine's worker threads before the process group
     # goes: a thread still alive when the interpreter finalizes can abort the process from C++.
-    tr.model.close()
-    if tr.writer is None:
+    tr.engine.model.close()
+    if tr.metrics.writer is None:
         return None
-    tr.writer.close()
+    tr.metrics.writer.close()
     steps = tr.iters - tr.start_step
     run = whole_run(tr.run_dir, tr.start_step, wall)
     summary = {
@@ -588,13 +338,15 @@ def finish(tr: Trainer) -> dict[str, Any] | None:
         "topology": topology.name,
         "nodes": topology.nodes,
         "world_size": tr.ctx.world,
-        "parameters": sum(tr.unit_numels),
+        "parameters": sum(tr.engine.unit_numels),
         "steps": tr.iters,
         "resumed_from_step": tr.start_step,
         "steps_this_attempt": steps,
-        "first_loss": run.get("first_loss", tr.first_loss),
-        "final_loss": tr.last_loss,
-        "final_valid_loss": tr.valid_losses[-1] if tr.valid_losses else run.get("final_valid_loss"),
+        "first_loss": run.get("first_loss", tr.metrics.first_loss),
+        "final_loss": tr.metrics.last_loss,
+        "final_valid_loss": tr.metrics.valid_losses[-1]
+        if tr.metrics.valid_losses
+        else run.get("final_valid_loss"),
         "wall_s": wall,
         "wall_s_total": run["wall_s_total"],
         "tokens_per_s": steps * tr.tokens_per_step / wall,
@@ -606,7 +358,7 @@ def finish(tr: Trainer) -> dict[str, Any] | None:
     summary["plots"] = [str(p) for p in plot_run(tr.run_dir)]
     # The command prints its own closing lines; the log file gets the same facts.
     log.debug(
-        f"done: {summary['steps']} steps in {wall:.1f}s; loss {tr.first_loss} -> {tr.last_loss}; "
+        f"done: {summary['steps']} steps in {wall:.1f}s; loss {tr.metrics.first_loss} -> {tr.metrics.last_loss}; "
         f"files {', '.join(sorted(p.name for p in tr.run_dir.iterdir()))}"
     )
     close_run_log()
@@ -680,70 +432,6 @@ def peak_report(
     }
 
 
-def resume(
-    args: NeoXArgs, job: TrainJob, model, optimizer, cfg: NeoXConfig, ctx: RankContext
-) -> tuple[int, int]:
-    """``(step, samples consumed)`` to start from: a zerotopo checkpoint (any plan, any world size), a
-    Hugging Face GPT-NeoX directory (``load:`` or ``--from-hf``: weights only, step 0), or nothing."""
-    from zerotopo.checkpoint.neox import load_neox_weights, neox_step_dir
-    from zerotopo.checkpoint.store import (
-        find_checkpoint,
-        is_hf_directory,
-        open_checkpoint,
-        settle_optimizer,
-    )
-
-    hf_dir = hf_source(args, job)
-    neox_dir = neox_step_dir(args.load) if args.load else None
-    if neox_dir is not None:
-        load_neox_weights(neox_dir, model, optimizer, cfg)
-        if ctx.is_main:
-            log.info(f"weights from the GPT-NeoX checkpoint {neox_dir} (finetune: fresh optimizer, step 0)")
-        return 0, 0
-    step_dir = find_checkpoint(args.load) if args.load and not is_hf_directory(Path(args.load)) else None
-    if step_dir is not None:
-        ckpt = open_checkpoint(step_dir)
-        notice = check_run_identity(args, job, cfg, ckpt)
-        if notice and ctx.is_main:
-            log.warning(notice)
-        if not args.finetune:
-            notice = check_resumed_schedule(args, args.train_iters or 100, ckpt.manifest, str(step_dir))
-            if notice and ctx.is_main:
-                log.warning(notice)
-        state = load_checkpoint(
-            args.load, model, optimizer, cfg=cfg, seed=args.seed, weights_only=bool(args.finetune)
-        )
-        if args.finetune:
-            settle_optimizer(model, optimizer, step=0, zero_moments=True)
-            if ctx.is_main:
-                log.info(
-                    f"finetune: weights of step {state.step} from {state.source}; fresh optimizer, step 0"
-                )
-            return 0, 0
-        if ctx.is_main:
-            log.info(f"resumed from the checkpoint of step {state.step} in {state.source}")
-        return state.step, state.consumed_samples
-    check_fresh_start(args, job)
-    if args.load and ctx.is_main:
-        log.warning(
-            f"load: {args.load} holds no checkpoint yet; training starts from step 0 "
-            f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"
-        )
-    if hf_dir:
-        from zerotopo.checkpoint.hf import load_hf_shards
-
-        load_hf_shards(hf_dir, model, optimizer, cfg)
-        if ctx.is_main:
-            log.info(f"weights from the Hugging Face model {hf_dir}")
-    return 0, 0
-
-
-def tokenizer_info(args: NeoXArgs, tokenizer) -> dict[str, Any]:
-    """What a checkpoint records of the run's tokenizer (its files are copied beside the shards)."""
-    files = [getattr(args, k, None) for k in ("vocab_file", "merge_file")]
-    return {"type": args.tokenizer_type, "eod": tokenizer.eod, "files": [f for f in files if f]}
-
-
 def _say(bar, msg: str) -> None:
     """A log line that does not tear the progress bar."""
     if bar is None:
@@ -751,17 +439,6 @@ def _say(bar, msg: str) -> None:
     else:
         with bar.external_write_mode():
             log.info(msg)
-
-
-def run_config(args: NeoXArgs, plan, job: TrainJob, topology) -> dict[str, Any]:
-    """The run as one NeoX-style config (every key resolved, the plan written out, the topology and
-    node count), which ``zerotopo train`` takes back as is."""
-    out = args.to_dict()
-    out["plan"] = plan.to_dict()
-    out["zero_optimization"] = None  # the plan above is what ran
-    out["topology"] = job.topology or args.topology or topology.name
-    out["num_nodes"] = topology.nodes
-    return out
 
 
 def _retain(args: NeoXArgs, ctx: RankContext) -> None:
@@ -787,9 +464,3 @@ def evaluate(model, dataset, micro: int, ctx: RankContext, eval_iters: int, eod:
         batch = next(batches).to(ctx.device)
         total += lm_loss(model(batch[:, :-1]), batch[:, :-1], batch[:, 1:], eod)
     return _mean_over_ranks((total / eval_iters).reshape(1))[0]
-
-
-def _yaml_dump(obj: Any) -> str:
-    import yaml
-
-    return yaml.safe_dump(obj, sort_keys=False)
