@@ -34,19 +34,18 @@ def checkpoint_model(save):
     return model.eval()
 
 
-@pytest.mark.parametrize("family,plan", [("llama3.2", "zero3"), ("qwen2", "mics"), ("mistral", "zerotopo")])
-def test_imported_trained_exported_matches_transformers(tmp_path, capfd, family, plan):
+def train_and_export(tmp_path, capfd, src, *, plan: str, iters: int):
+    """``zerotopo train --from-hf src`` for ``iters`` steps under ``plan`` on 2 emulated nodes (8 ranks),
+    then ``export-hf`` of its checkpoint; returns the exported directory."""
     from zerotopo.checkpoint.hf import export_hf
 
-    src = tmp_path / "hf-in"
-    before = {k: v.clone() for k, v in save_random(src, family, vocab_size=384).state_dict().items()}
     cfg = tmp_path / "run.yml"
     cfg.write_text(
         yaml.safe_dump(
             {
                 "seq_length": 32,  # the Mistral model's window is 8
                 "train_micro_batch_size_per_gpu": 1,
-                "train_iters": 2,
+                "train_iters": iters,
                 "eval_iters": 0,
                 "log_interval": 1,
                 "precision": "fp32",
@@ -66,6 +65,14 @@ def test_imported_trained_exported_matches_transformers(tmp_path, capfd, family,
     assert code == 0, (out + err)[-3000:]
     out_dir = tmp_path / "hf-out"
     export_hf(tmp_path / "save", out_dir)
+    return out_dir
+
+
+@pytest.mark.parametrize("family,plan", [("llama3.2", "zero3"), ("qwen2", "mics"), ("mistral", "zerotopo")])
+def test_imported_trained_exported_matches_transformers(tmp_path, capfd, family, plan):
+    src = tmp_path / "hf-in"
+    before = {k: v.clone() for k, v in save_random(src, family, vocab_size=384).state_dict().items()}
+    out_dir = train_and_export(tmp_path, capfd, src, plan=plan, iters=2)
     config = json.loads((out_dir / "config.json").read_text())
     cls = FAMILIES[family]()[1]
     assert config["architectures"] == [cls.__name__]
