@@ -170,7 +170,7 @@ def _launch_local(job: TrainJob, args, topology) -> dict[str, Any] | None:
         default_corpus_prefix(args.tokenizer_type)
     get_logger("train").info(
         f"zerotopo train: starting {topology.world_size} ranks on this machine ({topology.name}, "
-        f"{topology.nodes} nodes x {topology.devices_per_node}); each imports torch and joins the job"
+        f"{topology.nodes} nodes x {topology.devices_per_node}); {_how_ranks_start()}"
     )
 
     def launch(network=None) -> list:
@@ -218,3 +218,10 @@ def _sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _how_ranks_start() -> str:
+    """The start line's account of how the ranks come up (``ZEROTOPO_START_METHOD``)."""
+    if os.environ.get("ZEROTOPO_START_METHOD", "forkserver") == "spawn":
+        return "each imports torch and joins the job"
+    return "forked from one process that imports torch once, then each joins the job"
