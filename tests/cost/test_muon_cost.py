@@ -67,8 +67,14 @@ def test_plan_cli_shows_muon_beside_adamw(capsys):
         ("mics", "Muon"),
     }
     adamw, muon = (next(r for r in rows if r[:2] == ["zero1", k]) for k in ("AdamW", "Muon"))
-    # optimizer GiB, printed to 0.01
-    assert float(muon[2]) == pytest.approx(float(adamw[2]) * 16 / 12, abs=0.01)
+    # optimizer GiB, printed to 0.01: 16 bytes per chunk element instead of 12, and the busiest owner's
+    # whole matrices (fp32 master and momentum) beside them (zero1: the optim group is the job's 16 ranks)
+    from zerotopo.config.model_files import load_model
+
+    shape, _ = load_model(["neox-125m"], None)
+    owned = muon_cost(shape, Degrees(1, 1, 16, world=16), load_topology("frontier", nodes=2)).owned_bytes
+    assert owned > 0
+    assert float(muon[2]) == pytest.approx(float(adamw[2]) * 16 / 12 + owned / 2**30, abs=0.01)
     assert float(muon[5]) > float(adamw[5])  # step s
 
 
