@@ -38,15 +38,21 @@ def test_owners_balance_flops_and_are_deterministic():
         assign_owners(mats, 0)
 
 
-@pytest.mark.parametrize("degrees", [Degrees(1, 1, 8, 8), Degrees(2, 4, 8, 8), Degrees(4, 4, 4, 8)])
-def test_exchange_covers_each_matrix_once(degrees):
-    # two units whose matrices straddle optimizer chunks, with non-matrix elements between them
+def _two_units(degrees):
+    """Two units whose matrices straddle optimizer chunks, with non-matrix elements between them: the
+    matrices, their owners, each position's chunk ranges and the exchange."""
     units = [[("w1", 5, 7, 3), ("w2", 4, 4, 40)], [("w3", 9, 2, 0), ("w4", 3, 11, 30)]]
     numels = [padded_numel(80, degrees), padded_numel(70, degrees)]
     mats = [Matrix(n, u, off, r, c) for u, ms in enumerate(units) for n, r, c, off in ms]
     own = assign_owners(mats, degrees.optim)
     ranges = [[optim_range(t, degrees, n) for n in numels] for t in range(degrees.optim)]
-    ex = exchange(mats, own.owners, ranges)
+    return mats, own, ranges, exchange(mats, own.owners, ranges)
+
+
+@pytest.mark.parametrize("degrees", [Degrees(1, 1, 8, 8), Degrees(2, 4, 8, 8), Degrees(4, 4, 4, 8)])
+def test_exchange_covers_each_matrix_once(degrees):
+    # two units whose matrices straddle optimizer chunks, with non-matrix elements between them
+    mats, own, ranges, ex = _two_units(degrees)
     covered = {k: [] for k in range(len(mats))}
     for src, row in enumerate(ex.pieces):
         for dst, pieces in enumerate(row):
@@ -69,12 +75,7 @@ def test_exchange_covers_each_matrix_once(degrees):
 def test_exchange_counts_each_pair_exactly_and_prices_both_directions(degrees):
     # the owners receive exactly their matrices' elements held elsewhere, and each rank's traffic per
     # step is its pieces out (gradients) plus, as an owner, the others' pieces back (weights), unpadded
-    units = [[("w1", 5, 7, 3), ("w2", 4, 4, 40)], [("w3", 9, 2, 0), ("w4", 3, 11, 30)]]
-    numels = [padded_numel(80, degrees), padded_numel(70, degrees)]
-    mats = [Matrix(n, u, off, r, c) for u, ms in enumerate(units) for n, r, c, off in ms]
-    own = assign_owners(mats, degrees.optim)
-    ranges = [[optim_range(t, degrees, n) for n in numels] for t in range(degrees.optim)]
-    ex = exchange(mats, own.owners, ranges)
+    mats, own, ranges, ex = _two_units(degrees)
     o = degrees.optim
     counts = [ex.counts(q) for q in range(o)]
     assert all(len(c) == o for c in counts)
