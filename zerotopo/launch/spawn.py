@@ -80,15 +80,21 @@ PRELOAD = (
 START_METHODS = ("forkserver", "spawn")
 
 
-def _context() -> Any:
-    """The multiprocessing context ranks start from (see the module docstring)."""
-    import torch.multiprocessing as mp
-
+def start_method() -> str:
+    """How ranks start: ``ZEROTOPO_START_METHOD``, ``forkserver`` by default; ZerotopoError for another."""
     method = os.environ.get("ZEROTOPO_START_METHOD", "forkserver")
     if method not in START_METHODS:
         raise ZerotopoError(
             f"ZEROTOPO_START_METHOD={method!r} is not a start method; use {' or '.join(START_METHODS)}"
         )
+    return method
+
+
+def _context() -> Any:
+    """The multiprocessing context ranks start from (see the module docstring)."""
+    import torch.multiprocessing as mp
+
+    method = start_method()
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(list(PRELOAD))

@@ -222,6 +222,8 @@ def _sigterm_raises():
 
 def _how_ranks_start() -> str:
     """The start line's account of how the ranks come up (``ZEROTOPO_START_METHOD``)."""
-    if os.environ.get("ZEROTOPO_START_METHOD", "forkserver") == "spawn":
+    from zerotopo.launch.spawn import start_method
+
+    if start_method() == "spawn":
         return "each imports torch and joins the job"
     return "forked from one process that imports torch once, then each joins the job"
