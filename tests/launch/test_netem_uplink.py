@@ -55,7 +55,56 @@ def test_each_node_shares_one_shaped_uplink():
     # one class at the node's rate: 4 ranks x 10 Mbit/s
     assert net.node_uplink_mbit == 40.0 and "rate 40Mbit" in shown
     # both ranks' traffic to the other node went through node 0's one class; of the 200 kB sent inside the
-    # node only broadcasts (ARP, flooded to every port) reach the uplink
+    # node none reaches the uplink (the bridges know every port: no flooding; at most a stray multicast)
     assert inter >= 2 * 200 * 1000 and intra < 2000
     # a rank's own classes keep the inner tiers' ratios; its network class is the node's rate
     assert "rate 160Mbit" in rank_classes and "rate 40Mbit" in rank_classes
+
+
+CONNECT_ALL = """
+import socket, sys
+refused = 0
+for addr in sys.argv[1:]:
+    s = socket.socket()
+    s.settimeout(10)
+    try:
+        s.connect((addr, 9))
+    except ConnectionRefusedError:
+        refused += 1
+    except OSError as e:
+        print(addr, e)
+    finally:
+        s.close()
+print(refused)
+"""
+
+
+def test_full_mesh_above_the_hosts_arp_cap():
+    """40 endpoints reach each other (1,560 neighbour pairs, over the kernel's host-wide default cap of
+    1024 learned ARP entries): every endpoint knows every peer statically, so a connect to a closed port
+    is refused by the peer instead of failing with "No route to host"."""
+    from zerotopo.launch.netem import emulated_network
+
+    with emulated_network(40, rate_mbit=100) as net:
+        procs = [
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    "-c",
+                    CONNECT_ALL,
+                    *(a for a in net.addresses if a != own),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for ns, own in zip(net.namespaces, net.addresses)
+        ]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        learned = subprocess.run(["ip", "-n", net.namespaces[0], "neigh", "show", "nud", "reachable"],
+                                 capture_output=True, text=True).stdout  # fmt: skip
+    assert all(out.strip().splitlines()[-1] == "39" for out in outs), outs[:3]
+    assert learned.strip() == ""  # nothing was resolved by ARP

@@ -36,7 +36,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -310,11 +310,60 @@ def _namespaces(count: int, role: str) -> Iterator[tuple[str, tuple[str, ...], t
                 _run("ip", "-n", switch, "link", "set", f"p{i}", "up")
                 _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
                 _run("ip", "-n", ns, "link", "set", "eth0", "up")
+            macs = static_neighbours(namespaces, addresses)
+            static_forwarding(switch, [(mac, f"p{i}") for i, mac in enumerate(macs)])
             yield switch, namespaces, addresses
     finally:
         with _shielded():
             _kill_children()
             _delete(created[::-1])
+
+
+def _mac(namespace: str, device: str = "eth0") -> str:
+    res = subprocess.run(
+        ["ip", "-n", namespace, "-o", "link", "show", device], capture_output=True, text=True
+    )
+    m = re.search(r"link/ether ([0-9a-f:]{17})", res.stdout)
+    if res.returncode != 0 or m is None:
+        raise ZerotopoError(
+            f"emulated network: no MAC address for {device} in {namespace}: {res.stderr.strip()}"
+        )
+    return m.group(1)
+
+
+def static_neighbours(namespaces: tuple[str, ...], addresses: tuple[str, ...]) -> list[str]:
+    """Give every endpoint a permanent neighbour entry for every other endpoint, so that no ARP runs.
+
+    The kernel's ARP table is one table for all network namespaces, and its learned entries are capped
+    host-wide by ``net.ipv4.neigh.default.gc_thresh3`` (1024 by default): a full mesh of n endpoints
+    learns n(n-1) entries, which overflows at 33 ranks ("neighbor table overflow", and a connect fails
+    with "No route to host"). Permanent entries are exempt from that cap, and no ARP broadcast crosses
+    the shaped links or their byte counters. Returns the endpoints' MAC addresses."""
+    macs = [_mac(ns) for ns in namespaces]
+    for ns, own in zip(namespaces, addresses):
+        lines = "".join(
+            f"neigh replace {addr} lladdr {mac} dev eth0 nud permanent\n"
+            for addr, mac in zip(addresses, macs)
+            if addr != own
+        )
+        res = subprocess.run(["ip", "-n", ns, "-batch", "-"], input=lines, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise ZerotopoError(f"emulated network: static neighbours in {ns} failed: {res.stderr.strip()}")
+    return macs
+
+
+def static_forwarding(switch: str, entries: Iterable[tuple[str, str]]) -> None:
+    """Tell the bridges of ``switch`` where every endpoint's MAC address is: (MAC, bridge port) pairs, the
+    port naming its bridge.
+
+    With static neighbours (:func:`static_neighbours`) an endpoint that only receives never sends a frame a
+    bridge could learn its port from, and a bridge floods frames for an unlearned address to every port,
+    the node uplinks included (bytes no real switch would carry); static entries forward them from the
+    first frame."""
+    lines = "".join(f"fdb replace {mac} dev {port} master static\n" for mac, port in entries)
+    res = subprocess.run(["bridge", "-n", switch, "-batch", "-"], input=lines, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise ZerotopoError(f"emulated network: static forwarding in {switch} failed: {res.stderr.strip()}")
 
 
 @contextlib.contextmanager
@@ -369,7 +418,7 @@ def emulated_cluster(
         rank_rates[net_tier] = shaped[net_tier] * per_node
     with _namespaces(world, "r") as (switch, namespaces, addresses):
         if node_uplink:
-            node_uplinks(switch, world, per_node, rank_rates[net_tier])
+            node_uplinks(switch, per_node, rank_rates[net_tier], [_mac(ns) for ns in namespaces])
         applied: dict[str, float] = {}
         for rank, ns in enumerate(namespaces):
             tc = ("tc", "-n", ns)
@@ -408,13 +457,15 @@ UPLINK_CLASS = "1:10"
 """htb class of a node's uplink on its ``u<node>`` port (:func:`node_uplinks`)."""
 
 
-def node_uplinks(switch: str, world: int, per_node: int, rate_mbit: float) -> None:
+def node_uplinks(switch: str, per_node: int, rate_mbit: float, macs: list[str]) -> None:
     """Move the ports of every node's ranks on ``switch`` (``p<rank>``, see :func:`_namespaces`) to a
     bridge ``bn<node>`` of the node's own, joined to the core bridge ``br0`` by one veth pair
     ``u<node>`` - ``d<node>``; ``u<node>``'s egress (everything the node sends to other nodes) is one htb
-    class at ``rate_mbit``."""
+    class at ``rate_mbit``. ``macs``: the ranks' MAC addresses, placed statically on every bridge
+    (:func:`static_forwarding`)."""
     tc = ("tc", "-n", switch)
     burst = str(_burst(rate_mbit))
+    world = len(macs)
     for node in range(world // per_node):
         bridge, up, down = f"bn{node}", f"u{node}", f"d{node}"
         _run("ip", "-n", switch, "link", "add", bridge, "type", "bridge")
@@ -430,6 +481,15 @@ def node_uplinks(switch: str, world: int, per_node: int, rate_mbit: float) -> No
         _run(*tc, "class", "add", "dev", up, "parent", "1:", "classid", UPLINK_CLASS, "htb",
              "rate", f"{rate_mbit:g}mbit", "ceil", f"{rate_mbit:g}mbit", "burst", burst, "cburst", burst,
              "quantum", "60000")  # fmt: skip
+    static_forwarding(
+        switch,
+        [(mac, f"d{rank // per_node}") for rank, mac in enumerate(macs)]
+        + [
+            (mac, f"p{rank}" if rank // per_node == node else f"u{node}")
+            for node in range(world // per_node)
+            for rank, mac in enumerate(macs)
+        ],
+    )
 
 
 # -- inside a rank ----------------------------------------------------------------------------------
