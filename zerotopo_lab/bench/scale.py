@@ -22,6 +22,7 @@ predicted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -148,6 +149,38 @@ def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_b
     return {"command": command, "mode": mode, "nodes": list(nodes), "counts": counts}
 
 
+def merge_reports(paths: list[str]) -> dict[str, Any]:
+    """One scale report from the JSON reports of earlier runs (``-o FILE``), e.g. one node count per run:
+    their counts in node order, their commands listed. The runs must share a mode; a node count (with
+    the same curves) given twice is refused."""
+    reports = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                report = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read the scale report {path}: {e}", key="--from") from None
+        if not isinstance(report, dict) or not isinstance(report.get("counts"), list) or "mode" not in report:
+            raise ConfigError(f"{path} is not a `bench scale` JSON report (written by -o FILE)", key="--from")
+        reports.append(report)
+    modes = {r["mode"] for r in reports}
+    if len(modes) > 1:
+        raise ConfigError(f"the reports mix modes ({', '.join(sorted(modes))}); merge one mode", key="--from")
+    counts = sorted(
+        (e for r in reports for e in r["counts"]), key=lambda e: (e["nodes"], e.get("curves") or "")
+    )
+    seen = [(e["nodes"], e.get("curves")) for e in counts]
+    twice = sorted({k for k in seen if seen.count(k) > 1}, key=str)
+    if twice:
+        raise ConfigError(f"node count {twice[0][0]} appears in more than one report", key="--from")
+    return {
+        "command": "; ".join(r.get("command", "") for r in reports),
+        "mode": modes.pop(),
+        "nodes": sorted({e["nodes"] for e in counts}),
+        "counts": counts,
+    }
+
+
 def series(report: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """Per row: (nodes, seconds) of its measured median step and of its prediction, in node order, as
     the target's seconds (over each count's own D: the counts' dilations differ)."""
@@ -245,11 +278,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--plot", metavar="PNG", help="step time against nodes per row (needs matplotlib)")
     p.add_argument("--log", metavar="FILE", help="with --json: where the ranks' output goes")
+    p.add_argument("--from", dest="reports", metavar="FILE[,FILE...]",
+                   help="run nothing: merge the JSON reports of earlier runs (-o FILE, e.g. one node count "
+                   "each) and print, write or plot them as one")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     from zerotopo_lab.bench.compare import CLOCK_BATCH, CLOCK_SEQ, CompareOptions, emit
 
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib: pip install matplotlib", key="--plot") from None
+    if args.reports:
+        paths = [p.strip() for p in args.reports.split(",") if p.strip()]
+        report = emit(args, lambda: merge_reports(paths), plot, format_scale)
+        return 0 if all(e["losses_agree"] for e in report["counts"]) else 1
     nodes = parse_nodes(args.nodes)
     too_many = [n for n in nodes if n * args.ranks_per_node > MAX_RANKS]
     if too_many:
@@ -266,11 +311,6 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"expected a positive number, got {getattr(args, key)}", key="--" + key.replace("_", "-")
             )
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ConfigError("--plot needs matplotlib: pip install matplotlib", key="--plot") from None
     base = CompareOptions(regime="device-clock", model=args.model, rows=rows, steps=args.steps, warmup=args.warmup,
                           repeat=args.repeat, dtype=args.dtype, batch=CLOCK_BATCH, seq=CLOCK_SEQ,
                           timeout_s=args.timeout)  # fmt: skip

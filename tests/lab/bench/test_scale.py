@@ -10,7 +10,15 @@ import pytest
 from zerotopo.errors import ConfigError
 from zerotopo_lab.bench.clocked import target_workload, workload
 from zerotopo_lab.bench.compare import CompareOptions
-from zerotopo_lab.bench.scale import count_options, format_scale, parse_nodes, plot, scale, series
+from zerotopo_lab.bench.scale import (
+    count_options,
+    format_scale,
+    merge_reports,
+    parse_nodes,
+    plot,
+    scale,
+    series,
+)
 
 
 def test_the_global_batch_splits_over_more_ranks_as_nodes_grow():
@@ -87,6 +95,36 @@ def test_the_report_holds_every_count_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
     plot(report, str(tmp_path / "scale.png"))
     assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_reports_of_separate_runs_merge_into_one(tmp_path, capsys):
+    from zerotopo.cli.main import main
+
+    paths = []
+    for nodes in ((8,), (2, 4)):  # one run per allocation, in any order
+        path = tmp_path / f"scale{nodes[0]}.json"
+        report = scale(
+            CompareOptions(), nodes, "micro-batch", command=f"run {nodes}", run_compare=_fake_report
+        )
+        path.write_text(json.dumps(report))
+        paths.append(str(path))
+    merged = merge_reports(paths)
+    assert merged["nodes"] == [2, 4, 8] and [e["nodes"] for e in merged["counts"]] == [2, 4, 8]
+    assert merged["mode"] == "micro-batch" and merged["command"] == "run (8,); run (2, 4)"
+    assert [n for n, _ in series(merged)["zero3"]["measured"]] == [2, 4, 8]
+    assert main(["bench", "scale", "--from", ",".join(paths)]) == 0
+    assert "8 nodes (32 ranks), D 12.5" in capsys.readouterr().out
+    # the same count twice, mixed modes, and a file that is not a report are refused by name
+    with pytest.raises(ConfigError, match="node count 8 appears in more than one report"):
+        merge_reports([paths[0], paths[0]])
+    other = tmp_path / "global.json"
+    other.write_text(json.dumps(scale(CompareOptions(), (16,), "global-batch", run_compare=_fake_report)))
+    with pytest.raises(ConfigError, match="mix modes"):
+        merge_reports([paths[0], str(other)])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ConfigError, match="not a `bench scale` JSON report"):
+        merge_reports([str(bad)])
 
 
 def test_eight_ranks_a_node_are_four_packages_of_frontiers_share(tmp_path):
