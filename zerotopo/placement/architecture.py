@@ -450,29 +450,12 @@ _LLAMA = HFFamily(
     marks=({"norm": "rmsnorm"}, {"gated_mlp": True}, {"grouped_query": True}),
 )
 
-#: Hugging Face ``model_type`` -> its architecture. Qwen2, Mistral and OLMo-2 are Llama with switches
-#: fixed (and OLMo-2's norms named for where they sit); :func:`refine` makes such an entry.
+#: Hugging Face ``model_type`` -> its architecture. OLMo-2, Qwen2 and Mistral are Llama with switches
+#: fixed (and OLMo-2's norms named for where they sit); :func:`refine` makes such an entry. On export
+#: Llama's refinements are tried in this order (a window with q/k/v-only biases is Qwen2's).
 HF_FAMILIES: dict[str, HFFamily] = {
     "gpt_neox": _NEOX,
     "llama": _LLAMA,
-    "mistral": refine(
-        "llama",
-        _LLAMA,
-        "Mistral",
-        "MistralForCausalLM",
-        marks=({"sliding_window": SET},),
-        fixes={"use_bias_in_attn_linear": False, "use_bias_in_mlp": False},
-        keys=_keys(("sliding_window", "sliding_window", "window", None)),
-    ),
-    "qwen2": refine(
-        "llama",
-        _LLAMA,
-        "Qwen2",
-        "Qwen2ForCausalLM",
-        marks=({"has_qkv_bias": True, "use_bias_in_attn_linear": False},),
-        fixes={"use_bias_in_attn_linear": False, "qkv_bias": True, "use_bias_in_mlp": False},
-        keys=_keys(("sliding_window", "sliding_window", "layer_window", None)),
-    ),
     "olmo2": refine(
         "llama",
         _LLAMA,
@@ -487,6 +470,24 @@ HF_FAMILIES: dict[str, HFFamily] = {
             "attention.k_norm": "self_attn.k_norm",
         },
         config_drop=("head_dim",),
+    ),
+    "qwen2": refine(
+        "llama",
+        _LLAMA,
+        "Qwen2",
+        "Qwen2ForCausalLM",
+        marks=({"has_qkv_bias": True, "use_bias_in_attn_linear": False},),
+        fixes={"use_bias_in_attn_linear": False, "qkv_bias": True, "use_bias_in_mlp": False},
+        keys=_keys(("sliding_window", "sliding_window", "layer_window", None)),
+    ),
+    "mistral": refine(
+        "llama",
+        _LLAMA,
+        "Mistral",
+        "MistralForCausalLM",
+        marks=({"sliding_window": SET},),
+        fixes={"use_bias_in_attn_linear": False, "use_bias_in_mlp": False},
+        keys=_keys(("sliding_window", "sliding_window", "window", None)),
     ),
 }
 
