@@ -82,8 +82,11 @@ def _read_as(convert: Callable[[Any], Any]) -> Callable[[_Reading, HFKey], dict[
 
 
 def _read_ffn(r: _Reading, k: HFKey) -> dict[str, Any]:
-    """The MLP width; absent or null: four times the hidden size."""
-    return {k.field: int(r.get(k) or 4 * int(r.raw["hidden_size"]))}
+    """The MLP width; for a key with a default, absent or null is four times the hidden size."""
+    value = r.get(k)
+    if k.default is REQUIRED:
+        return {k.field: int(value)}
+    return {k.field: int(value or 4 * int(r.raw["hidden_size"]))}
 
 
 def _read_kv_heads(r: _Reading, k: HFKey) -> dict[str, Any]:
@@ -348,23 +351,25 @@ def shown(neox_key: str, value: Any) -> Any:
     return value
 
 
-def _requirement(cfg: NeoXConfig, field: str, want: Any) -> tuple[str, Any, Any]:
+def _requirement(cfg: NeoXConfig, family: HFFamily, field: str, want: Any) -> tuple[str, Any, Any]:
     """``(key, ours, needed)`` for model-config field ``field`` held at ``want`` (a None of a following
-    switch: at the value of the switch it follows), named and shown as the NeoX key says it."""
+    switch: at the value the family fixes the switch it follows at, else the model's), named and shown
+    as the NeoX key says it."""
     follows = Architecture.following(field)
-    needed = cfg.switch_value(follows) if want is None and follows else want
+    if want is None and follows:
+        want = family.fixes.get(follows, cfg.switch_value(follows))
     meta = {f.name: f.metadata for f in Architecture.switches()}.get(field, {})
     name = meta.get("neox_key") or field
-    return name, shown(name, cfg.switch_value(field)), shown(name, needed)
+    return name, shown(name, cfg.switch_value(field)), shown(name, want)
 
 
 def _requirements(cfg: NeoXConfig, family: HFFamily) -> list[tuple[str, Any, Any]]:
     """What the family needs of ``cfg``: its fixed values, and every switch it neither keys nor fixes at
     its default."""
-    out = [_requirement(cfg, f, want) for f, want in family.fixes.items()]
+    out = [_requirement(cfg, family, f, want) for f, want in family.fixes.items()]
     stated = family.keyed() | set(family.fixes)
     return out + [
-        _requirement(cfg, f.name, f.default) for f in Architecture.switches() if f.name not in stated
+        _requirement(cfg, family, f.name, f.default) for f in Architecture.switches() if f.name not in stated
     ]
 
 

@@ -307,7 +307,8 @@ class HFFamily:
     :attr:`fixes` does not name must be at its default to be written as this family."""
     fixes: dict[str, Any] = field(default_factory=dict)
     """Model-config field -> the value the family holds it at: reading sets it, writing requires it.
-    None for a switch that follows another (``qkv_bias``) requires it to equal the one it follows."""
+    None for a switch that follows another (``qkv_bias``) requires it to equal the one it follows (as
+    the family fixes that one, or as the model has it)."""
     parent: str | None = None
     """The family this one refines (its ``model_type``); None for the family of every other model."""
     marks: tuple[dict[str, Any], ...] = ()
@@ -462,7 +463,7 @@ HF_FAMILIES: dict[str, HFFamily] = {
         "OLMo-2",
         "Olmo2ForCausalLM",
         marks=({"qk_norm": True}, {"post_norm": True}),
-        fixes={"qk_norm": True, "post_norm": True, "use_bias_in_mlp": False},
+        fixes={"use_bias_in_mlp": False, "qk_norm": True, "post_norm": True},
         layer={
             "input_layernorm": "post_attention_layernorm",  # post_norm: after attention
             "post_attention_layernorm": "post_feedforward_layernorm",  # and after the MLP
