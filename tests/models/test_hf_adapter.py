@@ -105,7 +105,6 @@ def test_a_family_that_fixes_llama_switches_is_one_table_entry(tmp_path, monkeyp
     recognizes and writes it. transformers checks the weights as the Llama they are."""
     entry = refine(
         "llama",
-        HF_FAMILIES["llama"],
         "BiasLlama",
         "BiasLlamaForCausalLM",
         marks=({"use_bias_in_attn_linear": True, "use_bias_in_mlp": False},),

@@ -324,7 +324,6 @@ class HFFamily:
 
 def refine(
     parent: str,
-    base: HFFamily,
     name: str,
     architecture: str,
     *,
@@ -334,9 +333,10 @@ def refine(
     layer: dict[str, str] | None = None,
     config_drop: tuple[str, ...] = (),
 ) -> HFFamily:
-    """A family that is ``base`` (model_type ``parent``) with some switches fixed (their keys dropped),
-    some fields keyed (their fixed values dropped; the keys written after ``base``'s), and some layer
-    modules named otherwise: the one entry a family that differs only so needs."""
+    """A family that is the one of :data:`HF_FAMILIES` under ``parent`` with some switches fixed (their
+    keys dropped), some fields keyed (their fixed values dropped; the keys written after the parent's),
+    and some layer modules named otherwise: the one entry a family that differs only so needs."""
+    base = HF_FAMILIES[parent]
     fixes = fixes or {}
     added = {k.field for k in keys}
     kept = tuple(k for k in base.keys if k.field not in fixes and k.field not in added)
@@ -454,43 +454,37 @@ _LLAMA = HFFamily(
 #: Hugging Face ``model_type`` -> its architecture. OLMo-2, Qwen2 and Mistral are Llama with switches
 #: fixed (and OLMo-2's norms named for where they sit); :func:`refine` makes such an entry. On export
 #: Llama's refinements are tried in this order (a window with q/k/v-only biases is Qwen2's).
-HF_FAMILIES: dict[str, HFFamily] = {
-    "gpt_neox": _NEOX,
-    "llama": _LLAMA,
-    "olmo2": refine(
-        "llama",
-        _LLAMA,
-        "OLMo-2",
-        "Olmo2ForCausalLM",
-        marks=({"qk_norm": True}, {"post_norm": True}),
-        fixes={"use_bias_in_mlp": False, "qk_norm": True, "post_norm": True},
-        layer={
-            "input_layernorm": "post_attention_layernorm",  # post_norm: after attention
-            "post_attention_layernorm": "post_feedforward_layernorm",  # and after the MLP
-            "attention.q_norm": "self_attn.q_norm",
-            "attention.k_norm": "self_attn.k_norm",
-        },
-        config_drop=("head_dim",),
-    ),
-    "qwen2": refine(
-        "llama",
-        _LLAMA,
-        "Qwen2",
-        "Qwen2ForCausalLM",
-        marks=({"has_qkv_bias": True, "use_bias_in_attn_linear": False},),
-        fixes={"use_bias_in_attn_linear": False, "qkv_bias": True, "use_bias_in_mlp": False},
-        keys=_keys(("sliding_window", "sliding_window", "layer_window", None)),
-    ),
-    "mistral": refine(
-        "llama",
-        _LLAMA,
-        "Mistral",
-        "MistralForCausalLM",
-        marks=({"sliding_window": SET},),
-        fixes={"use_bias_in_attn_linear": False, "use_bias_in_mlp": False},
-        keys=_keys(("sliding_window", "sliding_window", "window", None)),
-    ),
-}
+HF_FAMILIES: dict[str, HFFamily] = {"gpt_neox": _NEOX, "llama": _LLAMA}
+HF_FAMILIES["olmo2"] = refine(
+    "llama",
+    "OLMo-2",
+    "Olmo2ForCausalLM",
+    marks=({"qk_norm": True}, {"post_norm": True}),
+    fixes={"use_bias_in_mlp": False, "qk_norm": True, "post_norm": True},
+    layer={
+        "input_layernorm": "post_attention_layernorm",  # post_norm: after attention
+        "post_attention_layernorm": "post_feedforward_layernorm",  # and after the MLP
+        "attention.q_norm": "self_attn.q_norm",
+        "attention.k_norm": "self_attn.k_norm",
+    },
+    config_drop=("head_dim",),
+)
+HF_FAMILIES["qwen2"] = refine(
+    "llama",
+    "Qwen2",
+    "Qwen2ForCausalLM",
+    marks=({"has_qkv_bias": True, "use_bias_in_attn_linear": False},),
+    fixes={"use_bias_in_attn_linear": False, "qkv_bias": True, "use_bias_in_mlp": False},
+    keys=_keys(("sliding_window", "sliding_window", "layer_window", None)),
+)
+HF_FAMILIES["mistral"] = refine(
+    "llama",
+    "Mistral",
+    "MistralForCausalLM",
+    marks=({"sliding_window": SET},),
+    fixes={"use_bias_in_attn_linear": False, "use_bias_in_mlp": False},
+    keys=_keys(("sliding_window", "sliding_window", "window", None)),
+)
 
 #: GPT-NeoX's pipeline: the embedding is layer 0, a function without parameters layer 1, the transformer
 #: layers follow from :data:`NEOX_FIRST_LAYER`, then a function, the final norm and the output head.
