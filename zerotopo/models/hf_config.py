@@ -31,12 +31,11 @@ DEFAULT_MODEL_TYPE = "gpt_neox"
 
 @dataclass(frozen=True)
 class _Reading:
-    """A ``config.json`` being read: its fields, where it came from (for messages), its family and its
-    rotary parameters (:func:`_rope`)."""
+    """A ``config.json`` being read: its fields, where it came from (for messages) and its rotary
+    parameters (:func:`_rope`)."""
 
     raw: dict[str, Any]
     source: str
-    family: HFFamily
     rope: dict[str, Any]
 
     def get(self, key: HFKey) -> Any:
@@ -294,7 +293,7 @@ def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXC
     """The model a Hugging Face ``config.json`` describes (transformers <5 and >=5 layouts): each key of
     its family read into the field it carries, then the values the family fixes."""
     family = hf_family(raw, source)
-    reading = _Reading(raw, source, family, _rope(raw, source, family))
+    reading = _Reading(raw, source, _rope(raw, source, family))
     fields: dict[str, Any] = {}
     with _config_json_errors(source):
         for key in family.keys:
