@@ -16,7 +16,7 @@ from zerotopo.checkpoint.hf import hf_to_neox_config, read_hf_config
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.hf import export_architecture, load_safetensors, save_pretrained
 from zerotopo.models.neox import GPTNeoX
-from zerotopo.placement.architecture import HF_FAMILIES, refine
+from zerotopo.placement.hf_families import HF_FAMILIES, refine
 
 transformers = pytest.importorskip("transformers")
 

@@ -2,7 +2,7 @@
 
 In: ``config.json`` (GPT-NeoX: transformers <5 ``rotary_pct``/``rotary_emb_base`` or >=5 ``rope_parameters``;
 Llama with default or ``llama3`` rope, Qwen2, Mistral with its sliding window, and every other family of
-:data:`zerotopo.placement.architecture.HF_FAMILIES`, such as OLMo-2) becomes a
+:data:`zerotopo.placement.hf_families.HF_FAMILIES`, such as OLMo-2) becomes a
 :class:`NeoXConfig` (read by the one adapter, :func:`zerotopo.models.hf_config.hf_to_neox_config`); weights come from ``model.safetensors`` or the shards an index
 (``model.safetensors.index.json``) names, and each rank reads only the elements of each parameter its
 optimizer chunk holds (``safe_open(...).get_slice``: a few rows, never a whole file).
@@ -33,7 +33,8 @@ from zerotopo.models.config import NeoXConfig
 from zerotopo.models.hf_config import HF_ROPE_TYPES as HF_ROPE_TYPES
 from zerotopo.models.hf_config import hf_family, shown
 from zerotopo.models.hf_config import hf_to_neox_config as hf_to_neox_config
-from zerotopo.placement.architecture import HF_FAMILIES, Architecture
+from zerotopo.placement.architecture import Architecture
+from zerotopo.placement.hf_families import HF_FAMILIES
 
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"

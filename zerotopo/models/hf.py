@@ -2,7 +2,7 @@
 and ``Olmo2ForCausalLM`` state dicts, configs and safetensors files.
 
 Every tensor name comes from the architecture's description
-(:data:`zerotopo.placement.architecture.HF_FAMILIES`); the ``config.json`` is read and written by the one
+(:data:`zerotopo.placement.hf_families.HF_FAMILIES`); the ``config.json`` is read and written by the one
 adapter that reads the same entries (:mod:`zerotopo.models.hf_config`, whose :func:`hf_model_type`,
 :func:`hf_config_dict` and :func:`export_architecture` are importable from here). A model with NeoX's
 own architecture (LayerNorm, GELU MLP, one key/value head per query head) is a ``GPTNeoXForCausalLM``:
@@ -34,7 +34,7 @@ from zerotopo.models.hf_config import hf_config_dict as hf_config_dict
 from zerotopo.models.hf_config import hf_model_type as hf_model_type
 from zerotopo.models.hf_config import rope_parameters as rope_parameters
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
-from zerotopo.placement.architecture import HF_FAMILIES
+from zerotopo.placement.hf_families import HF_FAMILIES
 
 # Hugging Face's non-parameter buffers: functions of the config, never loaded
 IGNORABLE = (".attention.bias", ".attention.masked_bias", ".inv_freq")

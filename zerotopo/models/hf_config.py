@@ -1,7 +1,7 @@
 """The one adapter between a Hugging Face ``config.json`` and :class:`NeoXConfig`, both directions.
 
 What each family reads, writes, fixes and is recognized by is data: its entry of
-:data:`zerotopo.placement.architecture.HF_FAMILIES`. This module knows only how each kind of key converts
+:data:`zerotopo.placement.hf_families.HF_FAMILIES`. This module knows only how each kind of key converts
 (:data:`KINDS`: an integer, GPT-NeoX's GELU flag, a rotary parameter block, a sliding window ...), and
 from the entries it reads a ``config.json`` (:func:`hf_to_neox_config`), picks the family a model is
 written as (:func:`hf_model_type`), writes its ``config.json`` (:func:`hf_config_dict`) and refuses what
@@ -17,7 +17,8 @@ from typing import Any
 
 from zerotopo.errors import ZerotopoError
 from zerotopo.models.config import NeoXConfig
-from zerotopo.placement.architecture import HF_FAMILIES, REQUIRED, SET, Architecture, HFFamily, HFKey
+from zerotopo.placement.architecture import Architecture
+from zerotopo.placement.hf_families import HF_FAMILIES, REQUIRED, SET, HFFamily, HFKey
 
 #: rope types read from ``rope_parameters`` / ``rope_scaling`` (see :func:`zerotopo.models.neox.llama3_inv_freq`)
 HF_ROPE_TYPES = ("default", "llama3")
@@ -239,7 +240,7 @@ def _write_layer_window(cfg: NeoXConfig, k: HFKey, model_type: str) -> dict[str,
 Reader = Callable[[_Reading, HFKey], dict[str, Any]]
 Writer = Callable[[NeoXConfig, HFKey, str], dict[str, Any]]
 
-#: Each kind of :class:`~zerotopo.placement.architecture.HFKey`: how it is read into model-config
+#: Each kind of :class:`~zerotopo.placement.hf_families.HFKey`: how it is read into model-config
 #: fields and written from them (None: not read, or not written).
 KINDS: dict[str, tuple[Reader | None, Writer | None]] = {
     "int": (_read_as(int), _write_field),
@@ -305,7 +306,7 @@ def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXC
 
 
 def _recognizes(family: HFFamily, cfg: NeoXConfig) -> bool:
-    """Whether ``cfg`` matches one of the family's :attr:`~zerotopo.placement.architecture.HFFamily.marks`."""
+    """Whether ``cfg`` matches one of the family's :attr:`~zerotopo.placement.hf_families.HFFamily.marks`."""
 
     def matches(value: Any, mark: Any) -> bool:
         return value is not None if mark is SET else value == mark
