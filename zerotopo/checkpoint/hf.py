@@ -2,8 +2,8 @@
 
 In: ``config.json`` (GPT-NeoX: transformers <5 ``rotary_pct``/``rotary_emb_base`` or >=5 ``rope_parameters``;
 Llama with default or ``llama3`` rope, Qwen2, Mistral with its sliding window, and every other family of
-:data:`zerotopo.placement.architecture.HF_FAMILIES`, such as OLMo-2) becomes a
-:class:`NeoXConfig`; weights come from ``model.safetensors`` or the shards an index
+:data:`zerotopo.placement.hf_families.HF_FAMILIES`, such as OLMo-2) becomes a
+:class:`NeoXConfig` (read by the one adapter, :func:`zerotopo.models.hf_config.hf_to_neox_config`); weights come from ``model.safetensors`` or the shards an index
 (``model.safetensors.index.json``) names, and each rank reads only the elements of each parameter its
 optimizer chunk holds (``safe_open(...).get_slice``: a few rows, never a whole file).
 
@@ -15,13 +15,11 @@ parameters from the DCP shards (no process ever holds more than one output file)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,11 +30,14 @@ from zerotopo.dtypes import PRECISIONS
 from zerotopo.errors import ZerotopoError
 from zerotopo.fsutil import read_json_object
 from zerotopo.models.config import NeoXConfig
-from zerotopo.placement.architecture import HF_FAMILIES, Architecture
+from zerotopo.models.hf_config import HF_ROPE_TYPES as HF_ROPE_TYPES
+from zerotopo.models.hf_config import hf_family, shown
+from zerotopo.models.hf_config import hf_to_neox_config as hf_to_neox_config
+from zerotopo.placement.architecture import Architecture
+from zerotopo.placement.hf_families import HF_FAMILIES
 
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"
-_APPROX_GELU = {"gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_accurate"}
 # NeoX YAML key, NeoXConfig field, Hugging Face name (for messages)
 ARCH_KEYS = [
     ("num_layers", "num_layers", "num_hidden_layers"),
@@ -64,186 +65,19 @@ ARCH_KEYS += [
     if f.metadata["neox_key"] and f.name not in {field for _, field, _ in ARCH_KEYS}
 ]
 HF_MODEL_TYPES = tuple(HF_FAMILIES)
-#: rope types read from ``rope_parameters`` / ``rope_scaling`` (see :func:`zerotopo.models.neox.llama3_inv_freq`)
-HF_ROPE_TYPES = ("default", "llama3")
 
 
 # -- config -------------------------------------------------------------------------------------------
 
 
 def read_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` of a Hugging Face directory, of a ``model_type`` zerotopo reads."""
     path = Path(directory) / "config.json"
     raw = read_json_object(
         path, "a Hugging Face model directory needs its config.json", "give the directory of a GPT-NeoX model"
     )
-    if raw.get("model_type", "gpt_neox") not in HF_MODEL_TYPES:
-        raise ZerotopoError(
-            f"{path}: model_type is {raw.get('model_type')!r}; zerotopo reads {', '.join(HF_MODEL_TYPES)} "
-            f"({', '.join(f.architecture for f in HF_FAMILIES.values())})"
-        )
+    hf_family(raw, str(path))
     return raw
-
-
-def _rope(raw: dict[str, Any], source: str) -> dict[str, Any]:
-    """The rotary parameters of a config.json: transformers >=5's ``rope_parameters`` merged over <5's
-    ``rope_scaling``, with ``rope_type`` one of :data:`HF_ROPE_TYPES`."""
-    rope: dict[str, Any] = {}
-    for key in ("rope_scaling", "rope_parameters"):
-        part = raw.get(key)
-        if part is None:
-            continue
-        if not isinstance(part, dict):
-            raise ZerotopoError(f"{source}: {key} must be an object, found {str(part)[:60]!r}")
-        rope.update(part)
-    kind = rope.get("rope_type", rope.get("type")) or "default"
-    if kind not in HF_ROPE_TYPES:
-        raise ZerotopoError(
-            f"{source}: rope_type {kind!r} is not supported; zerotopo computes {', '.join(HF_ROPE_TYPES)} "
-            "rotary frequencies (Llama 3.1-3.3's scaling is llama3; YaRN, linear, dynamic and longrope are "
-            "not implemented)"
-        )
-    rope["rope_type"] = kind
-    return rope
-
-
-def _rope_fields(rope: dict[str, Any], positions: int, source: str) -> dict[str, Any]:
-    """NeoXConfig's ``rope_*`` fields for the parameters :func:`_rope` read."""
-    if rope["rope_type"] == "default":
-        return {}
-    try:
-        return dict(
-            rope_type="llama3",
-            rope_factor=float(rope["factor"]),
-            rope_low_freq_factor=float(rope["low_freq_factor"]),
-            rope_high_freq_factor=float(rope["high_freq_factor"]),
-            rope_original_max_position=int(rope.get("original_max_position_embeddings") or positions),
-        )
-    except KeyError as exc:
-        raise ZerotopoError(f"{source}: llama3 rope scaling needs {exc.args[0]!r}") from None
-
-
-def _sliding_window(raw: dict[str, Any], layers: int, source: str) -> int | None:
-    """The attention window every layer uses (None: full causal attention). Mistral's ``sliding_window``
-    applies to every layer; Qwen2's only with ``use_sliding_window``, to layers from ``max_window_layers``
-    on (or as ``layer_types`` lists them). A window on some layers only is refused."""
-    window = raw.get("sliding_window")
-    if raw.get("model_type") == "qwen2":
-        if not raw.get("use_sliding_window", False):
-            return None
-        kinds = raw.get("layer_types") or [
-            "sliding_attention" if i >= int(raw.get("max_window_layers", 28)) else "full_attention"
-            for i in range(layers)
-        ]
-        sliding = sum(k == "sliding_attention" for k in kinds)
-        if sliding == 0:
-            return None
-        if sliding != layers:
-            raise ZerotopoError(
-                f"{source}: a sliding window on {sliding} of {layers} layers (use_sliding_window with "
-                "max_window_layers / layer_types); zerotopo applies one window to every layer or none"
-            )
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ZerotopoError(f"{source}: sliding_window {window!r}; expected a positive integer or null")
-    return window
-
-
-def hf_to_neox_config(raw: dict[str, Any], source: str = "config.json") -> NeoXConfig:
-    """The model a ``GPTNeoXConfig`` or ``LlamaConfig``/``MistralConfig`` dict describes (both the <5 and
-    the >=5 transformers layouts)."""
-    family = HF_FAMILIES.get(raw.get("model_type", "gpt_neox"))
-    if family is not None and family.split_qkv is not None:  # a Llama-family config.json
-        return _llama_to_config(raw, source)
-    rope = _rope(raw, source)
-    if rope["rope_type"] != "default":
-        raise ZerotopoError(f"{source}: rope_type {rope['rope_type']!r} with GPT-NeoX; only default rotary")
-    pct = rope.get("partial_rotary_factor", raw.get("rotary_pct", raw.get("partial_rotary_factor", 0.25)))
-    base = rope.get("rope_theta", raw.get("rotary_emb_base", raw.get("rope_theta", 10000)))
-    act = raw.get("hidden_act", "gelu")
-    if act != "gelu" and act not in _APPROX_GELU:
-        raise ZerotopoError(f"{source}: hidden_act {act!r} is not supported (gelu or gelu_new)")
-    with _config_json_errors(source):
-        base_f = float(base)
-        return NeoXConfig(
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=int(raw["hidden_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
-            num_attention_heads=int(raw["num_attention_heads"]),
-            intermediate_size=int(raw.get("intermediate_size") or 4 * int(raw["hidden_size"])),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rotary_pct=float(pct),
-            rotary_emb_base=int(base_f) if base_f.is_integer() else base_f,
-            gpt_j_residual=bool(raw.get("use_parallel_residual", True)),
-            layernorm_epsilon=float(raw.get("layer_norm_eps", 1e-5)),
-            use_bias_in_attn_linear=bool(raw.get("attention_bias", True)),
-            gelu_approximate=act in _APPROX_GELU,
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            init_std=float(raw.get("initializer_range", 0.02)),
-        )
-
-
-@contextlib.contextmanager
-def _config_json_errors(source: str) -> Iterator[None]:
-    """A missing key or a value of the wrong type in ``source`` (a config.json) as one error naming it."""
-    try:
-        yield
-    except KeyError as exc:
-        raise ZerotopoError(f"{source}: missing {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise ZerotopoError(f"{source}: {exc}") from None
-
-
-def _llama_to_config(raw: dict[str, Any], source: str) -> NeoXConfig:
-    """A ``LlamaConfig``, ``MistralConfig``, ``Qwen2Config`` (biases on q/k/v, none elsewhere) or the config of
-    another Llama-named family of the description (its marked switches and fixed values set)."""
-    rope = _rope(raw, source)
-    positions = raw.get("max_position_embeddings", 2048)
-    qwen2 = raw.get("model_type") == "qwen2"
-    family = HF_FAMILIES[raw["model_type"]]
-    with _config_json_errors(source):
-        window = _sliding_window(raw, int(raw["num_hidden_layers"]), source)
-        rope_fields = _rope_fields(rope, int(positions), source)
-    act = raw.get("hidden_act", "silu")
-    if act not in ("silu", "gelu"):
-        raise ZerotopoError(f"{source}: hidden_act {act!r} is not supported (silu, or gelu)")
-    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-    if raw.get("head_dim") not in (None, hidden // heads):
-        raise ZerotopoError(
-            f"{source}: head_dim {raw['head_dim']} is not hidden_size / num_attention_heads = {hidden // heads}; "
-            "zerotopo's attention keeps heads x head_dim = hidden_size"
-        )
-    if int(raw.get("pretraining_tp", 1) or 1) != 1:
-        raise ZerotopoError(f"{source}: pretraining_tp {raw['pretraining_tp']}; only 1 is supported")
-    with _config_json_errors(source):
-        base = float(rope.get("rope_theta", raw.get("rope_theta", 10000)))
-        fields: dict[str, Any] = dict(
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=hidden,
-            num_layers=int(raw["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            intermediate_size=int(raw["intermediate_size"]),
-            max_position_embeddings=int(positions),
-            rotary_pct=1.0,
-            rotary_emb_base=int(base) if base.is_integer() else base,
-            gpt_j_residual=False,
-            norm="rmsnorm",
-            rms_norm_epsilon=float(raw.get("rms_norm_eps", 1e-6)),
-            use_bias_in_norms=False,
-            use_bias_in_attn_linear=False if qwen2 else bool(raw.get("attention_bias", False)),
-            qkv_bias=True if qwen2 else None,
-            use_bias_in_mlp=False if qwen2 else bool(raw.get("mlp_bias", False)),
-            activation=act,
-            gated_mlp=True,
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            init_std=float(raw.get("initializer_range", 0.02)),
-            sliding_window=window,
-        )
-        fields.update(rope_fields)
-        fields.update(family.marks)  # what only this family holds (OLMo-2's norms), and what it fixes
-        fields.update(family.holds)
-        return NeoXConfig(**fields)
 
 
 def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> NeoXConfig:
@@ -259,7 +93,7 @@ def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> 
         if field == "intermediate_size":
             ours, theirs = run_cfg.ffn_size, hf.ffn_size
         if key in sources and ours != theirs:
-            shown_ours, shown_theirs = _shown(key, ours), _shown(key, theirs)
+            shown_ours, shown_theirs = shown(key, ours), shown(key, theirs)
             diffs.append(
                 f"{key}: {shown_ours!r} in {sources[key]}, the model has {hf_name} = {shown_theirs!r}"
             )
@@ -280,15 +114,6 @@ def merge_hf_config(directory: str | os.PathLike, args, run_cfg: NeoXConfig) -> 
     for keep in ("init_method", "output_layer_init_method", "checkpoint_activations"):
         merged[keep] = getattr(run_cfg, keep)
     return NeoXConfig(**merged)
-
-
-def _shown(key: str, value: Any) -> Any:
-    """A NeoXConfig value as the NeoX key says it."""
-    if key == "no_weight_tying":
-        return not value
-    if key == "mlp_type":
-        return "llama" if value else "regular"
-    return value
 
 
 # -- weights in ---------------------------------------------------------------------------------------

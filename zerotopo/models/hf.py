@@ -2,17 +2,19 @@
 and ``Olmo2ForCausalLM`` state dicts, configs and safetensors files.
 
 Every tensor name comes from the architecture's description
-(:data:`zerotopo.placement.architecture.HF_FAMILIES`). A model with NeoX's own architecture (LayerNorm,
-GELU MLP, one key/value head per query head) is a ``GPTNeoXForCausalLM``: the names differ only by prefix
-and the fused QKV layout is the same (the description's [Note: NeoX layout]), so conversion is a renaming.
-A Llama-architecture model (RMSNorm without biases, gated SiLU MLP, full rotary, sequential residual; any
-number of key/value heads) is a ``LlamaForCausalLM``: the fused ``query_key_value`` rows are cut into
-``q_proj``/``k_proj``/``v_proj`` (per head when there are as many key/value heads as query heads, in three
-blocks otherwise) and the MLP's ``w1``/``w3``/``w2`` are ``gate_proj``/``up_proj``/``down_proj``; Llama's
-rotary is the same non-interleaved ``rotate_half`` form. Qwen2 (biases on q/k/v only), Mistral (a sliding
-window) and OLMo-2 (QK-norm, norms after attention and MLP) name their tensors as Llama does.
-Anything else has no Hugging Face architecture that holds it, and :func:`export_architecture` says which
-key prevents each.
+(:data:`zerotopo.placement.hf_families.HF_FAMILIES`); the ``config.json`` is read and written by the one
+adapter that reads the same entries (:mod:`zerotopo.models.hf_config`, whose :func:`hf_model_type`,
+:func:`hf_config_dict` and :func:`export_architecture` are importable from here). A model with NeoX's
+own architecture (LayerNorm, GELU MLP, one key/value head per query head) is a ``GPTNeoXForCausalLM``:
+the names differ only by prefix and the fused QKV layout is the same (the description's [Note: NeoX
+layout]), so conversion is a renaming. A Llama-architecture model (RMSNorm without biases, gated MLP,
+full rotary, sequential residual; any number of key/value heads) is a ``LlamaForCausalLM``: the fused
+``query_key_value`` rows are cut into ``q_proj``/``k_proj``/``v_proj`` (per head when there are as many
+key/value heads as query heads, in three blocks otherwise) and the MLP's ``w1``/``w3``/``w2`` are
+``gate_proj``/``up_proj``/``down_proj``; Llama's rotary is the same non-interleaved ``rotate_half`` form.
+Qwen2 (biases on q/k/v only), Mistral (a sliding window) and OLMo-2 (QK-norm, norms after attention and
+MLP) name their tensors as Llama does. Anything else has no Hugging Face architecture that holds it, and
+:func:`export_architecture` says which key prevents each.
 
 ``transformers`` is not needed: the files written here open with ``from_pretrained`` once
 ``hf_config_dict`` is saved as ``config.json`` beside them.
@@ -27,8 +29,12 @@ from typing import Any
 import torch
 
 from zerotopo.errors import ZerotopoError
+from zerotopo.models.hf_config import export_architecture as export_architecture
+from zerotopo.models.hf_config import hf_config_dict as hf_config_dict
+from zerotopo.models.hf_config import hf_model_type as hf_model_type
+from zerotopo.models.hf_config import rope_parameters as rope_parameters
 from zerotopo.models.neox import GPTNeoX, NeoXConfig
-from zerotopo.placement.architecture import HF_FAMILIES, Architecture
+from zerotopo.placement.hf_families import HF_FAMILIES
 
 # Hugging Face's non-parameter buffers: functions of the config, never loaded
 IGNORABLE = (".attention.bias", ".attention.masked_bias", ".inv_freq")
@@ -38,88 +44,13 @@ Segment = tuple[str, int, int]
 
 
 def is_llama(cfg: NeoXConfig) -> bool:
-    """Whether the model is written with Llama's tensor names (``LlamaForCausalLM``, and Qwen2 and Mistral,
-    which name their tensors as Llama does; see :func:`export_architecture`)."""
-    return cfg.norm == "rmsnorm" or cfg.gated_mlp or cfg.kv_heads != cfg.num_attention_heads
+    """Whether the model is written with Llama's tensor names (``LlamaForCausalLM``, and the families that
+    name their tensors as Llama does; see :func:`hf_model_type`)."""
+    return HF_FAMILIES[hf_model_type(cfg)].split_qkv is not None
 
 
 #: Hugging Face ``model_type`` -> architecture class, for the model types zerotopo writes.
 ARCHITECTURES = {model_type: family.architecture for model_type, family in HF_FAMILIES.items()}
-
-
-def _marked(cfg: NeoXConfig) -> str | None:
-    """The family whose :attr:`~zerotopo.placement.architecture.HFFamily.marks` ``cfg`` has, if any."""
-    for model_type, family in HF_FAMILIES.items():
-        if any(getattr(cfg, k) == v for k, v in family.marks.items()):
-            return model_type
-    return None
-
-
-def hf_model_type(cfg: NeoXConfig) -> str:
-    """The Hugging Face ``model_type`` that holds ``cfg``'s model: a family of the description whose
-    switches it has, ``qwen2`` for biases on q/k/v alone, ``mistral`` for a sliding window, ``llama`` for
-    Llama's other switches, else ``gpt_neox``."""
-    if not is_llama(cfg):
-        return "gpt_neox"
-    marked = _marked(cfg)
-    if marked is not None:
-        return marked
-    if cfg.has_qkv_bias and not cfg.use_bias_in_attn_linear:
-        return "qwen2"
-    return "mistral" if cfg.sliding_window is not None else "llama"
-
-
-def _family_keys(cfg: NeoXConfig, model_type: str) -> list[tuple[str, Any, Any]]:
-    """``(key, ours, needed)`` for the switches the description's families mark and the values the
-    chosen family holds (every other family needs a marked switch at its default)."""
-    family = HF_FAMILIES[model_type]
-    defaults = {f.name: f.default for f in Architecture.switches()}
-    wrong = [(k, getattr(cfg, k), v) for k, v in family.holds.items()]
-    for other in HF_FAMILIES.values():
-        for k in other.marks:
-            wrong.append((k, getattr(cfg, k), family.marks.get(k, defaults.get(k))))
-    return wrong
-
-
-def export_architecture(cfg: NeoXConfig) -> str:
-    """The architecture class (see :func:`hf_model_type`), or a ZerotopoError naming each key that no
-    Hugging Face architecture can express together with the others."""
-    model_type = hf_model_type(cfg)
-    name = ARCHITECTURES[model_type]
-    if model_type != "gpt_neox":
-        wrong = [
-            ("norm", cfg.norm, "rmsnorm"),
-            ("use_bias_in_norms", cfg.use_bias_in_norms, False),
-            ("mlp_type", "llama" if cfg.gated_mlp else "regular", "llama"),
-            ("activation", cfg.activation, "silu"),
-            ("rotary_pct", cfg.rotary_pct, 1.0),
-            ("gpt_j_residual", cfg.gpt_j_residual, False),
-        ]
-        if model_type in ("qwen2", "mistral"):  # no MLP biases; Mistral no attention biases either
-            wrong.append(("use_bias_in_mlp", cfg.use_bias_in_mlp, False))
-        if model_type == "mistral":
-            wrong.append(("qkv_bias", cfg.has_qkv_bias, False))
-        elif cfg.qkv_bias is not None and cfg.qkv_bias != cfg.use_bias_in_attn_linear:
-            wrong.append(("qkv_bias", cfg.qkv_bias, True))  # an output bias without q/k/v biases
-    else:
-        wrong = [
-            ("use_bias_in_norms", cfg.use_bias_in_norms, True),
-            ("use_bias_in_mlp", cfg.use_bias_in_mlp, True),
-            ("rope_type", cfg.rope_type, "default"),
-            ("sliding_window", cfg.sliding_window, None),
-            ("qkv_bias", cfg.has_qkv_bias, cfg.use_bias_in_attn_linear),
-        ]
-    wrong += _family_keys(cfg, model_type)
-    bad = [f"{key}: {ours!r} (needs {want!r})" for key, ours, want in dict.fromkeys(wrong) if ours != want]
-    if bad:
-        raise ZerotopoError(
-            f"this model has no Hugging Face architecture: as the nearest, {name}, it would need "
-            f"{'; '.join(bad)}. transformers' GPTNeoXForCausalLM always has MLP and LayerNorm biases and "
-            "plain rotary over all positions; LlamaForCausalLM (and Qwen2, Mistral, OLMo-2) needs RMSNorm, a gated "
-            "SiLU MLP, full rotary and a sequential residual; Qwen2 biases q/k/v only, Mistral nothing. "
-            "Train with those keys to export, or keep the zerotopo checkpoint"
-        )
-    return name
 
 
 def hf_segments(cfg: NeoXConfig, name: str, rows: int) -> list[Segment]:
@@ -211,87 +142,6 @@ def load_safetensors(model: GPTNeoX, path: str | os.PathLike) -> None:
     if not os.path.exists(path):
         raise ZerotopoError(f"checkpoint {path} does not exist; give the path of a .safetensors file")
     load_hf_state_dict(model, load_file(path), source=path)
-
-
-def hf_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
-    """The ``config.json`` fields ``GPTNeoXForCausalLM`` or ``LlamaForCausalLM`` needs to rebuild this
-    model (see :func:`export_architecture` for the models neither can hold exactly)."""
-    if is_llama(cfg):
-        return _llama_config_dict(cfg)
-    return {
-        "architectures": ["GPTNeoXForCausalLM"],
-        "model_type": "gpt_neox",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "intermediate_size": cfg.ffn_size,
-        "rotary_pct": cfg.rotary_pct,
-        "rotary_emb_base": cfg.rotary_emb_base,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "use_parallel_residual": cfg.gpt_j_residual,
-        "layer_norm_eps": cfg.layernorm_epsilon,
-        "hidden_act": "gelu_new" if cfg.gelu_approximate else "gelu",
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_bias": cfg.use_bias_in_attn_linear,
-        "initializer_range": cfg.init_std,
-        "torch_dtype": "float32",
-    }
-
-
-def rope_parameters(cfg: NeoXConfig) -> dict[str, Any]:
-    """The ``rope_parameters`` (transformers >=5; ``rope_scaling`` before) of ``cfg``'s rotary."""
-    rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": float(cfg.rotary_emb_base)}
-    if cfg.rope_type == "llama3":
-        rope.update(
-            factor=cfg.rope_factor,
-            low_freq_factor=cfg.rope_low_freq_factor,
-            high_freq_factor=cfg.rope_high_freq_factor,
-            original_max_position_embeddings=cfg.rope_original_max_position,
-        )
-    return rope
-
-
-def _llama_config_dict(cfg: NeoXConfig) -> dict[str, Any]:
-    model_type = hf_model_type(cfg)
-    out = _llama_family_dict(cfg)
-    out.update(architectures=[ARCHITECTURES[model_type]], model_type=model_type)
-    if cfg.rope_type != "default":
-        out["rope_scaling"] = out["rope_parameters"]  # the key transformers <5 reads
-    if model_type == "mistral":
-        out["sliding_window"] = cfg.sliding_window
-    if model_type in ("qwen2", "mistral"):  # their biases are fixed by the architecture
-        del out["attention_bias"], out["mlp_bias"]
-    for key in HF_FAMILIES[model_type].config_drop:
-        out.pop(key, None)
-    if model_type == "qwen2":
-        window = cfg.sliding_window
-        out.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
-        if window is None:
-            out["max_window_layers"] = cfg.num_layers
-    return out
-
-
-def _llama_family_dict(cfg: NeoXConfig) -> dict[str, Any]:
-    return {
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.ffn_size,
-        "hidden_act": cfg.activation,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_epsilon,
-        "rope_theta": float(cfg.rotary_emb_base),
-        "rope_parameters": rope_parameters(cfg),
-        "attention_bias": cfg.use_bias_in_attn_linear,
-        "mlp_bias": cfg.use_bias_in_mlp,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "initializer_range": cfg.init_std,
-        "torch_dtype": "float32",
-    }
 
 
 def save_pretrained(model: GPTNeoX, directory: str | os.PathLike) -> None:

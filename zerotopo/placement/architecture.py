@@ -6,9 +6,12 @@ Everything that depends on which parameters a model has reads this module and no
 the cost model's unit list (:class:`~zerotopo.placement.shape.ModelShape`) counts the same modules, and
 the Hugging Face and GPT-NeoX name mapping (:meth:`Architecture.hf_segments`,
 :func:`neox_name` and their inverses) reads the tables :data:`HF_FAMILIES` and :data:`NEOX_TOP`.
-A new switch is a field of :class:`Architecture` (with its NeoX key and the earlier value runs saved
-before it existed had), its modules in :meth:`Architecture.layer_modules` and, where a Hugging Face
-family holds it, an entry of :data:`HF_FAMILIES`.
+Each Hugging Face family is one entry of :data:`HF_FAMILIES` (:mod:`zerotopo.placement.hf_families`,
+importable from here): its ``model_type`` and class, its tensor names, its ``config.json`` keys and the
+field each carries, the values it fixes and how a model is recognized as it on export; the one adapter (:mod:`zerotopo.models.hf_config`) reads and writes every
+``config.json`` from that entry. A new switch is a field of :class:`Architecture` (with its NeoX key and
+the earlier value runs saved before it existed had), its modules in :meth:`Architecture.layer_modules`
+and, where a Hugging Face family holds it, a key or fixed value of that family's entry.
 
 [Note: NeoX layout] With one key/value head per query head the fused ``query_key_value`` projection
 produces, per token, ``heads`` groups of ``[q | k | v]`` each ``head_dim`` wide, which is GPT-NeoX's and
@@ -22,6 +25,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from zerotopo.placement.hf_families import HF_FAMILIES as HF_FAMILIES
+from zerotopo.placement.hf_families import REQUIRED as REQUIRED
+from zerotopo.placement.hf_families import SET as SET
+from zerotopo.placement.hf_families import HFFamily as HFFamily
+from zerotopo.placement.hf_families import HFKey as HFKey
+from zerotopo.placement.hf_families import refine as refine
 
 
 @dataclass(frozen=True)
@@ -66,12 +76,16 @@ class ModuleSpec:
         return out + ([ParamSpec(f"{prefix}bias", self.shape[:1])] if self.bias else [])
 
 
-def _switch(default: Any, neox_key: str | None, hf: str, *, later: bool = False) -> Any:
+def _switch(
+    default: Any, neox_key: str | None, hf: str, *, later: bool = False, follows: str | None = None
+) -> Any:
     """A switch of :class:`Architecture`: its default, the NeoX YAML key that sets it (None: only a Hugging
-    Face ``config.json`` does), where Hugging Face says it (for messages) and whether it was added after
+    Face ``config.json`` does), where Hugging Face says it (for messages), whether it was added after
     runs were first saved (``later``: every such run had the default, and a run's identity leaves the
-    switch out at that value, so their checkpoints resume)."""
-    return field(default=default, metadata={"neox_key": neox_key, "hf": hf, "later": later})
+    switch out at that value, so their checkpoints resume) and the switch whose value a None stands for
+    (``follows``)."""
+    meta = {"neox_key": neox_key, "hf": hf, "later": later, "follows": follows}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +111,9 @@ class Architecture:
     matrices instead of two."""
     use_bias_in_attn_linear: bool = _switch(True, "use_bias_in_attn_linear", "attention_bias")
     """Biases on ``query_key_value`` and ``attention.dense``."""
-    qkv_bias: bool | None = _switch(None, None, "model_type (qwen2)", later=True)
+    qkv_bias: bool | None = _switch(
+        None, None, "model_type (qwen2)", later=True, follows="use_bias_in_attn_linear"
+    )
     """Biases on ``query_key_value`` alone; None: as ``use_bias_in_attn_linear``. Qwen2 has them (true)
     with an unbiased output projection (``use_bias_in_attn_linear: false``)."""
     use_bias_in_mlp: bool = _switch(True, "use_bias_in_mlp", "mlp_bias")
@@ -131,6 +147,26 @@ class Architecture:
     def has_qkv_bias(self) -> bool:
         """Whether ``query_key_value`` has a bias (``qkv_bias``, else ``use_bias_in_attn_linear``)."""
         return self.use_bias_in_attn_linear if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def grouped_query(self) -> bool:
+        """Fewer key/value heads than query heads (grouped-query or multi-query attention)."""
+        return self.kv_heads != self.num_attention_heads
+
+    def switch_value(self, name: str) -> Any:
+        """Attribute ``name``, where it is a switch whose None follows another, that other's value
+        (``qkv_bias`` None: ``use_bias_in_attn_linear``)."""
+        value = getattr(self, name)
+        follows = self.following(name)
+        return getattr(self, follows) if value is None and follows else value
+
+    @classmethod
+    def following(cls, name: str) -> str | None:
+        """The switch a None of switch ``name`` stands for, if any."""
+        for f in cls.switches():
+            if f.name == name:
+                return f.metadata["follows"]
+        return None
 
     # -- the modules of each unit, in registration order ----------------------------------------------
 
@@ -223,82 +259,6 @@ class Architecture:
         """Switches added after runs were first saved, with the value every earlier run had."""
         return {f.name: f.default for f in cls.switches() if f.metadata["later"]}
 
-
-@dataclass(frozen=True)
-class HFFamily:
-    """One Hugging Face architecture: its class, how it names a model's tensors and, for a family that
-    holds switches the others do not, which switch values select it and which it fixes."""
-
-    architecture: str
-    """The ``architectures`` entry of its ``config.json`` (``LlamaForCausalLM``)."""
-    top: dict[str, str]
-    """zerotopo parameter -> Hugging Face tensor, for the embedding and head."""
-    layer_prefix: str
-    """What comes before a layer's index (``model.layers.``)."""
-    layer: dict[str, str] = field(default_factory=dict)
-    """zerotopo module in a layer -> Hugging Face module, where they differ."""
-    split_qkv: tuple[str, str, str] | None = None
-    """The q, k and v projections the fused ``query_key_value`` is cut into; None: one fused tensor (and
-    GPT-NeoX's config keys); otherwise a Llama-family ``config.json``."""
-    marks: dict[str, Any] = field(default_factory=dict)
-    """Switch values only this family holds: a model with any of them is written as this family, and
-    every other family needs each at its default. Reading the family's ``config.json`` sets them all."""
-    holds: dict[str, Any] = field(default_factory=dict)
-    """Config values the family fixes besides Llama's (reading sets them, writing requires them)."""
-    config_drop: tuple[str, ...] = ()
-    """Llama ``config.json`` keys the family has no use for (left out when writing)."""
-
-
-_LLAMA_LAYER = {
-    "input_layernorm": "input_layernorm",
-    "post_attention_layernorm": "post_attention_layernorm",
-    "attention.dense": "self_attn.o_proj",
-    "mlp.w1": "mlp.gate_proj",
-    "mlp.w3": "mlp.up_proj",
-    "mlp.w2": "mlp.down_proj",
-}
-_LLAMA_TOP = {
-    "embed_in.weight": "model.embed_tokens.weight",
-    "head.final_layer_norm.weight": "model.norm.weight",
-    "head.embed_out.weight": "lm_head.weight",
-}
-_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-
-
-def _llama_named(architecture: str, **kw: Any) -> HFFamily:
-    """A family that names its tensors as Llama does (``layer`` entries added to or replacing Llama's)."""
-    layer = {**_LLAMA_LAYER, **kw.pop("layer", {})}
-    return HFFamily(architecture, _LLAMA_TOP, "model.layers.", layer, _QKV, **kw)
-
-
-#: Hugging Face ``model_type`` -> its architecture (Qwen2 and Mistral name their tensors as Llama does).
-HF_FAMILIES: dict[str, HFFamily] = {
-    "gpt_neox": HFFamily(
-        "GPTNeoXForCausalLM",
-        top={
-            "embed_in.weight": "gpt_neox.embed_in.weight",
-            "head.final_layer_norm.weight": "gpt_neox.final_layer_norm.weight",
-            "head.final_layer_norm.bias": "gpt_neox.final_layer_norm.bias",
-            "head.embed_out.weight": "embed_out.weight",
-        },
-        layer_prefix="gpt_neox.layers.",
-    ),
-    "llama": _llama_named("LlamaForCausalLM"),
-    "mistral": _llama_named("MistralForCausalLM"),
-    "qwen2": _llama_named("Qwen2ForCausalLM"),
-    "olmo2": _llama_named(
-        "Olmo2ForCausalLM",
-        layer={
-            "input_layernorm": "post_attention_layernorm",  # post_norm: after attention
-            "post_attention_layernorm": "post_feedforward_layernorm",  # and after the MLP
-            "attention.q_norm": "self_attn.q_norm",
-            "attention.k_norm": "self_attn.k_norm",
-        },
-        marks={"qk_norm": True, "post_norm": True},
-        holds={"use_bias_in_mlp": False, "sliding_window": None},
-        config_drop=("mlp_bias", "head_dim"),
-    ),
-}
 
 #: GPT-NeoX's pipeline: the embedding is layer 0, a function without parameters layer 1, the transformer
 #: layers follow from :data:`NEOX_FIRST_LAYER`, then a function, the final norm and the output head.
