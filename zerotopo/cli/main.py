@@ -24,7 +24,7 @@ from zerotopo.errors import (
     EXIT_TERMINATED,
     ZerotopoError,
 )
-from zerotopo.logs import setup_console
+from zerotopo.logs import setup_console, to_null
 
 # name -> (module, one-line help, longer description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -76,19 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:  # also after argparse's exit (--help): what is still buffered fails here, not at exit
             sys.stdout.flush()
     except BrokenPipeError:
-        return _reader_gone()
-
-
-def _reader_gone() -> int:
-    """Standard output's reader closed the pipe: nothing more can reach it, so later writes (the
-    interpreter's last flush among them) go to the null device instead of raising again."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-    except (OSError, ValueError):  # no file descriptor behind sys.stdout (a test's redirection)
-        pass
-    return EXIT_BROKEN_PIPE
+        to_null(sys.stdout)  # later writes (the interpreter's last flush among them) go nowhere
+        return EXIT_BROKEN_PIPE
 
 
 def _reader_closed() -> bool:
