@@ -22,6 +22,9 @@ EXIT_INTERRUPTED = 130
 """SIGINT (Ctrl-C): every rank was stopped."""
 EXIT_TERMINATED = 143
 """SIGTERM: every rank was stopped."""
+EXIT_BROKEN_PIPE = 141
+"""The reader of standard output went away (``zerotopo plan ... | head``): 128 + SIGPIPE, the status of
+a Unix tool that SIGPIPE stopped."""
 
 #: Longest quoted value in an error message.
 SHORT_LIMIT = 80

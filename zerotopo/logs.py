@@ -66,12 +66,28 @@ class _Console(logging.Handler):
     redirected ``sys.stdout`` (tests, notebooks) is honoured."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
         try:
-            stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
             stream.write(self.format(record) + "\n")
             stream.flush()
+        except BrokenPipeError:  # the stream's reader went away (`| head`): the run's log file keeps the rest
+            to_null(stream)
         except Exception:  # noqa: BLE001 - logging must never take the run down
             self.handleError(record)
+
+
+def to_null(stream) -> None:
+    """Point ``stream``'s file descriptor at the null device, once its reader has gone: what it still
+    buffers and every later write then vanish instead of raising BrokenPipeError again. A stream without
+    a file descriptor (a test's redirection) is left as it is."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError):
+        pass
 
 
 class _Buffer(logging.Handler):

@@ -104,3 +104,62 @@ def nonfinite_save_worker(rank: int, world: int, out: str) -> str:
     finally:
         model.close()
     return "saved"
+
+
+def settle_count_worker(
+    rank: int, world: int, out: str, optimizer: tuple[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """Train two steps under zero3 and save; load that checkpoint into a second model built from another
+    seed, counting the optimizer's settles (its ``load_state_dict`` calls) during the load; then take one
+    more step on both and report whether their master weights and states agree bit for bit."""
+    import torch
+    import torch.nn.functional as F
+
+    from zerotopo.checkpoint.store import load_checkpoint, save_checkpoint
+    from zerotopo.comm.mesh import build_mesh
+    from zerotopo.engine import ShardedOptimizer, parallelize
+    from zerotopo.models.neox import GPTNeoX
+    from zerotopo.placement.plan import load_plan
+    from zerotopo.placement.topology import load_topology
+
+    plan = load_plan("zero3")
+    mesh = build_mesh(load_topology("emulated-4node", nodes=world // 2), plan, topo_index=rank)
+
+    def build(seed: int):
+        torch.manual_seed(seed)
+        model = parallelize(GPTNeoX(cfg()), mesh=mesh)
+        return model, ShardedOptimizer(model, optimizer[0], lr=1e-2, **(optimizer[1] or {}))
+
+    def train(model, opt, step: int) -> None:
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randint(0, CFG_KW["vocab_size"], (2, 9), generator=g)
+        logits = model(x[:, :-1])
+        F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+
+    model, opt = build(0)
+    for s in range(2):
+        train(model, opt, s)
+    step_dir = save_checkpoint(
+        out, model, opt, step=2, consumed_samples=4 * world, cfg=cfg(), plan_name=plan.name
+    )
+    other, other_opt = build(1)
+    settles: list[int] = []
+    settle = other_opt.load_state_dict
+
+    def counted(sd: dict[str, Any]) -> None:  # every settle ends in the optimizer's load_state_dict
+        settles.append(sd["step"])
+        settle(sd)
+
+    other_opt.load_state_dict = counted
+    load_checkpoint(step_dir, other, other_opt, cfg=cfg())
+    del other_opt.load_state_dict
+    train(model, opt, 2)
+    train(other, other_opt, 2)
+    same = all(torch.equal(a, b) for a, b in zip(opt.master, other_opt.master)) and all(
+        torch.equal(a, b) for name, bufs in opt.states.items() for a, b in zip(bufs, other_opt.states[name])
+    )
+    model.close()
+    other.close()
+    return {"settles": settles, "same": same, "steps": (opt.step_count, other_opt.step_count)}

@@ -38,11 +38,16 @@ network: {name: network, injection_gbps: 2.0, latency_us: 100}
 
 
 def _neox_layer_states(model: GPTNeoX) -> dict[int, dict[str, torch.Tensor]]:
-    """The model's weights as NeoX's pipeline layers hold them (numbering and names of GPT-NeoX)."""
+    """The model's weights as NeoX's pipeline layers hold them (numbering and names of GPT-NeoX: with
+    ``norm: rmsnorm`` its RMSNorm's gain is ``scale`` and its bias ``offset``)."""
     n = model.config.num_layers
     layers: dict[int, dict[str, torch.Tensor]] = {0: {}, n + 3: {}, n + 4: {}}
+    rms = {"weight": "scale", "bias": "offset"} if model.config.norm == "rmsnorm" else {}
     for name, t in model.state_dict().items():
         t = t.detach().clone()
+        module, _, leaf = name.rpartition(".")
+        if module.endswith("norm"):
+            name = f"{module}.{rms.get(leaf, leaf)}"
         if name == "embed_in.weight":
             layers[0]["word_embeddings.weight"] = t
         elif name.startswith("layers."):
@@ -127,6 +132,56 @@ def test_a_pickled_object_in_a_layer_file_is_refused_not_run(tmp_path, work):
 class _Evil:
     def __reduce__(self):
         return (os.system, ("touch /tmp/zerotopo-neox-import-ran",))
+
+
+def _model_config(tmp_path: Path, extra: str):
+    (tmp_path / "model.yml").write_text(MODEL + extra)
+    return load_neox_config([tmp_path / "model.yml"]).model_config(
+        build_tokenizer("ByteTokenizer", None, None).vocab_size
+    )
+
+
+def _rmsnorm_checkpoint(tmp_path: Path, bias: bool) -> tuple[GPTNeoX, Path]:
+    """A NeoX checkpoint of an RMSNorm model whose norms' parameters are away from their initial values."""
+    cfg = _model_config(tmp_path, f"norm: rmsnorm\nuse_bias_in_norms: {str(bias).lower()}\n")
+    torch.manual_seed(3)
+    model = GPTNeoX(cfg)
+    with torch.no_grad():  # a norm left at its initial values by the load would then show
+        for name, t in model.named_parameters():
+            if "norm" in name:
+                t.uniform_(0.5, 1.5)
+    return model, write_neox_checkpoint(model, tmp_path / "neox", step=4)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["scale", "scale-and-offset"])
+def test_an_rmsnorm_checkpoint_loads_its_scale_as_the_norm_weight(tmp_path, bias):
+    model, step_dir = _rmsnorm_checkpoint(tmp_path, bias)
+    layer = torch.load(step_dir / "layer_02-model_00-model_states.pt", weights_only=True)
+    final = torch.load(step_dir / "layer_05-model_00-model_states.pt", weights_only=True)
+    assert "input_layernorm.scale" in layer and "input_layernorm.weight" not in layer  # GPT-NeoX's names
+    assert ("input_layernorm.offset" in layer) == bias and "norm.scale" in final
+    weights = check_neox_checkpoint(neox_step_dir(tmp_path / "neox"), model.config)
+    assert set(weights) == set(model.state_dict())
+    for name, t in model.state_dict().items():
+        assert torch.equal(weights[name], t), name
+
+
+def test_an_rmsnorm_checkpoint_into_a_layernorm_model_is_refused_naming_the_fix(tmp_path, work):
+    _, _, layernorm_cfg = work
+    _, step_dir = _rmsnorm_checkpoint(tmp_path, bias=True)
+    with pytest.raises(
+        ZerotopoError,
+        match=r"input_layernorm.scale \(pipeline layer 02\), a parameter of "
+        r"GPT-NeoX's RMSNorm, but the config's model has norm: layernorm; set norm: rmsnorm",
+    ):
+        check_neox_checkpoint(step_dir, layernorm_cfg)
+
+
+def test_norm_biases_an_rmsnorm_checkpoint_lacks_name_use_bias_in_norms(tmp_path):
+    _, step_dir = _rmsnorm_checkpoint(tmp_path, bias=False)
+    with_bias = _model_config(tmp_path, "norm: rmsnorm\n")  # NeoX's default use_bias_in_norms: true
+    with pytest.raises(ZerotopoError, match="input_layernorm.bias.*set use_bias_in_norms: false"):
+        check_neox_checkpoint(step_dir, with_bias)
 
 
 @pytest.mark.slow

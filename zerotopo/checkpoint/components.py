@@ -11,6 +11,8 @@ and ``components`` are the checkpointer's own. A component may also have:
   ``state_dict()``; views of live buffers are loaded in place). It is given the opened checkpoint first.
 - ``files() -> dict[str, str | Path]``: files written beside the shards (text, or a file to copy).
 - ``before_save(step, root)``: a collective check before anything of a save is taken (refusing NaN state).
+- ``after_load()``: called once every component of the load has had its ``load_state_dict``, for work
+  that needs what several of them loaded (the optimizer settles once on the loaded weights and states).
 
 A load hands ``load_state_dict`` the keys of its ``state_dict()`` that the checkpoint holds, so a component
 registered after a checkpoint was written sees its keys missing and decides itself (start fresh, or refuse).
@@ -172,6 +174,9 @@ class Checkpointer:
             )
         for c, json_keys, reads in plans:
             c.load_state_dict({**{k: ckpt.manifest[k] for k in json_keys if k in ckpt.manifest}, **reads})
+        for c, _, _ in plans:
+            if hasattr(c, "after_load"):
+                c.after_load()
         return ckpt
 
     def _chosen(self, only: Iterable[str] | None) -> list[Any]:

@@ -6,7 +6,8 @@ default, also for ``pipe_parallel_size: 1``) DeepSpeed writes one file per layer
 is layer 00 (``word_embeddings.weight``), layer 01 is a function without parameters, the transformer layers
 are 02 .. num_layers+1 (``attention.query_key_value.weight``, ``mlp.dense_h_to_4h.weight``, ...), then a
 function, the final norm (``norm.weight``) and the output head (``final_linear.weight``, absent with tied
-embeddings). ``mp_rank_00_model_states.pt`` holds DeepSpeed's bookkeeping; without pipeline parallelism
+embeddings). With ``norm: rmsnorm`` GPT-NeoX's RMSNorm names its gain ``scale`` (and a bias, where it has
+one, ``offset``): ``input_layernorm.scale``, ``norm.scale``, read as zerotopo's ``weight`` and ``bias``. ``mp_rank_00_model_states.pt`` holds DeepSpeed's bookkeeping; without pipeline parallelism
 (``pipe_parallel_size: 0``) its ``module`` entry holds every weight as ``sequential.XX.<name>``.
 
 Every file is read with ``torch.load(weights_only=True)``: tensors and plain containers only, so no pickled
@@ -30,6 +31,8 @@ GLOBAL_STEP = re.compile(r"global_step(\d+)")
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
 MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt")
 _IGNORED_SUFFIXES = (".inv_freq", ".attention.bias", ".attention.masked_bias", "._extra_state")
+#: GPT-NeoX's RMSNorm parameters (megatron/model/norms.py) under the names of zerotopo's norms.
+_RMSNORM_NAMES = {"scale": "weight", "offset": "bias"}
 
 
 def neox_step_dir(path: str | os.PathLike) -> Path | None:
@@ -104,15 +107,25 @@ def read_layers(step_dir: Path) -> dict[int, dict[str, torch.Tensor]]:
     return layers
 
 
+def rmsnorm_key(name: str) -> str | None:
+    """The name zerotopo's norm gives the parameter ``name`` of a GPT-NeoX RMSNorm (``scale`` ->
+    ``weight``, ``offset`` -> ``bias``), or None when ``name`` is not one."""
+    module, _, leaf = name.rpartition(".")
+    if leaf in _RMSNORM_NAMES and module.rpartition(".")[2].endswith("norm"):
+        return f"{module}.{_RMSNORM_NAMES[leaf]}"
+    return None
+
+
 def to_zerotopo_names(layers: dict[int, dict[str, torch.Tensor]], num_layers: int) -> dict[str, torch.Tensor]:
     """NeoX pipeline-layer names to zerotopo's parameter names (the description's
-    :func:`~zerotopo.placement.architecture.from_neox`; see the module docstring)."""
+    :func:`~zerotopo.placement.architecture.from_neox`, with an RMSNorm's parameters renamed by
+    :func:`rmsnorm_key`; see the module docstring)."""
     out: dict[str, torch.Tensor] = {}
     for idx, params in layers.items():
         for name, t in params.items():
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
-            zerotopo = from_neox(idx, name, num_layers)
+            zerotopo = from_neox(idx, rmsnorm_key(name) or name, num_layers)
             if zerotopo is not None:
                 out[zerotopo] = t
             else:
@@ -128,7 +141,14 @@ def check_neox_checkpoint(step_dir: Path, cfg) -> dict[str, torch.Tensor]:
     present, shapes equal); a ZerotopoError naming the first difference otherwise."""
     from zerotopo.checkpoint.store import parameter_shapes
 
-    weights = to_zerotopo_names(read_layers(step_dir), cfg.num_layers)
+    layers = read_layers(step_dir)
+    rms = [f"{name} (pipeline layer {i:02d})" for i, ps in layers.items() for name in ps if rmsnorm_key(name)]
+    if rms and cfg.norm != "rmsnorm":
+        raise ZerotopoError(
+            f"{step_dir} holds {rms[0]}, a parameter of GPT-NeoX's RMSNorm, but the config's model has norm: "
+            f"{cfg.norm}; set norm: rmsnorm (and rms_norm_epsilon) as the checkpoint's run did"
+        )
+    weights = to_zerotopo_names(layers, cfg.num_layers)
     shapes = parameter_shapes(cfg)
     if cfg.tie_embeddings:
         weights.pop("head.embed_out.weight", None)
@@ -136,9 +156,12 @@ def check_neox_checkpoint(step_dir: Path, cfg) -> dict[str, torch.Tensor]:
         n for n in shapes if n not in weights and not (cfg.tie_embeddings and n == "head.embed_out.weight")
     ]
     if missing:
+        hint = ""
+        if rms and all(n.endswith("norm.bias") for n in missing):
+            hint = " (GPT-NeoX builds its RMSNorm without a bias: set use_bias_in_norms: false)"
         raise ZerotopoError(
             f"{step_dir} has no weights for {', '.join(missing[:4])}; the config's model (num_layers "
-            f"{cfg.num_layers}, biases, weight tying) must match the checkpoint's"
+            f"{cfg.num_layers}, biases, weight tying) must match the checkpoint's{hint}"
         )
     extra = sorted(set(weights) - set(shapes))
     if extra:

@@ -31,17 +31,58 @@ from zerotopo.checkpoint.store import (
 )
 
 
+class OptimizerSettle:
+    """The one settle of a load (:func:`~zerotopo.checkpoint.store.settle_optimizer`), shared by the model
+    and optimizer components: each records what it loaded, and the first :meth:`run` after the load settles
+    the optimizer on the loaded weights, with the step and scalar states the optimizer component loaded
+    (its own current ones when only the weights were loaded); a second :meth:`run` does nothing."""
+
+    def __init__(self, model, optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self._pending = False
+        self._state: tuple[int, dict[str, float] | None] | None = None
+
+    def weights_loaded(self) -> None:
+        """The master weights were written into the optimizer's buffers."""
+        self._pending = True
+
+    def state_loaded(self, step: int, scalars: dict[str, float] | None) -> None:
+        """The optimizer's states were written into its buffers; it resumes at ``step`` with ``scalars``."""
+        self._pending = True
+        self._state = (step, scalars)
+
+    def run(self) -> None:
+        """Collective: settle the optimizer on what was loaded since the last settle, if anything."""
+        if not self._pending:
+            return
+        opt = self.optimizer
+        step, scalars = self._state or (opt.step_count, opt.scalar_state())
+        self._pending, self._state = False, None
+        settle_optimizer(self.model, opt, step=step, scalars=scalars)
+
+
 class ModelState:
-    """The sharded model's master weights and what describes them. Loading settles the optimizer on the
-    loaded weights with its current state, so a load of this component alone leaves a consistent model."""
+    """The sharded model's master weights and what describes them. After a load the optimizer settles on
+    the loaded weights (with the loaded optimizer state when the optimizer component loaded too, else its
+    current one), so a load of this component alone leaves a consistent model. ``settle``: the settle this
+    component shares with the :class:`OptimizerState` of the same optimizer (default: its own)."""
 
     name = "model"
 
     def __init__(
-        self, model, optimizer, cfg, *, plan_name: str = "", plan_label: str = "", eod: int | None = None
+        self,
+        model,
+        optimizer,
+        cfg,
+        *,
+        plan_name: str = "",
+        plan_label: str = "",
+        eod: int | None = None,
+        settle: OptimizerSettle | None = None,
     ) -> None:
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.plan_name, self.plan_label, self.eod = plan_name, plan_label, eod
+        self.settle = settle or OptimizerSettle(model, optimizer)
 
     def before_save(self, step: int, root: Path) -> None:
         self.optimizer.sync_shards()  # state held elsewhere (Muon's matrix owners) into the per-parameter chunks
@@ -66,18 +107,30 @@ class ModelState:
         return {"config.json": json.dumps(hf, indent=2) + "\n"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        opt = self.optimizer
-        settle_optimizer(self.model, opt, step=opt.step_count, scalars=opt.scalar_state())
+        self.settle.weights_loaded()  # the weights were read into the optimizer's master buffers in place
+
+    def after_load(self) -> None:
+        self.settle.run()
 
 
 class OptimizerState:
     """The optimizer's per-element states, step count, type and scalars, and the settings of the learning
-    rate schedule (``lr_schedule``: recorded for the resume's check; the schedule follows the step)."""
+    rate schedule (``lr_schedule``: recorded for the resume's check; the schedule follows the step). After
+    a load the optimizer settles on them once (``settle``: shared with the :class:`ModelState` of the same
+    optimizer; default: its own)."""
 
     name = "optimizer"
 
-    def __init__(self, model, optimizer, *, lr_schedule: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        optimizer,
+        *,
+        lr_schedule: dict[str, Any] | None = None,
+        settle: OptimizerSettle | None = None,
+    ) -> None:
         self.model, self.optimizer, self.lr_schedule = model, optimizer, lr_schedule
+        self.settle = settle or OptimizerSettle(model, optimizer)
 
     def state_dict(self) -> dict[str, Any]:
         opt = self.optimizer
@@ -91,9 +144,10 @@ class OptimizerState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("optimizer") or {}
-        settle_optimizer(
-            self.model, self.optimizer, step=int(state["optimizer_steps"]), scalars=saved.get("scalars")
-        )
+        self.settle.state_loaded(int(state["optimizer_steps"]), saved.get("scalars"))
+
+    def after_load(self) -> None:
+        self.settle.run()
 
 
 class LossScalerState:
@@ -175,10 +229,12 @@ def model_components(
     lr_schedule: dict[str, Any] | None = None,
     eod: int | None = None,
 ) -> list[Any]:
-    """The components every run registers, in the order they load: model, optimizer, loss scaler, RNG."""
+    """The components every run registers, in the order they load: model, optimizer, loss scaler, RNG.
+    The model and optimizer share one :class:`OptimizerSettle`: a load settles the optimizer once."""
+    settle = OptimizerSettle(model, optimizer)
     return [
-        ModelState(model, optimizer, cfg, plan_name=plan_name, plan_label=plan_label, eod=eod),
-        OptimizerState(model, optimizer, lr_schedule=lr_schedule),
+        ModelState(model, optimizer, cfg, plan_name=plan_name, plan_label=plan_label, eod=eod, settle=settle),
+        OptimizerState(model, optimizer, lr_schedule=lr_schedule, settle=settle),
         LossScalerState(model),
         RngState(seed),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -17,12 +18,13 @@ import threading
 from zerotopo import __version__
 from zerotopo.errors import (
     EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     ZerotopoError,
 )
-from zerotopo.logs import setup_console
+from zerotopo.logs import setup_console, to_null
 
 # name -> (module, one-line help, longer description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -65,6 +67,32 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``zerotopo`` command line ``argv`` (default ``sys.argv[1:]``); returns the exit status
+    (docs/errors.md). A reader of standard output that goes away (``| head``) ends the command quietly
+    with :data:`~zerotopo.errors.EXIT_BROKEN_PIPE`, as SIGPIPE ends a Unix tool."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # also after argparse's exit (--help): what is still buffered fails here, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        to_null(sys.stdout)  # later writes (the interpreter's last flush among them) go nowhere
+        return EXIT_BROKEN_PIPE
+
+
+def _reader_closed() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll reports an error on the write
+    end of such a pipe), so a :class:`BrokenPipeError` means the reader went away rather than a failure
+    of one of the command's own pipes or sockets."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or no file descriptor behind sys.stdout
+        return False
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in SUBCOMMANDS:
@@ -93,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prefix}: error: an input is nested too deeply to read; flatten it", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - a bug: its traceback goes to a file, the user gets one line
+        if isinstance(exc, BrokenPipeError) and _reader_closed():
+            raise  # standard output's reader went away, not a bug: main() ends quietly
         log = _log_traceback(args.command)
         print(
             f"{prefix}: internal error: {type(exc).__name__}: {_bounded(str(exc), 300)}; "

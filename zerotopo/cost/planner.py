@@ -741,7 +741,9 @@ def recommendation(
     runnable = [c for c in cands if c.plan.name not in others] or cands
     fastest = min(runnable, key=_sort_key)
     best = pick(runnable)
-    runner = sorted((c for c in cands if c is not best and c.name != best.name), key=_sort_key)
+    # the runner-up is another plan: not best again under another name (hsdp is mics) or from a second list
+    rest = distinct_plans([best, *sorted(cands, key=_sort_key)], topology)[1:]
+    runner = [c for c in rest if c.name != best.name]
     reason = (
         f"fastest plan that fits: {best.time.step_time_s:.3f} s per step, {best.memory.total / GIB:.1f} GiB per device"
         if best is fastest
@@ -751,8 +753,7 @@ def recommendation(
     if runner:
         r = runner[0]
         reason += f", {r.time.step_time_s / best.time.step_time_s:.2f}x the throughput of {r.name}"
-    label = best.plan.label(topology)
-    name = best.name if best.name == label else f"{best.name} ({label})"
+    name = shown(best, topology)
     if best.unit_layers not in (None, 1):
         name += f" with {best.unit_layers} layers per unit"
     lines.insert(0, f"recommended: {name}: {reason}")
@@ -762,18 +763,51 @@ def recommendation(
     return "\n".join(lines)
 
 
+def shown(e: PlanEstimate, topology: Topology) -> str:
+    """A plan as the recommendation names it: its name, then its degrees where they differ from it (a
+    plan of the search is named by its degrees)."""
+    label = e.plan.label(topology)
+    return e.name if e.name == label else f"{e.name} ({label})"
+
+
+def distinct_plans(estimates: list[PlanEstimate], topology: Topology) -> list[PlanEstimate]:
+    """``estimates`` with each plan once, the first of each kept. Two estimates are one plan when they
+    cost one placement (:func:`placement`) on one schedule and unit size (a plan named twice, a preset
+    under another name: hsdp is mics; a plan without its secondary partition that the search also found)
+    or when they print alike (:func:`shown`)."""
+    seen: set = set()
+    out = []
+    for e in estimates:
+        schedule = None if e.schedule is None else e.schedule.options.name
+        keys = {(placement(e.plan, topology, e.degrees), schedule, e.unit_layers), shown(e, topology)}
+        if keys.isdisjoint(seen):
+            out.append(e)
+        seen |= keys
+    return out
+
+
 def tie_line(estimates: list[PlanEstimate], topology: Topology, error: float = MODEL_ERROR) -> str:
     """One line naming the plans whose predicted steps lie within the model's measured ``error`` of the
-    fastest (the model cannot rank them), the tie broken by memory; empty when only one does."""
+    fastest (the model cannot rank them), the tie broken by memory; empty when only one plan does (an
+    estimate of the same plan again is not a tie: :func:`distinct_plans`)."""
     fastest = min(estimates, key=_sort_key)
-    tied = [e for e in estimates if e.time.step_time_s <= fastest.time.step_time_s * (1 + error)]
+    near = [e for e in estimates if e.time.step_time_s <= fastest.time.step_time_s * (1 + error)]
+    tied = distinct_plans(sorted(near, key=_sort_key), topology)
     if len(tied) < 2:
         return ""
+    fastest = tied[0]
     small = min(tied, key=lambda e: (e.memory.total, e.time.step_time_s))
     slowest = max(e.time.step_time_s for e in tied)
-    return (
+    head = (
         f"tied: {len(tied)} plans predict {fastest.time.step_time_s:.3f}-{slowest:.3f} s per step, within "
-        f"the model's measured error ({100 * error:g}%) of each other, so it cannot rank them; by memory "
-        f"{small.name} ({small.plan.label(topology)}) wins with {small.memory.total / GIB:.1f} GiB per "
-        f"device against {fastest.memory.total / GIB:.1f} GiB for the fastest, {fastest.name}"
+        f"the model's measured error ({100 * error:g}%) of each other, so it cannot rank them; "
+    )
+    if small is fastest:
+        return head + (
+            f"the fastest, {shown(fastest, topology)}, also needs the least memory, "
+            f"{fastest.memory.total / GIB:.1f} GiB per device"
+        )
+    return head + (
+        f"by memory {shown(small, topology)} wins with {small.memory.total / GIB:.1f} GiB per device "
+        f"against {fastest.memory.total / GIB:.1f} GiB for the fastest, {fastest.name}"
     )
