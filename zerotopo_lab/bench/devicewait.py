@@ -40,18 +40,31 @@ class Waited:
     arithmetic_s: dict[str, float] = field(default_factory=dict)
     nested_s: float = 0.0
     """Processor seconds of quantizer passes so far (a unit's window leaves them out)."""
+    device_s: float = 0.0
+    """Device seconds charged so far (dilated), every kind."""
+    overshoot_s: float = 0.0
+    """Seconds the sleeps lasted beyond what they asked for (the scheduler's wake-up latency)."""
 
     def add(self, kind: str, device_s: float, arithmetic_s: float) -> None:
         """Wait what ``device_s`` leaves after ``arithmetic_s`` and record both."""
         rest = device_s - arithmetic_s
         if rest > 0:
+            t0 = time.perf_counter()
             time.sleep(rest)
+            self.overshoot_s += max(0.0, time.perf_counter() - t0 - rest)
         self.waited_s[kind] = self.waited_s.get(kind, 0.0) + max(0.0, rest)
         self.arithmetic_s[kind] = self.arithmetic_s.get(kind, 0.0) + arithmetic_s
+        self.device_s += device_s
 
     def totals(self) -> tuple[float, float]:
         """(seconds waited, seconds of arithmetic) over every kind."""
         return sum(self.waited_s.values()), sum(self.arithmetic_s.values())
+
+    def figures(self) -> dict[str, float]:
+        """The running totals a report reads: seconds slept, of arithmetic, of device time charged and
+        of sleep overshoot."""
+        slept, work = self.totals()
+        return {"waited": slept, "arithmetic": work, "device": self.device_s, "overshoot": self.overshoot_s}
 
 
 class _Mark(torch.autograd.Function):

@@ -128,3 +128,14 @@ def test_pass_bytes_reads_the_kernels_arguments():
     args = (q.data, q.scales, 8, 512, 4, 256)
     assert pass_bytes("dequantize_reduce", args) == volume.dequantize_reduce_traffic(8 * 512, 8, p4)
     assert pass_bytes("dequantize", (*args, torch.bfloat16)) == volume.dequantize_traffic(8 * 512, p4, 2)
+
+
+def test_the_totals_split_device_time_into_sleep_and_arithmetic():
+    waited = Waited()
+    waited.add("layer forward", 0.02, 0.005)
+    waited.add("quantizer", 0.001, 0.004)  # arithmetic beyond its device time: nothing to sleep
+    f = waited.figures()
+    assert f["device"] == pytest.approx(0.021)
+    assert f["waited"] == pytest.approx(0.015)
+    assert f["arithmetic"] == pytest.approx(0.009)
+    assert 0.0 <= f["overshoot"] < 0.015
