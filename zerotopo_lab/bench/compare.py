@@ -217,7 +217,7 @@ def _worker(
 
         waited = install(opts.replay)
     warm_up(cfg)  # before the clock: start-up allocations are not device time
-    hook, on_clock = _clock_hook(opts.device_clock)
+    hook, on_clock, restart = _clock_hook(opts.device_clock)
     for repeat, name, plan in runs:
         try:
             prepare_row(name)
@@ -243,6 +243,7 @@ def _worker(
             if step == opts.warmup:
                 waited0 = sum(waited.values())  # the timed steps' waits (a warm-up step can differ)
                 clock0, host0 = on_clock(), thread_times()
+            restart()  # the clock's balance is a step's: nothing carries across a step's end
             t0, c0 = time.perf_counter(), time.process_time()
             with arithmetic(opts.dtype):
                 loss = row.step(data)
@@ -288,16 +289,18 @@ def _worker(
     return out
 
 
-def _clock_hook(clock: Any) -> tuple[Any, Any]:
-    """(the model hook of each row, ``() -> {figure: seconds so far}``, :meth:`~zerotopo_lab.bench.
-    devicewait.Waited.figures`) on the device clock (:mod:`zerotopo_lab.bench.devicewait`, installed in
-    this process now); without a clock, no hook and no figures."""
+def _clock_hook(clock: Any) -> tuple[Any, Any, Any]:
+    """(the model hook of each row, ``() -> {figure: seconds so far}``
+    (:meth:`zerotopo_lab.bench.devicewait.Waited.figures`), ``() -> None`` that starts the waits' balance
+    afresh (:meth:`~zerotopo_lab.bench.devicewait.Waited.restart`)) on the device clock
+    (:mod:`zerotopo_lab.bench.devicewait`, installed in this process now); without a clock, no hook, no
+    figures and nothing to restart."""
     if clock is None:
-        return None, dict
+        return None, dict, lambda: None
     from zerotopo_lab.bench.devicewait import install, install_units
 
     totals = install(clock)
-    return (lambda model: install_units(model, clock, totals)), totals.figures
+    return (lambda model: install_units(model, clock, totals)), totals.figures, totals.restart
 
 
 def profile_step(row: Any, data: list, directory: str, name: str, rank: int) -> None:
