@@ -629,13 +629,14 @@ def assemble(
 
 
 def _clock_figures(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """A row's device-clock figures, means over ranks, per step: seconds slept, of real arithmetic, and
-    the arithmetic's share of the device time (slept plus arithmetic); and where the step's wall time
-    went beside the device time charged (``clock_device_s_per_step``): the computing thread's time
-    running or waiting for a core (:mod:`zerotopo_lab.bench.hosttime`) and asleep beyond the device
-    time (``host_over_device_s_per_step``: what the clock's waits did not hide), the sleeps'
-    overshoot, and the rest of its step, blocked on collectives and barriers (``blocked_s_per_step``).
-    Empty off the clock."""
+    """A row's device-clock figures, means over ranks, per step: seconds slept, of host activity the
+    waits credited (:mod:`zerotopo_lab.bench.devicewait`'s note: the real arithmetic, the host work
+    between kernels and the wait for a core), and that activity's share of the time slept plus it; and
+    where the step's wall time went beside the device time charged (``clock_device_s_per_step``): the
+    computing thread's time running or waiting for a core (:mod:`zerotopo_lab.bench.hosttime`) and
+    asleep beyond the device time (``host_over_device_s_per_step``: what the clock's waits did not
+    hide), the sleeps' overshoot, and the rest of its step, blocked on collectives and barriers
+    (``blocked_s_per_step``). Empty off the clock."""
     slept = [r.get("clock_waited_s") or 0.0 for r in ranks]
     work = [r.get("clock_arithmetic_s") or 0.0 for r in ranks]
     if not any(slept) and not any(work):

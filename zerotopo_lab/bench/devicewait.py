@@ -15,11 +15,11 @@ charge (on a core or runnable waiting for one: :mod:`zerotopo_lab.bench.hosttime
 the balance owes. Active time beyond the device time (a CPU quantizer pass is several times its device
 kernel; ranks that outnumber the cores wait for one) is carried as credit against the thread's next
 waits in the step, so a step's wall time is its device time as long as its later waits can take the
-host's excess, as a device's would. Time a rank spends blocked on a collective is neither processor time nor run-queue delay,
-so it never shortens a wait (a unit waits for its gather, then computes, as a device stream does), and
-a sleep frees the core for the other ranks, as a device would. :meth:`Waited.restart` drops the balance
-at each step's start: no credit crosses a step's end (a first step's start-up work would otherwise
-shorten the next step's waits).
+host's excess, as a device's would. Time a rank spends blocked on a collective is neither processor
+time nor run-queue delay, so it never shortens a wait (a unit waits for its gather, then computes, as
+a device stream does), and a sleep frees the core for the other ranks, as a device would.
+:meth:`Waited.restart` drops the balance at each step's start: no credit crosses a step's end (a first
+step's start-up work would otherwise shorten the next step's waits).
 
 A unit's forward is charged after its forward (a forward hook); its backward when the unit's input
 gradient exists (an identity autograd function on its input, whose backward runs then); a unit whose
