@@ -197,6 +197,7 @@ def _worker(
     import torch.distributed as dist
 
     from zerotopo.placement.topology import load_topology
+    from zerotopo_lab.bench.hosttime import thread_times
     from zerotopo_lab.bench.measure import FRAME_BYTES, PeakMemory, link_tier_counters
     from zerotopo_lab.bench.precision import arithmetic
     from zerotopo_lab.bench.rows import build_row, prepare_row, warm_up
@@ -216,7 +217,7 @@ def _worker(
 
         waited = install(opts.replay)
     warm_up(cfg)  # before the clock: start-up allocations are not device time
-    hook, on_clock = _clock_hook(opts.device_clock)
+    hook, on_clock, restart = _clock_hook(opts.device_clock)
     for repeat, name, plan in runs:
         try:
             prepare_row(name)
@@ -241,7 +242,8 @@ def _worker(
                 sent0 = link_tier_counters(tier_classes)
             if step == opts.warmup:
                 waited0 = sum(waited.values())  # the timed steps' waits (a warm-up step can differ)
-                clock0 = on_clock()
+                clock0, host0 = on_clock(), thread_times()
+            restart()  # the clock's balance is a step's: nothing carries across a step's end
             t0, c0 = time.perf_counter(), time.process_time()
             with arithmetic(opts.dtype):
                 loss = row.step(data)
@@ -251,7 +253,7 @@ def _worker(
                 times.append(time.perf_counter() - t0)
                 cpu.append(c1 - c0)
             losses.append(loss)
-        clock1 = on_clock()
+        clock1, host = on_clock(), thread_times() - host0
         if row.settle is not None:
             row.settle()
             dist.barrier()
@@ -277,8 +279,9 @@ def _worker(
                 "peak_memory_bytes": peak,
                 "setup_s": setup_s,
                 "replay_wait_s": (sum(waited.values()) - waited0) / opts.steps,
-                "clock_waited_s": (clock1[0] - clock0[0]) / opts.steps,
-                "clock_arithmetic_s": (clock1[1] - clock0[1]) / opts.steps,
+                **{f"clock_{k}_s": (clock1[k] - clock0[k]) / opts.steps for k in clock1},
+                "thread_cpu_s": host.cpu_s / opts.steps,
+                "run_delay_s": host.run_delay_s / opts.steps,
                 "process_groups": len(getattr(dist.distributed_c10d._world, "pg_map", ())),
             }
         )
@@ -286,16 +289,18 @@ def _worker(
     return out
 
 
-def _clock_hook(clock: Any) -> tuple[Any, Any]:
-    """(the model hook of each row, ``() -> (seconds waited, seconds of arithmetic)`` so far) on the
-    device clock (:mod:`zerotopo_lab.bench.devicewait`, installed in this process now); without a clock, no
-    hook and zeros."""
+def _clock_hook(clock: Any) -> tuple[Any, Any, Any]:
+    """(the model hook of each row, ``() -> {figure: seconds so far}``
+    (:meth:`zerotopo_lab.bench.devicewait.Waited.figures`), ``() -> None`` that starts the waits' balance
+    afresh (:meth:`~zerotopo_lab.bench.devicewait.Waited.restart`)) on the device clock
+    (:mod:`zerotopo_lab.bench.devicewait`, installed in this process now); without a clock, no hook, no
+    figures and nothing to restart."""
     if clock is None:
-        return None, lambda: (0.0, 0.0)
+        return None, dict, lambda: None
     from zerotopo_lab.bench.devicewait import install, install_units
 
     totals = install(clock)
-    return (lambda model: install_units(model, clock, totals)), totals.totals
+    return (lambda model: install_units(model, clock, totals)), totals.figures, totals.restart
 
 
 def profile_step(row: Any, data: list, directory: str, name: str, rank: int) -> None:
@@ -624,15 +629,36 @@ def assemble(
 
 
 def _clock_figures(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """A row's device-clock figures, means over ranks: seconds slept per step, seconds of real arithmetic
-    per step, and the arithmetic's share of the device time (slept plus arithmetic); empty off the
-    clock."""
+    """A row's device-clock figures, means over ranks, per step: seconds slept, of host activity the
+    waits credited (:mod:`zerotopo_lab.bench.devicewait`'s note: the real arithmetic, the host work
+    between kernels and the wait for a core), and that activity's share of the time slept plus it; and
+    where the step's wall time went beside the device time charged (``clock_device_s_per_step``): the
+    computing thread's time running or waiting for a core (:mod:`zerotopo_lab.bench.hosttime`) and
+    asleep beyond the device time (``host_over_device_s_per_step``: what the clock's waits did not
+    hide), the sleeps' overshoot, and the rest of its step, blocked on collectives and barriers
+    (``blocked_s_per_step``). Empty off the clock."""
     slept = [r.get("clock_waited_s") or 0.0 for r in ranks]
     work = [r.get("clock_arithmetic_s") or 0.0 for r in ranks]
     if not any(slept) and not any(work):
         return {}
-    s, w = sum(slept) / len(ranks), sum(work) / len(ranks)
-    return {"clock_slept_s_per_step": s, "clock_arithmetic_s_per_step": w, "arithmetic_fraction": w / (s + w)}
+
+    def mean(key: str) -> float:
+        return sum(r.get(key) or 0.0 for r in ranks) / len(ranks)
+
+    s, w = mean("clock_waited_s"), mean("clock_arithmetic_s")
+    host = mean("thread_cpu_s") + mean("run_delay_s")
+    step = sum(statistics.median(r["step_times_s"]) for r in ranks) / len(ranks)
+    return {
+        "clock_slept_s_per_step": s,
+        "clock_arithmetic_s_per_step": w,
+        "arithmetic_fraction": w / (s + w),
+        "clock_device_s_per_step": mean("clock_device_s"),
+        "host_cpu_s_per_step": mean("thread_cpu_s"),
+        "run_delay_s_per_step": mean("run_delay_s"),
+        "host_over_device_s_per_step": s + host - mean("clock_device_s"),
+        "clock_overshoot_s_per_step": mean("clock_overshoot_s"),
+        "blocked_s_per_step": step - s - mean("clock_overshoot_s") - host,
+    }
 
 
 def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
