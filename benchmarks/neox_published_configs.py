@@ -153,13 +153,13 @@ _SAME_PATH_KEYS = (
 
 def resolved(files: list[Path], data_prefix: str) -> dict | None:
     """The shrunk run's resolved config without :data:`_SAME_PATH_KEYS`; None when it does not load."""
-    from zerotopo.config.neox import ZERO_PLAN_KEYS, load_neox_config
+    from zerotopo.config.neox import ZERO_PLAN_KEYS, load_neox_config, to_neox_dict
     from zerotopo.errors import ConfigError
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            values = load_neox_config(files, shrink_overrides(files, data_prefix)).to_dict()
+            values = to_neox_dict(load_neox_config(files, shrink_overrides(files, data_prefix)))
         except ConfigError:
             return None
     out = {k: v for k, v in values.items() if k not in _SAME_PATH_KEYS}

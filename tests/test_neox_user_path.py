@@ -48,12 +48,15 @@ def sets(values: dict) -> list[str]:
 
 def test_shipped_style_configs_read_as_neox_would():
     small = load_neox_config([FIXTURES / "125M.yml"])
-    assert small.tokenizer_type == "GPT2BPETokenizer"  # no tokenizer key: NeoX's default
-    assert small.checkpoint_factor == 10000 and small.keep_last_n_checkpoints == 4
-    assert small.resolved_precision == "fp16" and small.fp16.loss_scale_window == 1000
+    assert small.data.tokenizer_type == "GPT2BPETokenizer"  # no tokenizer key: NeoX's default
+    assert small.checkpoint.checkpoint_factor == 10000 and small.checkpoint.keep_last_n_checkpoints == 4
+    assert small.precision.resolved == "fp16" and small.precision.fp16.loss_scale_window == 1000
     big = load_neox_config([FIXTURES / "20B.yml"])
-    assert big.save_iters(1500) == [500, 1000] and big.fp16.scaler_options()["init_scale"] == 2.0**12
-    assert (big.pipe_parallel_size, big.model_parallel_size) == (4, 2)
+    assert (
+        big.checkpoint.save_iters(1500) == [500, 1000]
+        and big.precision.fp16.scaler_options()["init_scale"] == 2.0**12
+    )
+    assert (big.batch.pipe_parallel_size, big.batch.model_parallel_size) == (4, 2)
 
 
 @pytest.mark.slow

@@ -224,13 +224,13 @@ def neox_20b() -> tuple[ModelShape, CostOptions]:
     from zerotopo.config.model_files import load_model
 
     shape, neox = load_model(["neox-20b"], None)
-    precision = neox.resolved_precision
+    precision = neox.precision.resolved
     options = CostOptions(
         grad_accum=1,
-        checkpoint_activations=bool(neox.checkpoint_activations),
+        checkpoint_activations=bool(neox.model.checkpoint_activations),
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
-        grad_dtype=neox.grad_dtype,
+        grad_dtype=neox.precision.grad_dtype,
     )
     return shape, options
 

@@ -206,7 +206,7 @@ def test_plan_json_and_flags(capsys, tmp_path):
 def test_plan_models_by_name_and_vocabulary(tmp_path):
     shape, args = load_model(["neox-20b"], None)
     assert (shape.num_layers, shape.hidden_size, shape.vocab_size) == (44, 6144, DEFAULT_VOCAB)
-    assert args.train_micro_batch_size_per_gpu == 4 and args.gradient_accumulation_steps == 1
+    assert args.batch.micro_batch_size == 4 and args.batch.gradient_accumulation_steps == 1
     tok = tmp_path / "tok.json"
     tok.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1, "c": 2}}, "added_tokens": [{"id": 300}]}))
     shape, _ = load_model([_model(tmp_path, tokenizer_type="HFTokenizer", vocab_file=str(tok))], None)

@@ -22,7 +22,7 @@ def test_neox_llama_7b_reads_with_every_key_honoured():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an "unknown config keys ignored" warning fails the test
         args = load_neox_config(NEOX_LLAMA)
-    cfg = args.model_config(32000)
+    cfg = args.model.model_config(32000)
     assert (cfg.norm, cfg.rms_norm_epsilon, cfg.use_bias_in_norms) == ("rmsnorm", 1e-6, False)
     assert (cfg.gated_mlp, cfg.activation, cfg.ffn_size, cfg.use_bias_in_mlp) == (True, "silu", 11008, False)
     assert (cfg.rotary_pct, cfg.gpt_j_residual, cfg.tie_embeddings, cfg.use_bias_in_attn_linear) == (
@@ -32,7 +32,7 @@ def test_neox_llama_7b_reads_with_every_key_honoured():
         False,
     )
     assert cfg.vocab_size == 32000  # make_vocab_size_divisible_by: 1
-    assert args.model_shape(32000).param_count() == LLAMA_7B_PARAMS
+    assert args.model.model_shape(32000).param_count() == LLAMA_7B_PARAMS
 
 
 def test_neox_llama_7b_plans_for_frontier_with_llama_7b_parameters(capsys):
@@ -60,10 +60,10 @@ def test_swiglu_form_and_grouped_query_heads(tmp_path):
         "hidden_size: 4096\nnum_attention_heads: 32\nnum_kv_heads: 8\nactivation: swiglu\n"
         "intermediate_size: 32768\nmlp_multiple_of: 256\nuse_bias_in_mlp: false\n"
     )
-    cfg = load_neox_config([f]).model_config(32000)
+    cfg = load_neox_config([f]).model.model_config(32000)
     assert (cfg.gated_mlp, cfg.activation, cfg.ffn_size, cfg.kv_heads) == (True, "silu", 11008, 8)
     f.write_text("mlp_type: llama\nactivation: silu\nuse_bias_in_mlp: true\n")
-    assert load_neox_config([f]).model_config(300).use_bias_in_mlp  # an explicit key wins
+    assert load_neox_config([f]).model.model_config(300).use_bias_in_mlp  # an explicit key wins
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_tied_embeddings_pass_the_preflight(tmp_path):
         "tokenizer_type: ByteTokenizer\ntrain_micro_batch_size_per_gpu: 1\ntrain_iters: 1\n"
     )
     args, _ = preflight(TrainJob(configs=(str(f),), topology="emulated", nodes=1))
-    cfg = args.model_config(args.padded_vocab(256))
+    cfg = args.model.model_config(args.model.padded_vocab(256))
     assert cfg.tie_embeddings and "head.embed_out.weight" not in [
         p.name for p in cfg.shape(16).head_unit().params
     ]

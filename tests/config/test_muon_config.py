@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zerotopo.config.muon import MUON, MUON_DEFAULTS, split_hyperparameters
-from zerotopo.config.neox import load_neox_config
+from zerotopo.config.neox import load_neox_config, to_neox_dict
 from zerotopo.errors import ConfigError
 
 
@@ -32,17 +32,17 @@ def test_block_reads_muon_and_its_aux(tmp_path):
         "optimizer: {type: muon, params: {lr: 0.02, weight_decay: 0.01, adjust_lr_fn: match_rms_adamw,"
         " aux: {type: adam, lr: 6.0e-4, betas: [0.9, 0.99]}}}\n",
     )
-    assert args.optimizer.type == "Muon" and args.lr == pytest.approx(0.02)
-    hyper = args.optimizer.hyperparameters()
+    assert args.optim.optimizer.type == "Muon" and args.optim.lr == pytest.approx(0.02)
+    hyper = args.optim.optimizer.hyperparameters()
     assert hyper["aux"] == {"type": "AdamW", "lr": 6e-4, "betas": (0.9, 0.99)}
-    assert args.optimizer.state_names() == ("exp_avg", "exp_avg_sq", "momentum_buffer")
-    assert args.optimizer.bytes_per_param() == 16
-    again = _load(tmp_path, "optimizer: " + repr(args.to_dict()["optimizer"]).replace("'", '"') + "\n")
-    assert again.optimizer == args.optimizer  # the run's config.yml round trip
+    assert args.optim.optimizer.state_names() == ("exp_avg", "exp_avg_sq", "momentum_buffer")
+    assert args.optim.optimizer.bytes_per_param() == 16
+    again = _load(tmp_path, "optimizer: " + repr(to_neox_dict(args)["optimizer"]).replace("'", '"') + "\n")
+    assert again.optim.optimizer == args.optim.optimizer  # the run's config.yml round trip
     muon, kind, aux, aux_lr, aux_wd = split_hyperparameters(hyper, lr=0.02, weight_decay=0.01)
     assert (kind, aux_lr, aux_wd, muon["nesterov"], muon["ns_steps"]) == ("AdamW", 6e-4, 0.01, True, 5)
     sgd = _load(tmp_path, "optimizer: {type: Muon, params: {aux: {type: SGD, momentum: 0.9}}}\n")
-    assert sgd.optimizer.state_names() == ("momentum_buffer",)  # SGD's and Muon's: one buffer
+    assert sgd.optim.optimizer.state_names() == ("momentum_buffer",)  # SGD's and Muon's: one buffer
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ import warnings
 import pytest
 import yaml
 
-from zerotopo.config import NeoXArgs, load_neox_config
-from zerotopo.config.neox import derive_batch_sizes
+from zerotopo.config import TrainConfig, load_neox_config
+from zerotopo.config.neox import to_neox_dict
+from zerotopo.config.tree import derive_batch_sizes
 from zerotopo.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,7 +23,7 @@ def write(tmp_path, name: str, text: str) -> str:
     return str(path)
 
 
-def load(*paths, overrides=None) -> NeoXArgs:
+def load(*paths, overrides=None) -> TrainConfig:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an unexpected unknown-key warning fails the test
         return load_neox_config(paths, overrides)
@@ -34,15 +35,17 @@ def test_merge_two_files(tmp_path):
         tmp_path, "train.yml", "{ 'train-iters': 10, 'optimizer': {'type': 'Adam', 'params': {'lr': 6e-4}}, }"
     )
     args = load(a, b)
-    assert (args.num_layers, args.hidden_size, args.train_iters) == (6, 64, 10)
-    assert args.optimizer.type == "Adam" and args.lr == pytest.approx(6e-4)  # "6e-4" is a string to YAML
+    assert (args.model.num_layers, args.model.hidden_size, args.train_iters) == (6, 64, 10)
+    assert args.optim.optimizer.type == "Adam" and args.optim.lr == pytest.approx(
+        6e-4
+    )  # "6e-4" is a string to YAML
     assert args.sources["num_layers"] == a and args.sources["optimizer"] == b
 
 
 def test_neox_json_style_file(tmp_path):
     text = '{\n  # comment\n  "num-layers": 2,\n  "gpt_j_residual": True,\n  "fp16": {"fp16": true, "enabled": true},\n}\n'
     args = load(write(tmp_path, "neox.yml", text))
-    assert args.gpt_j_residual is True and args.resolved_precision == "fp16"
+    assert args.model.gpt_j_residual is True and args.precision.resolved == "fp16"
 
 
 def test_duplicate_across_files_names_both(tmp_path):
@@ -61,8 +64,8 @@ def test_duplicate_in_one_file(tmp_path):
 def test_overrides_win_without_duplicate(tmp_path):
     a = write(tmp_path, "a.yml", "num_layers: 2\noptimizer: {type: Adam, params: {lr: 0.1, eps: 1.0e-6}}\n")
     args = load(a, overrides={"num-layers": "8", "optimizer.params.lr": "3e-4", "gpt_j_residual": "true"})
-    assert args.num_layers == 8 and args.gpt_j_residual is True
-    assert args.lr == pytest.approx(3e-4) and args.optimizer.eps == pytest.approx(1e-6)
+    assert args.model.num_layers == 8 and args.model.gpt_j_residual is True
+    assert args.optim.lr == pytest.approx(3e-4) and args.optim.optimizer.eps == pytest.approx(1e-6)
     assert args.sources["num_layers"] == "--set"
 
 
@@ -90,7 +93,7 @@ def test_pipeline_parallel_refused_unless_the_global_batch_is_fixed(tmp_path):
     )
     args = load_neox_config([path])
     with pytest.raises(ConfigError, match=r"4 x 32 x 2 samples per step.*set both to 1"):
-        args.batch_sizes(16)
+        args.batch.batch_sizes(16)
     fixed = load_neox_config(
         [
             write(
@@ -101,7 +104,7 @@ def test_pipeline_parallel_refused_unless_the_global_batch_is_fixed(tmp_path):
         ]
     )
     with pytest.warns(UserWarning, match="global batch is train_batch_size = 1024"):
-        assert fixed.batch_sizes(16) == (4, 16, 1024)
+        assert fixed.batch.batch_sizes(16) == (4, 16, 1024)
 
 
 @pytest.mark.parametrize(
@@ -169,17 +172,17 @@ def test_batch_size_errors(micro, accum, global_):
 
 def test_model_config_and_vocab_padding(tmp_path):
     args = load(write(tmp_path, "a.yml", "no_weight_tying: false\nbias_gelu_fusion: true\nseq_length: 64\n"))
-    assert args.padded_vocab(257) == 384 and args.padded_vocab(256) == 256
-    cfg = args.model_config(257)
+    assert args.model.padded_vocab(257) == 384 and args.model.padded_vocab(256) == 256
+    cfg = args.model.model_config(257)
     assert cfg.vocab_size == 384 and cfg.tie_embeddings and cfg.gelu_approximate
     assert cfg.max_position_embeddings == 64
-    shape = args.model_shape(257)
+    shape = args.model.model_shape(257)
     assert shape.seq_length == 64 and shape.tie_embeddings and shape.vocab_size == 384
 
 
 def test_to_dict_dumps_and_reloads(tmp_path):
     args = load(os.path.join(ROOT, "configs", "neox-20b.yml"))
-    d = args.to_dict()
+    d = to_neox_dict(args)
     text = yaml.safe_dump(d)
     path = write(tmp_path, "dumped.yml", text)
     again = load(path)
@@ -189,10 +192,10 @@ def test_to_dict_dumps_and_reloads(tmp_path):
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.yml"))))
 def test_shipped_configs_load(path):
     args = load(path)
-    assert args.topology and args.plan == "zerotopo" and args.train_iters
-    micro, accum, global_ = args.batch_sizes(8)
+    assert args.sharding.topology and args.sharding.plan == "zerotopo" and args.train_iters
+    micro, accum, global_ = args.batch.batch_sizes(8)
     assert global_ == micro * accum * 8
-    args.model_shape(50277)
+    args.model.model_shape(50277)
 
 
 def test_hf_tokenizer_without_vocab_file_plans_and_is_refused_when_built(tmp_path):
@@ -202,4 +205,6 @@ def test_hf_tokenizer_without_vocab_file_plans_and_is_refused_when_built(tmp_pat
 
     args = load_neox_config([write(tmp_path, "hf.yml", "tokenizer_type: HFTokenizer\n")])
     with pytest.raises(ConfigError, match="HFTokenizer needs vocab_file"):
-        build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
+        build_tokenizer(
+            args.data.tokenizer_type, args.data.vocab_file, args.data.merge_file, args.data.eod_token
+        )

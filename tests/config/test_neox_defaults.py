@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
-from zerotopo.config.neox import FP16Args, NeoXArgs, OptimizerArgs
+from zerotopo.config.neox import KEYS
 from zerotopo.config.neox_defaults import DIFFERS_FROM_NEOX
 from zerotopo.config.neox_keys import keys_table
 from zerotopo.config.reference import render
+from zerotopo.config.tree import FP16Config, OptimizerConfig, TrainConfig, field_at
 
 # GPT-NeoX's defaults, recorded from EleutherAI/gpt-neox (Apache-2.0) at commit ea7aefd8f8e1:
 # megatron/neox_arguments/neox_args.py, and deepspeed_args.py for the keys NeoX hands to DeepSpeed. The
@@ -125,14 +126,14 @@ ZEROTOPO_ONLY = {
 def zerotopo_defaults() -> dict[str, object]:
     """Every honoured key with zerotopo's default, named as a config writes it."""
     out: dict[str, object] = {}
-    for f in dataclasses.fields(NeoXArgs):
-        if f.name in ("sources", "optimizer", "fp16"):
+    for key, path in KEYS.items():
+        if key in ("optimizer", "fp16"):
             continue
-        out[f.metadata.get("neox") or f.name] = f.default
-    for f in dataclasses.fields(OptimizerArgs):
+        out[key] = field_at(path).default
+    for f in dataclasses.fields(OptimizerConfig):
         if f.name != "options":
             out["optimizer.type" if f.name == "type" else f"optimizer.params.{f.name}"] = f.default
-    for f in dataclasses.fields(FP16Args):
+    for f in dataclasses.fields(FP16Config):
         out[f"fp16.{f.name}"] = f.default
     return out
 
@@ -161,14 +162,14 @@ def test_default_is_neox_or_listed_as_differing(key):
 
 
 def test_rotary_pct_and_weight_decay_follow_neox_when_not_set():
-    args = NeoXArgs()
-    assert (args.rotary_pct, args.weight_decay, args.lr, args.optimizer.betas) == (
+    args = TrainConfig()
+    assert (args.model.rotary_pct, args.optim.weight_decay, args.optim.lr, args.optim.optimizer.betas) == (
         1.0,
         0.1,
         1e-3,
         (0.9, 0.999),
     )
-    assert args.model_config(256).rotary_pct == 1.0
+    assert args.model.model_config(256).rotary_pct == 1.0
 
 
 def test_differing_defaults_are_printed_and_documented():
@@ -177,5 +178,5 @@ def test_differing_defaults_are_printed_and_documented():
     for key in DIFFERS_FROM_NEOX:
         assert key in table.split("Defaults that differ")[1].split("Accepted without effect")[0]
         assert f"| `{key}` |" in doc.split("## Defaults that differ")[1]
-    assert "| `rotary_pct` | `1.0` |" in doc
+    assert "| `rotary_pct` | `model.rotary_pct` | `1.0` |" in doc
     assert "`'rotary'` (NeoX: `'learned'`)" in doc

@@ -64,9 +64,13 @@ def test_llama_7b_with_its_train_config_reads_as_published():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing reported as ignored
         args = load_neox_config(LLAMA)
-    assert args.override_lr_scheduler and args.finetune and args.init_method == "small_init"
-    assert (args.lr, args.min_lr, args.mlp_multiple_of) == (0.0002, 2e-05, 256)
-    assert args.model_config(32000).ffn_size == 11008
+    assert (
+        args.optim.override_lr_scheduler
+        and args.checkpoint.finetune
+        and args.model.init_method == "small_init"
+    )
+    assert (args.optim.lr, args.optim.min_lr, args.model.mlp_multiple_of) == (0.0002, 2e-05, 256)
+    assert args.model.model_config(32000).ffn_size == 11008
 
 
 @pytest.mark.parametrize("name", sorted(n for n, why in EXPECTED.items() if why is None))

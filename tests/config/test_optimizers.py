@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerotopo.config.neox import load_neox_config
+from zerotopo.config.neox import load_neox_config, to_neox_dict
 from zerotopo.config.optimizers import ALIASES, NON_NEGATIVE, REFUSED, SPECS, spec_for
 from zerotopo.errors import ConfigError
 
@@ -69,19 +69,19 @@ def _load(tmp_path, text: str):
 
 def test_block_reads_type_and_hyperparameters(tmp_path):
     args, _ = _load(tmp_path, "optimizer: {type: sgd, params: {lr: 0.1, momentum: 0.9, nesterov: true}}\n")
-    assert args.optimizer.type == "SGD" and args.lr == pytest.approx(0.1)
-    assert args.optimizer.hyperparameters() == {"momentum": 0.9, "nesterov": True}  # no betas, no eps
-    assert args.optimizer.state_names() == ("momentum_buffer",)
+    assert args.optim.optimizer.type == "SGD" and args.optim.lr == pytest.approx(0.1)
+    assert args.optim.optimizer.hyperparameters() == {"momentum": 0.9, "nesterov": True}  # no betas, no eps
+    assert args.optim.optimizer.state_names() == ("momentum_buffer",)
     adam, _ = _load(tmp_path, "optimizer: {type: adam, params: {lr: 1.0e-3, amsgrad: true}}\n")
-    assert adam.optimizer.type == "Adam"
+    assert adam.optim.optimizer.type == "Adam"
     # betas not given: NeoX's Adam takes torch's (0.9, 0.999)
-    assert adam.optimizer.hyperparameters() == {"betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": True}
-    assert adam.optimizer.state_names() == ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    assert adam.optim.optimizer.hyperparameters() == {"betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": True}
+    assert adam.optim.optimizer.state_names() == ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     # the run's config.yml round trip: the block is written back in the form it is read
-    block = args.to_dict()["optimizer"]
+    block = to_neox_dict(args)["optimizer"]
     assert block == {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": True}}
     again, _ = _load(tmp_path, f"optimizer: {block}\n")
-    assert again.optimizer == args.optimizer
+    assert again.optim.optimizer == args.optim.optimizer
 
 
 @pytest.mark.parametrize(

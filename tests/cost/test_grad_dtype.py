@@ -76,9 +76,13 @@ def test_neox_default_is_deepspeeds(tmp_path):
         f.write_text(text)
         return load_neox_config([str(f)])
 
-    assert args("fp16: {enabled: true}\n").grad_dtype == "param"
-    assert args("bf16: {enabled: true}\n").grad_dtype == "param"
-    assert args("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp32}\n").grad_dtype == "fp32"
-    assert args("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: bf16}\n").grad_dtype == "param"
+    assert args("fp16: {enabled: true}\n").precision.grad_dtype == "param"
+    assert args("bf16: {enabled: true}\n").precision.grad_dtype == "param"
+    assert (
+        args("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp32}\n").precision.grad_dtype == "fp32"
+    )
+    assert (
+        args("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: bf16}\n").precision.grad_dtype == "param"
+    )
     with pytest.raises(ConfigError, match="grad_accum_dtype"):
         args("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp16}\n")

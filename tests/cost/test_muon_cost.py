@@ -88,8 +88,8 @@ def _neox20b_on_48_frontier_nodes():
 
     shape, neox = load_model(["neox-20b"], None)
     options = CostOptions(
-        micro_batch=neox.train_micro_batch_size_per_gpu or 1, grad_accum=neox.gradient_accumulation_steps or 1,
-        checkpoint_activations=bool(neox.checkpoint_activations), grad_dtype=neox.grad_dtype,
+        micro_batch=neox.batch.micro_batch_size or 1, grad_accum=neox.batch.gradient_accumulation_steps or 1,
+        checkpoint_activations=bool(neox.model.checkpoint_activations), grad_dtype=neox.precision.grad_dtype,
     )  # fmt: skip
     return shape, load_topology("frontier", nodes=48), options
 
@@ -156,7 +156,7 @@ def test_muon_lower_bound_is_below_the_cost():
 def test_plan_ranks_by_the_first_optimizer_or_the_configs(capsys):
     from zerotopo.cli.main import main
     from zerotopo.cli.plan import optimizer_pricing
-    from zerotopo.config.neox import OptimizerArgs
+    from zerotopo.config.tree import OptimizerConfig
     from zerotopo.cost.muon import MuonPricing
 
     def ranking(*extra: str) -> list[str]:
@@ -169,11 +169,11 @@ def test_plan_ranks_by_the_first_optimizer_or_the_configs(capsys):
     assert ranking("--optimizer", "adamw,muon")[:2] == ["mics", "zero3"]
     assert ranking("--optimizer", "muon,adamw")[:2] == ["zero3", "mics"]
     # a config whose optimizer is Muon is priced as Muon, with its Newton-Schulz steps and aux states
-    muon = OptimizerArgs(type="Muon", options={"ns_steps": 3, "aux": {"type": "SGD"}})
+    muon = OptimizerConfig(type="Muon", options={"ns_steps": 3, "aux": {"type": "SGD"}})
     assert optimizer_pricing(muon, None) == {"muon": MuonPricing(ns_steps=3, aux_states=0)}
     assert optimizer_pricing(muon, "adamw") == {"optim_bytes_per_param": 12}
-    assert optimizer_pricing(OptimizerArgs(), None) == {"optim_bytes_per_param": 12}
-    assert optimizer_pricing(OptimizerArgs(), "muon") == {"muon": MuonPricing()}
+    assert optimizer_pricing(OptimizerConfig(), None) == {"optim_bytes_per_param": 12}
+    assert optimizer_pricing(OptimizerConfig(), "muon") == {"muon": MuonPricing()}
 
 
 @pytest.mark.slow  # two full searches on 384 ranks

@@ -58,14 +58,14 @@ def test_default_tokenizer_is_neox_s(tmp_path):
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"vocab_file: {vocab}\nmerge_file: {merges}\n")
     args = load_neox_config([cfg])
-    assert args.tokenizer_type == "GPT2BPETokenizer"
-    tok = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
+    assert args.data.tokenizer_type == "GPT2BPETokenizer"
+    tok = build_tokenizer(args.data.tokenizer_type, args.data.vocab_file, args.data.merge_file)
     assert tok.encode("the world") == reference_encode("the world")
     # vocab_file alone (say, a tokenizers JSON without tokenizer_type) is caught when the tokenizer is built
     cfg.write_text(f"vocab_file: {vocab}\n")
     args = load_neox_config([cfg])
     with pytest.raises(ConfigError, match="merges.txt.*tokenizer_type: HFTokenizer"):
-        build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
+        build_tokenizer(args.data.tokenizer_type, args.data.vocab_file, args.data.merge_file)
 
 
 def test_plan_reads_the_vocabulary_size_of_a_gpt2_vocab(tmp_path):

@@ -168,10 +168,10 @@ def test_loss_scaler_hysteresis_window_and_floor():
 
 
 def test_fp16_block_reaches_the_scaler():
-    from zerotopo.config.neox import FP16Args
+    from zerotopo.config.tree import FP16Config
     from zerotopo.engine.optim import make_scaler
 
-    block = FP16Args(
+    block = FP16Config(
         enabled=True, initial_scale_power=12, loss_scale_window=500, hysteresis=3, min_loss_scale=4
     )
     s = make_scaler("dynamic", torch.float16, **block.scaler_options())

@@ -19,14 +19,18 @@ def test_tiny_model_learns_corpus(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus, "DEFAULT_MAX_BYTES", 100_000)
     overrides = {"num_layers": 2, "hidden_size": 64, "seq_length": 32, "optimizer.params.lr": 3e-3}
     args = load_neox_config([os.path.join(ROOT, "configs", "tiny.yml")], overrides)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    tokenizer = build_tokenizer(args.data.tokenizer_type, args.data.vocab_file)
     torch.manual_seed(args.seed)
-    model = GPTNeoX(args.model_config(tokenizer.vocab_size))
+    model = GPTNeoX(args.model.model_config(tokenizer.vocab_size))
     steps, micro = 25, 8
     train, valid, _ = build_train_valid_test(
-        corpus.default_corpus_prefix(), args.split, args.seq_length, (steps * micro, 4 * micro, 0), args.seed
+        corpus.default_corpus_prefix(),
+        args.data.split,
+        args.model.seq_length,
+        (steps * micro, 4 * micro, 0),
+        args.seed,
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=args.optimizer.betas)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.optim.lr, betas=args.optim.optimizer.betas)
 
     def loss_of(tokens: torch.Tensor) -> torch.Tensor:
         logits = model(tokens[:, :-1])

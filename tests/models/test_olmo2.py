@@ -112,7 +112,7 @@ def test_neox_yaml_keys_select_olmo2(tmp_path):
         "use_bias_in_norms: false\nuse_bias_in_attn_linear: false\nmlp_type: llama\nactivation: silu\n"
         "intermediate_size: 48\nrotary_pct: 1.0\nqk_norm: true\npost_norm: true\nseq_length: 64\n"
     )
-    cfg = load_neox_config([path]).model_config(96)
+    cfg = load_neox_config([path]).model.model_config(96)
     assert cfg.qk_norm and cfg.post_norm
     assert export_architecture(cfg) == "Olmo2ForCausalLM"
 

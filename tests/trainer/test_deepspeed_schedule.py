@@ -55,7 +55,7 @@ def test_block_in_a_config_wins_over_neox_keys(tmp_path):
     args = load_neox_config([path])
     sched = schedule_for(args, 20)
     assert isinstance(sched, DeepSpeedWarmupSchedule)
-    want = deepspeed_lrs("WarmupDecayLR", args.scheduler["params"], 6e-4, 20)
+    want = deepspeed_lrs("WarmupDecayLR", args.optim.scheduler["params"], 6e-4, 20)
     assert [sched(s) for s in range(20)] == pytest.approx(want)
     path.write_text("optimizer: {type: Adam, params: {lr: 0.0006}}\ntrain_iters: 20\n")
     assert not isinstance(schedule_for(load_neox_config([path]), 20), DeepSpeedWarmupSchedule)

@@ -56,7 +56,7 @@ def test_identity_differences_are_an_error_only_when_the_run_continues_in_that_d
 
 def test_a_resume_at_another_global_batch_is_accepted_and_an_impossible_count_refused(tmp_path):
     args = load_neox_config([ROOT / "configs" / "tiny.yml"], {"train_iters": 4})
-    _, _, global_batch = args.batch_sizes(8)
+    _, _, global_batch = args.batch.batch_sizes(8)
     # written by 8 ranks at step 2, resumed on 4: half the global batch, the same consumed samples
     check_resume_position(args, _ckpt(tmp_path, consumed_samples=2 * global_batch), 4)
     check_resume_position(args, _ckpt(tmp_path, consumed_samples=2 * global_batch), 8)

@@ -82,7 +82,7 @@ def work(tmp_path_factory):
     (work / "model.yml").write_text(MODEL)
     (work / "two.yaml").write_text(TOPOLOGY)
     args = load_neox_config([work / "model.yml"])
-    cfg = args.model_config(build_tokenizer("ByteTokenizer", None, None).vocab_size)
+    cfg = args.model.model_config(build_tokenizer("ByteTokenizer", None, None).vocab_size)
     torch.manual_seed(7)
     model = GPTNeoX(cfg)
     write_neox_checkpoint(model, work / "neox", step=2)

@@ -33,13 +33,13 @@ def args_of(tmp_path, text):
     ],
 )
 def test_save_iters_as_neox_derives_them(tmp_path, text, iters, want):
-    assert args_of(tmp_path, text).save_iters(iters) == want
+    assert args_of(tmp_path, text).checkpoint.save_iters(iters) == want
 
 
 def test_save_interval_and_checkpoint_factor_must_agree(tmp_path):
     with pytest.raises(ConfigError, match="same setting"):
         args_of(tmp_path, "save_interval: 5\ncheckpoint_factor: 10\n")
-    assert args_of(tmp_path, "save_interval: 5\ncheckpoint_factor: 5\n").save_iters(11) == [5, 10]
+    assert args_of(tmp_path, "save_interval: 5\ncheckpoint_factor: 5\n").checkpoint.save_iters(11) == [5, 10]
 
 
 def test_keep_last_n_checkpoints(tmp_path):

@@ -49,12 +49,12 @@ def test_train_reports_measured_and_predicted_peak(tmp_path, capsys):
     plan = job.load_plan(args)
     from zerotopo.data.tokenizers import build_tokenizer
 
-    cfg = args.model_config(build_tokenizer(args.tokenizer_type, args.vocab_file).vocab_size)
-    shape = cfg.shape(args.seq_length)
-    micro, _, _ = args.batch_sizes(topo.world_size)
+    cfg = args.model.model_config(build_tokenizer(args.data.tokenizer_type, args.data.vocab_file).vocab_size)
+    shape = cfg.shape(args.model.seq_length)
+    micro, _, _ = args.batch.batch_sizes(topo.world_size)
     pred = memory_per_device(
         shape.unit_params(), topo, plan, param_bytes=4, micro_batch=micro, shape=shape,
-        checkpoint_activations=args.checkpoint_activations,
+        checkpoint_activations=args.model.checkpoint_activations,
     )  # fmt: skip
     assert peak["predicted_bytes"] == pytest.approx(pred.total)
     assert peak["predicted"]["grads"] == pred.grads > 0

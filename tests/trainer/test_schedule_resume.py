@@ -36,7 +36,7 @@ def test_changed_schedule_is_refused_under_neox_false_naming_what_changed(tmp_pa
 def test_changed_schedule_follows_the_config_with_a_notice_when_the_key_is_not_set(tmp_path):
     saved = {"lr_schedule": schedule_record(_args(tmp_path, ""), 40)}
     args = load_neox_config([tmp_path / "c.yml"], {"train_iters": 80})
-    assert args.override_lr_scheduler is None
+    assert args.optim.override_lr_scheduler is None
     notice = check_resumed_schedule(args, 80, saved, "ckpt/step_20")
     assert "follows this config" in notice and "lr_decay_iters 40 -> 80" in notice
     assert "override_lr_scheduler: false" in notice  # how to get NeoX's refusal
@@ -54,7 +54,7 @@ def test_override_true_follows_the_config_with_a_notice(tmp_path):
 def test_growing_train_iters_with_a_fixed_decay_resumes_under_the_default(tmp_path):
     saved = {"lr_schedule": schedule_record(_args(tmp_path, "lr_decay_iters: 40\n"), 40)}
     args = load_neox_config([tmp_path / "c.yml"], {"train_iters": 80})
-    assert not args.override_lr_scheduler
+    assert not args.optim.override_lr_scheduler
     assert check_resumed_schedule(args, 80, saved, "ckpt/step_20") is None
 
 

@@ -217,17 +217,17 @@ def estimates(args: argparse.Namespace) -> tuple[list[PlanEstimate], Topology, M
             f"expected positive layer counts, found {args.unit_layers!r}", source="--unit-layers"
         )
     shape, neox = load_model(args.model, args.vocab_size)
-    precision = neox.resolved_precision
+    precision = neox.precision.resolved
     options = CostOptions(
-        micro_batch=args.micro_batch or neox.train_micro_batch_size_per_gpu or 1,
-        grad_accum=args.grad_accum or neox.gradient_accumulation_steps or 1,
+        micro_batch=args.micro_batch or neox.batch.micro_batch_size or 1,
+        grad_accum=args.grad_accum or neox.batch.gradient_accumulation_steps or 1,
         efficiency=args.efficiency,
         achieved_tflops=getattr(args, "tflops", None) or measured.pop("achieved_tflops", None),
-        checkpoint_activations=bool(neox.checkpoint_activations),
+        checkpoint_activations=bool(neox.model.checkpoint_activations),
         param_bytes=4 if precision == "fp32" else 2,
         fp16=precision == "fp16",
-        grad_dtype=args.grad_dtype or neox.grad_dtype,
-        **optimizer_pricing(neox.optimizer, getattr(args, "optimizer", None)),
+        grad_dtype=args.grad_dtype or neox.precision.grad_dtype,
+        **optimizer_pricing(neox.optim.optimizer, getattr(args, "optimizer", None)),
         memory_limit_bytes=args.memory_gib * GIB if args.memory_gib else None,
         unit_layers=unit_layers,
         search_tolerance=0.0 if getattr(args, "exact", False) else MODEL_ERROR,

@@ -113,7 +113,16 @@ def str_or_list(value: Any) -> tuple[str, ...]:
 
 
 def split(value: Any) -> tuple[float, float, float]:
-    """NeoX's ``split``: ``"969, 30, 1"`` weights of train/valid/test, normalized to fractions."""
+    """NeoX's ``split``: ``"969, 30, 1"`` weights of train/valid/test, normalized to fractions. A tuple of
+    three fractions that already sum to 1 (what this returns; YAML never gives a tuple) is kept as it is,
+    so checking a checked value changes nothing."""
+    if (
+        isinstance(value, tuple)
+        and len(value) == 3
+        and all(isinstance(w, float) and math.isfinite(w) and w >= 0 for w in value)
+        and abs(sum(value) - 1.0) < 1e-9
+    ):
+        return value  # type: ignore[return-value]
     parts = value.split(",") if isinstance(value, str) else value
     try:
         if isinstance(parts, (str, bytes, dict)) or len(parts) > 3:

@@ -8,7 +8,8 @@ import json
 import warnings
 from pathlib import Path
 
-from zerotopo.config.neox import NeoXArgs, load_neox_config
+from zerotopo.config.neox import load_neox_config
+from zerotopo.config.tree import TrainConfig
 from zerotopo.placement.shape import ModelShape
 from zerotopo.resources import resolve_config_paths
 
@@ -46,13 +47,13 @@ def tokenizer_vocab(path: str | None) -> int | None:
     return max(ids) + 1
 
 
-def load_model(specs: list[str], vocab_size: int | None) -> tuple[ModelShape, NeoXArgs]:
+def load_model(specs: list[str], vocab_size: int | None) -> tuple[ModelShape, TrainConfig]:
     """The model shape and training settings of NeoX-style config files."""
     paths = resolve_model_paths(specs)
     with warnings.catch_warnings():
         # keys of other subsystems are not this command's business
         warnings.simplefilter("ignore")
         args = load_neox_config(paths)
-    vocab = vocab_size or tokenizer_vocab(args.vocab_file) or DEFAULT_VOCAB
+    vocab = vocab_size or tokenizer_vocab(args.data.vocab_file) or DEFAULT_VOCAB
     name = Path(paths[-1]).stem
-    return args.model_shape(vocab, name=name), args
+    return args.model.model_shape(vocab, name=name), args

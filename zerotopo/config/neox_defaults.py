@@ -1,6 +1,6 @@
 """Where a default of an honoured key is not GPT-NeoX's, and why.
 
-Every other default of :class:`~zerotopo.config.neox.NeoXArgs` (and of its ``optimizer`` and ``fp16``
+Every other default of a key of :data:`zerotopo.config.neox.KEYS` (and of the ``optimizer`` and ``fp16``
 blocks) equals GPT-NeoX's (``megatron/neox_arguments/neox_args.py``, and DeepSpeed's for the keys NeoX
 passes on to it: ``deepspeed_args.py``). ``zerotopo config keys`` prints this table and docs/configs.md
 is generated from it, so a config that leaves one of these keys out says, in both places, that it trains

@@ -1,6 +1,7 @@
-"""GPT-NeoX keys that are not :class:`~zerotopo.config.neox.NeoXArgs` fields, in one place.
+"""GPT-NeoX keys that are no field of the config tree, in one place.
 
-Every NeoX key is honoured (a field of ``NeoXArgs`` or one of its blocks), accepted without effect
+Every NeoX key is honoured (a key of :data:`zerotopo.config.neox.KEYS`: a field of the tree or one of its
+blocks), accepted without effect
 (:data:`NO_EFFECT_KEYS`, with the reason), or refused before any rank starts unless it holds NeoX's
 default, where it changes nothing (:data:`REFUSED_UNLESS_DEFAULT`, with what to do instead). Any other
 key is an error naming it. ``zerotopo config keys`` prints these tables; docs/configs.md is generated
@@ -152,15 +153,14 @@ def refused_value(key: str, value: Any) -> str | None:
 
 def keys_table() -> str:
     """The three tables as text, for ``zerotopo config keys``."""
-    import dataclasses
-
-    from zerotopo.config.neox import NeoXArgs
+    from zerotopo.config.neox import KEYS
     from zerotopo.config.neox_defaults import DIFFERS_FROM_NEOX, neox_default_note
 
-    honoured = sorted(
-        {f.metadata.get("neox") or f.name for f in dataclasses.fields(NeoXArgs) if f.name != "sources"}
-    )
+    honoured = sorted(KEYS)
     lines = ["Honoured (see docs/configs.md):", "  " + ", ".join(honoured), ""]
+    lines.append("Where each honoured key lands in the config tree (zerotopo.config.tree.TrainConfig):")
+    lines += [f"  {k:<44} {path}" for k, path in KEYS.items()]
+    lines.append("")
     lines.append("Honoured as another key:")
     lines.append(
         f"  {'fp32_allreduce':<44} true is data_types: {{grad_accum_dtype: fp32}} (false: NeoX's default)"

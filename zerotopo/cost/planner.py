@@ -71,7 +71,7 @@ class CostOptions:
     """Width of the per-micro-batch gradient reduce-scatter; None: the plan's ``grad_dtype``."""
     grad_dtype: str | None = None
     """``param`` or ``fp32`` for plans that leave ``grad_dtype`` unset (``zerotopo plan`` passes a NeoX
-    config's default, ``NeoXArgs.grad_dtype``: DeepSpeed's, the model dtype); a plan's own wins."""
+    config's default, ``PrecisionConfig.grad_dtype``: DeepSpeed's, the model dtype); a plan's own wins."""
     optim_bytes_per_param: int = 12
     """fp32 master + Adam m, v (an elementwise optimizer's; ``muon`` replaces it)."""
     muon: MuonPricing | None = None

@@ -177,7 +177,7 @@ def make_scaler(
     """``"dynamic"`` scales only fp16 parameters (bf16/fp32 need no scaling); a number is a static scale.
 
     ``options`` are :class:`LossScaler` keywords (``init_scale``, ``growth_interval``, ``hysteresis``,
-    ``min_scale``), as a NeoX ``fp16`` block sets them (see ``NeoXArgs.loss_scaler_options``)."""
+    ``min_scale``), as a NeoX ``fp16`` block sets them (see ``zerotopo.config.tree.FP16Config.scaler_options``)."""
     if loss_scale is None:
         return None
     if isinstance(loss_scale, str):

@@ -53,18 +53,20 @@ def preflight(job: TrainJob):
     check_device_list(os.environ, topology)
     plan = job.load_plan(args)
     plan.degrees(topology)
-    args.batch_sizes(topology.world_size)  # config errors before missing files
+    args.batch.batch_sizes(topology.world_size)  # config errors before missing files
     if data_files(args):
         data_prefix(args)  # every data file the config names exists
     schedule_for(args, args.train_iters or 100)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
+    tokenizer = build_tokenizer(
+        args.data.tokenizer_type, args.data.vocab_file, args.data.merge_file, args.data.eod_token
+    )
     cfg = model_config(args, job, tokenizer)
     check_checkpoint_source(args, job, cfg, world=topology.world_size)
-    micro, _, _ = args.batch_sizes(topology.world_size)
-    shape = cfg.shape(args.seq_length)
+    micro, _, _ = args.batch.batch_sizes(topology.world_size)
+    shape = cfg.shape(args.model.seq_length)
     check_memory(
         args, shape, shape.unit_params(), topology, plan,
-        param_bytes=DTYPES[args.resolved_precision].itemsize, micro=micro,
+        param_bytes=DTYPES[args.precision.resolved].itemsize, micro=micro,
     )  # fmt: skip
     return args, topology
 
@@ -134,13 +136,13 @@ def _locked_launch(job: TrainJob, args, topology) -> dict[str, Any] | None:
     """The save directory's lock, taken before any rank starts, then the local ranks."""
     with _sigterm_raises():
         lock = None
-        if args.save:
-            check_writable_dir(args.save, args.sources.get("save", "save"))
+        if args.checkpoint.save:
+            check_writable_dir(args.checkpoint.save, args.checkpoint.where("save")["source"] or "save")
             from zerotopo.trainer.savelock import SaveLock
 
             # Taken here, before any rank starts, and held by this process for the whole run: a second
             # run on the directory is refused at once, and a rank that dies cannot leave it behind.
-            lock = SaveLock(args.save, args.sources.get("save", "save"))
+            lock = SaveLock(args.checkpoint.save, args.checkpoint.where("save")["source"] or "save")
             job = dataclasses.replace(job, save_locked=True)
         try:
             return _launch_local(job, args, topology)
@@ -167,7 +169,7 @@ def _launch_local(job: TrainJob, args, topology) -> dict[str, Any] | None:
         # Build the bundled corpus once here, before the ranks all ask for it.
         from zerotopo.data.corpus import default_corpus_prefix
 
-        default_corpus_prefix(args.tokenizer_type)
+        default_corpus_prefix(args.data.tokenizer_type)
     get_logger("train").info(
         f"zerotopo train: starting {topology.world_size} ranks on this machine ({topology.name}, "
         f"{topology.nodes} nodes x {topology.devices_per_node}); {_how_ranks_start()}"

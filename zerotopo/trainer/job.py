@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerotopo.config.neox import NeoXArgs, load_neox_config
+from zerotopo.config.neox import load_neox_config
+from zerotopo.config.tree import TrainConfig
 from zerotopo.errors import ConfigError
 from zerotopo.placement.plan import Plan, load_plan, plan_from_deepspeed
 from zerotopo.placement.topology import Topology, load_topology
@@ -62,25 +63,28 @@ class TrainJob:
         """The config files, built-in names (``neox-125m``) resolved to their paths."""
         return resolve_config_paths(list(self.configs) or [DEFAULT_CONFIG])
 
-    def load_args(self, *, quiet: bool = False) -> NeoXArgs:
+    def load_args(self, *, quiet: bool = False) -> TrainConfig:
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")
             return load_neox_config(self.config_paths(), self.overrides or None)
 
-    def load_topology(self, args: NeoXArgs, nodes: int | None = None) -> Topology:
-        name = self.topology or args.topology or "emulated"
-        config_nodes = args.num_nodes if args.num_nodes and args.num_nodes > 0 else None
+    def load_topology(self, args: TrainConfig, nodes: int | None = None) -> Topology:
+        name = self.topology or args.sharding.topology or "emulated"
+        config_nodes = (
+            args.sharding.num_nodes if args.sharding.num_nodes and args.sharding.num_nodes > 0 else None
+        )
         return load_topology(name, nodes=self.nodes or nodes or config_nodes)
 
-    def load_plan(self, args: NeoXArgs) -> Plan:
+    def load_plan(self, args: TrainConfig) -> Plan:
         if self.plan is not None:
             plan = load_plan(self.plan, source="--plan")
-        elif args.plan is not None:
-            plan = load_plan(args.plan, source=args.sources.get("plan", "config"))
-        elif args.zero_optimization is not None:
+        elif args.sharding.plan is not None:
+            plan = load_plan(args.sharding.plan, source=args.sharding.where("plan")["source"] or "config")
+        elif args.sharding.zero_optimization is not None:
             plan = plan_from_deepspeed(
-                args.zero_optimization, source=args.sources.get("zero_optimization", "zero_optimization")
+                args.sharding.zero_optimization,
+                source=args.sharding.where("zero_optimization")["source"] or "zero_optimization",
             )
         else:
             plan = load_plan("zerotopo")
@@ -94,7 +98,7 @@ class TrainJob:
                 raise ConfigError(str(exc), source="plan flags") from None
         if plan.grad_dtype is None:
             # what DeepSpeed gives this config: gradients in the model dtype unless data_types says fp32
-            plan = replace(plan, grad_dtype=args.grad_dtype)
+            plan = replace(plan, grad_dtype=args.precision.grad_dtype)
         return plan
 
     def resolve_run_dir(self, plan_name: str) -> Path:

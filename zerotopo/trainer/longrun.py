@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from zerotopo.checkpoint.store import NonFiniteError
-from zerotopo.config.neox import NeoXArgs
+from zerotopo.config.tree import TrainConfig
 from zerotopo.errors import ConfigError, ZerotopoError
 from zerotopo.models.neox import NeoXConfig
 from zerotopo.trainer.job import TrainJob
@@ -35,15 +35,15 @@ class LongRun:
     preemption: Preemption
     lock: SaveLock | None = None
 
-    def take_lock(self, args: NeoXArgs, is_main: bool, *, launcher_holds: bool = False) -> None:
+    def take_lock(self, args: TrainConfig, is_main: bool, *, launcher_holds: bool = False) -> None:
         """Collective: rank 0 takes the lock of ``save:``; every rank raises the same error if it cannot.
         ``launcher_holds``: the launching process took it before the ranks started (nothing to do)."""
         if launcher_holds:
             return
         error = ""
-        if is_main and args.save:
+        if is_main and args.checkpoint.save:
             try:
-                self.lock = SaveLock(args.save, args.sources.get("save"))
+                self.lock = SaveLock(args.checkpoint.save, args.checkpoint.where("save")["source"])
                 self.preemption.on_abort.append(self.lock.release)
             except ZerotopoError as exc:
                 error = str(exc)
@@ -58,14 +58,15 @@ class LongRun:
             self.lock.release()
 
 
-def check_run_identity(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, ckpt) -> str | None:
+def check_run_identity(args: TrainConfig, job: TrainJob, cfg: NeoXConfig, ckpt) -> str | None:
     """The checkpoint's run (seed, plan, config hash) against this one; an error when this run saves
     into the directory it resumes from and is another run, else a notice text (None: the same run)."""
     from zerotopo.checkpoint.store import check_identity
 
     # finetune starts a new run from the weights: nothing of the old run is continued
-    continues = not args.finetune and (
-        _same_dir(args.save, args.load) or _same_dir(args.save, ckpt.path.parent)
+    continues = not args.checkpoint.finetune and (
+        _same_dir(args.checkpoint.save, args.checkpoint.load)
+        or _same_dir(args.checkpoint.save, ckpt.path.parent)
     )
     return check_identity(
         ckpt,
@@ -76,18 +77,22 @@ def check_run_identity(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, ckpt) -> 
     )
 
 
-def check_fresh_start(args: NeoXArgs, job: TrainJob) -> None:
+def check_fresh_start(args: TrainConfig, job: TrainJob) -> None:
     """``load:`` that does not exist or holds no checkpoint: an error (a typo would otherwise start a new
     run whose saves take over ``latest``), unless ``fresh_start`` asks for step 0 or ``load`` equals
     ``save`` (NeoX's first run)."""
-    if not args.load or args.fresh_start or _hf_source(args, job) or _same_dir(args.load, args.save):
+    if (
+        not args.checkpoint.load
+        or args.checkpoint.fresh_start
+        or _hf_source(args, job)
+        or _same_dir(args.checkpoint.load, args.checkpoint.save)
+    ):
         return
-    what = "does not exist" if not os.path.exists(args.load) else "holds no checkpoint"
+    what = "does not exist" if not os.path.exists(args.checkpoint.load) else "holds no checkpoint"
     raise ConfigError(
-        f"load: {args.load} {what}; point load: at a save: directory or a step_<N> in it, or set "
+        f"load: {args.checkpoint.load} {what}; point load: at a save: directory or a step_<N> in it, or set "
         "fresh_start: true to start from step 0",
-        source=args.sources.get("load"),
-        key="load",
+        **args.checkpoint.where("load"),
     )
 
 
@@ -111,7 +116,7 @@ def check_finite_rows(rows: list[dict[str, Any]], save: str | None) -> None:
             )
 
 
-def config_hash(args: NeoXArgs, cfg: NeoXConfig) -> str:
+def config_hash(args: TrainConfig, cfg: NeoXConfig) -> str:
     """What makes one run's checkpoints a continuation of another's, besides seed and plan: the model,
     the sequence length, the tokenizer and the data (file names, not directories, which may move)."""
     import hashlib
@@ -121,10 +126,10 @@ def config_hash(args: NeoXArgs, cfg: NeoXConfig) -> str:
 
     ident = {
         "model": model_identity(cfg),
-        "seq_length": args.seq_length,
-        "tokenizer": args.tokenizer_type,
-        "data": [os.path.basename(p) for p in args.data_path or ()],
-        "split": args.split,
+        "seq_length": args.model.seq_length,
+        "tokenizer": args.data.tokenizer_type,
+        "data": [os.path.basename(p) for p in args.data.data_path or ()],
+        "split": args.data.split,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -143,7 +148,7 @@ def per_step_means(values: torch.Tensor) -> list[float]:
     return (total / dist.get_world_size()).tolist()
 
 
-def check_resume_position(args: NeoXArgs, ckpt, world: int) -> None:
+def check_resume_position(args: TrainConfig, ckpt, world: int) -> None:
     """The samples a checkpoint consumed are possible at its step, before any rank starts. A resume at
     another world size or global batch continues from the consumed count: the training data is built for
     the consumed samples plus the remaining steps at this run's global batch (see
@@ -157,7 +162,7 @@ def check_resume_position(args: NeoXArgs, ckpt, world: int) -> None:
         )
 
 
-def _hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
+def _hf_source(args: TrainConfig, job: TrainJob) -> str | None:
     from zerotopo.trainer.preflight import hf_source
 
     return hf_source(args, job)

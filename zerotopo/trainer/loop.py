@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from zerotopo.checkpoint.retention import prune_checkpoints
 from zerotopo.checkpoint.store import NonFiniteError, write_save
-from zerotopo.config.neox import NeoXArgs
+from zerotopo.config.tree import TrainConfig
 from zerotopo.data.dataset import DistributedBatches
 from zerotopo.dtypes import PRECISIONS
 from zerotopo.errors import ZerotopoError
@@ -79,16 +79,16 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
         args = job.load_args(quiet=rank != 0)
     tr = build(args, job, run)
     tr.metrics.bar = progress_bar(tr)
-    save_steps = set(args.save_iters(tr.iters))
+    save_steps = set(args.checkpoint.save_iters(tr.iters))
     tr.t_run = time.perf_counter()
     for step in range(tr.start_step, tr.iters):
         tr.metrics.pending.append(train_step(tr, step))
         if tr.metrics.bar is not None:
             tr.metrics.bar.update(1)
         last_step = step + 1 == tr.iters
-        saving = bool(args.save) and step + 1 in save_steps and not last_step
+        saving = bool(args.checkpoint.save) and step + 1 in save_steps and not last_step
         stop = run.preemption.agreed()  # the same answer on every rank at the same step
-        console = (step + 1) % args.log_interval == 0 or last_step
+        console = (step + 1) % args.logging.log_interval == 0 or last_step
         if console or saving or stop:  # a save or a stop writes out the rows it follows
             log_rows(tr, step, console)
         maybe_evaluate(tr, step, last_step)
@@ -101,7 +101,7 @@ def _train_rank(rank: int, world: int, job: TrainJob, run: LongRun) -> dict[str,
     run.preemption.settle()  # the last step's flag: every rank started its all-reduce
     if tr.metrics.bar is not None:
         tr.metrics.bar.close()
-    if args.save and tr.start_step < tr.iters and not run.preemption.stopped_by:
+    if args.checkpoint.save and tr.start_step < tr.iters and not run.preemption.stopped_by:
         save(tr, tr.iters, last=True)
         _retain(args, tr.ctx)
     wait_for_save(tr, last=True)
@@ -187,7 +187,7 @@ def log_rows(tr: Trainer, step: int, console: bool) -> None:
         r["perplexity"] = math.exp(min(value, 50.0))
         if tr.metrics.writer:
             tr.metrics.writer.write(r)
-    check_finite_rows([r for _, _, r in tr.metrics.pending], tr.args.save)
+    check_finite_rows([r for _, _, r in tr.metrics.pending], tr.args.checkpoint.save)
     tr.metrics.first_loss = losses[0] if tr.metrics.first_loss is None else tr.metrics.first_loss
     tr.metrics.last_loss = losses[-1]
     if tr.ctx.is_main and console:
@@ -219,11 +219,11 @@ def console_line(tr: Trainer, r: dict[str, Any], step: int) -> str:
 def maybe_evaluate(tr: Trainer, step: int, last_step: bool) -> None:
     """The validation loss every ``eval_interval`` steps and after the last one."""
     args = tr.args
-    if tr.data.valid is None or not args.eval_iters:
+    if tr.data.valid is None or not args.evaluation.iters:
         return
-    if (step + 1) % args.eval_interval != 0 and not last_step:
+    if (step + 1) % args.evaluation.interval != 0 and not last_step:
         return
-    vloss = evaluate(tr.engine.model, tr.data.valid, tr.batch[0], tr.ctx, args.eval_iters, tr.data.eod)
+    vloss = evaluate(tr.engine.model, tr.data.valid, tr.batch[0], tr.ctx, args.evaluation.iters, tr.data.eod)
     tr.metrics.valid_losses.append(vloss)
     if tr.metrics.writer:
         tr.metrics.writer.write(
@@ -240,10 +240,10 @@ def stop_for_preemption(tr: Trainer, stop: int, step: int) -> None:
     """The ranks agreed on signal ``stop``: save ``step + 1`` (when the run saves) before the loop ends."""
     preemption = tr.run.preemption
     preemption.stopped_by = stop
-    if tr.args.save:
+    if tr.args.checkpoint.save:
         save(tr, step + 1, last=True)
         preemption.saved_at = step + 1
-        preemption.saved_to = str(Path(tr.args.save) / f"step_{step + 1}")
+        preemption.saved_to = str(Path(tr.args.checkpoint.save) / f"step_{step + 1}")
     if tr.ctx.is_main:
         log.warning(f"{signal_name(stop)} received: stopping after step {step + 1}")
 
@@ -260,7 +260,7 @@ def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
     if tr.metrics.writer is not None:
         tr.metrics.writer.sync()  # every logged row on disk before the checkpoint that follows it
     try:
-        pending = tr.checkpointer.snapshot(args.save, step=at_step, copy=background)
+        pending = tr.checkpointer.snapshot(args.checkpoint.save, step=at_step, copy=background)
         if background:
             tr.saver.start(pending, on_done=lambda _: _retain(args, tr.ctx))
         else:
@@ -268,7 +268,7 @@ def save(tr: Trainer, at_step: int, *, last: bool = False) -> bool:
     except NonFiniteError:
         raise
     except ZerotopoError as exc:
-        if args.strict_saves or last:
+        if args.checkpoint.strict_saves or last:
             raise
         if tr.ctx.is_main:
             log.warning(f"{exc}; training goes on (strict_saves: true stops the run instead)")
@@ -300,7 +300,7 @@ def wait_for_save(tr: Trainer, *, last: bool = False, before: int | None = None)
         return True
     if isinstance(error, NonFiniteError) or not isinstance(error, ZerotopoError):
         raise error
-    if tr.args.strict_saves or last:
+    if tr.args.checkpoint.strict_saves or last:
         raise error
     if tr.ctx.is_main:
         log.warning(f"{error}; training goes on (strict_saves: true stops the run instead)")
@@ -395,7 +395,7 @@ def whole_run(run_dir: Path, start_step: int, wall: float) -> dict[str, Any]:
 def peak_report(
     probe: PeakMemory,
     ctx: RankContext,
-    args: NeoXArgs,
+    args: TrainConfig,
     shape,
     unit_numels,
     topology,
@@ -413,7 +413,7 @@ def peak_report(
     baseline = [int(t[1]) for t in every]
     pred = memory_per_device(
         unit_numels, topology, plan, param_bytes=param_bytes, padded=True, micro_batch=micro,
-        shape=shape, checkpoint_activations=args.checkpoint_activations,
+        shape=shape, checkpoint_activations=args.model.checkpoint_activations,
     )  # fmt: skip
     if ctx.is_main:
         g = 2**30
@@ -441,11 +441,13 @@ def _say(bar, msg: str) -> None:
             log.info(msg)
 
 
-def _retain(args: NeoXArgs, ctx: RankContext) -> None:
+def _retain(args: TrainConfig, ctx: RankContext) -> None:
     """NeoX's keep_last_n_checkpoints, after every rank has finished the save."""
-    if args.keep_last_n_checkpoints and ctx.is_main:
-        for path in prune_checkpoints(Path(args.save), args.keep_last_n_checkpoints):
-            log.debug(f"deleted checkpoint {path} (keep_last_n_checkpoints {args.keep_last_n_checkpoints})")
+    if args.checkpoint.keep_last_n_checkpoints and ctx.is_main:
+        for path in prune_checkpoints(Path(args.checkpoint.save), args.checkpoint.keep_last_n_checkpoints):
+            log.debug(
+                f"deleted checkpoint {path} (keep_last_n_checkpoints {args.checkpoint.keep_last_n_checkpoints})"
+            )
 
 
 def _mean_over_ranks(values: torch.Tensor) -> list[float]:

@@ -179,14 +179,16 @@ def deepspeed_schedule(
 
 def schedule_for(args, iters: int):
     """The learning-rate schedule a config asks for: its DeepSpeed ``scheduler`` block, else NeoX's keys."""
-    if args.scheduler is not None:
-        return deepspeed_schedule(args.scheduler, lr=args.lr, source=args.sources.get("scheduler"))
+    if args.optim.scheduler is not None:
+        return deepspeed_schedule(
+            args.optim.scheduler, lr=args.optim.lr, source=args.optim.where("scheduler")["source"]
+        )
     return LRSchedule.from_args(
-        lr=args.lr,
-        min_lr=args.min_lr,
-        warmup=args.warmup,
+        lr=args.optim.lr,
+        min_lr=args.optim.min_lr,
+        warmup=args.optim.warmup,
         decay_iters=args.decay_iters or iters,
-        style=args.lr_decay_style,
+        style=args.optim.lr_decay_style,
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from zerotopo.config.neox import NeoXArgs
+from zerotopo.config.tree import TrainConfig
 from zerotopo.data.dataset import build_train_valid_test
 from zerotopo.errors import ConfigError, PlanError
 from zerotopo.logs import get_logger
@@ -22,13 +22,13 @@ log = get_logger("train")
 DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths")
 
 
-def data_files(args: NeoXArgs) -> list[tuple[str, str]]:
+def data_files(args: TrainConfig) -> list[tuple[str, str]]:
     """``(key, prefix)`` of every dataset the config names (``data_path`` or NeoX's
     ``train/valid/test_data_paths``)."""
-    return [(key, prefix) for key in DATA_KEYS for prefix in getattr(args, key) or ()]
+    return [(key, prefix) for key in DATA_KEYS for prefix in getattr(args.data, key) or ()]
 
 
-def check_data_file(args: NeoXArgs, key: str, prefix: str) -> None:
+def check_data_file(args: TrainConfig, key: str, prefix: str) -> None:
     """A ConfigError naming ``prefix``'s missing ``.bin``/``.idx`` file and the key that names it, with
     the command that writes it."""
     missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.exists(p)]
@@ -40,53 +40,52 @@ def check_data_file(args: NeoXArgs, key: str, prefix: str) -> None:
         f"data file {missing[0]!r} does not exist; preprocess your jsonl with "
         f"`zerotopo data preprocess --input FILE.jsonl --output-prefix {stem if named else 'PREFIX'}"
         f"{f' --jsonl-keys {jkey}' if named and jkey != 'text' else ''}"
-        f" --tokenizer-type {args.tokenizer_type}"
+        f" --tokenizer-type {args.data.tokenizer_type}"
         + "".join(
             f" --{flag} {value}"
-            for flag, value in (("vocab-file", args.vocab_file), ("merge-file", args.merge_file))
+            for flag, value in (("vocab-file", args.data.vocab_file), ("merge-file", args.data.merge_file))
             if value
         )
         + " --append-eod`"
         + ("" if named else f" (it writes PREFIX_text_document; set {key} to that)"),
-        source=args.sources.get(key),
-        key=key,
+        **args.data.where(key),
     )
 
 
-def data_prefix(args: NeoXArgs) -> str | list[str]:
+def data_prefix(args: TrainConfig) -> str | list[str]:
     """The dataset prefixes: the config's ``data_path`` (several are blended by size), else the bundled
     corpus. Every file the config names (NeoX's ``*_data_paths`` too) is checked to exist first."""
     files = data_files(args)
     for key, prefix in files:
         check_data_file(args, key, prefix)
-    if args.data_path:
-        return list(args.data_path)
+    if args.data.data_path:
+        return list(args.data.data_path)
     if files:
         return [prefix for _, prefix in files]
     from zerotopo.data.corpus import default_corpus_prefix
 
-    return default_corpus_prefix(args.tokenizer_type)
+    return default_corpus_prefix(args.data.tokenizer_type)
 
 
-def build_datasets(args: NeoXArgs, num_samples: tuple[int, int, int]):
+def build_datasets(args: TrainConfig, num_samples: tuple[int, int, int]):
     """Train, valid and test datasets as NeoX builds them: weighted ``*_data_paths`` blends, else
     ``data_path`` (or the bundled corpus) split by ``split``."""
     prefix = data_prefix(args)
-    if args.train_data_paths:
+    if args.data.train_data_paths:
         from zerotopo.data.dataset import build_weighted_splits
 
         return build_weighted_splits(
-            [args.train_data_paths, args.valid_data_paths, args.test_data_paths],
-            [args.train_data_weights, args.valid_data_weights, args.test_data_weights],
-            args.seq_length,
+            [args.data.train_data_paths, args.data.valid_data_paths, args.data.test_data_paths],
+            [args.data.train_data_weights, args.data.valid_data_weights, args.data.test_data_weights],
+            args.model.seq_length,
             num_samples,
             args.seed,
         )
-    return build_train_valid_test(prefix, args.split, args.seq_length, num_samples, args.seed)
+    return build_train_valid_test(prefix, args.data.split, args.model.seq_length, num_samples, args.seed)
 
 
 def check_memory(
-    args: NeoXArgs, shape, model_units: list[int], topology, plan, param_bytes: int, micro: int
+    args: TrainConfig, shape, model_units: list[int], topology, plan, param_bytes: int, micro: int
 ) -> None:
     """Refuse a plan whose states, buffers and activations exceed the device, naming a plan that fits.
 
@@ -95,7 +94,7 @@ def check_memory(
     from zerotopo.cost.memory import memory_per_device
     from zerotopo.cost.planner import plan_candidates
 
-    ckpt = args.checkpoint_activations
+    ckpt = args.model.checkpoint_activations
     mem = memory_per_device(
         model_units,
         topology,
@@ -105,7 +104,7 @@ def check_memory(
         micro_batch=micro,
         shape=shape,
         checkpoint_activations=ckpt,
-        optim_bytes_per_param=args.optimizer.bytes_per_param(),
+        optim_bytes_per_param=args.optim.optimizer.bytes_per_param(),
     )
     limit = topology.device.memory_gib * 2**30
     if mem.total <= limit:
@@ -116,11 +115,11 @@ def check_memory(
             shape,
             topology,
             micro_batch=micro,
-            grad_accum=args.gradient_accumulation_steps or 1,
+            grad_accum=args.batch.gradient_accumulation_steps or 1,
             plans="auto",
             param_bytes=param_bytes,
             checkpoint_activations=ckpt,
-            grad_dtype=args.grad_dtype,
+            grad_dtype=args.precision.grad_dtype,
         )
         if c.fits
     ]
@@ -143,9 +142,9 @@ def check_memory(
     )
 
 
-def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
+def check_vocab(args: TrainConfig, tokenizer) -> NeoXConfig:
     """The model config for ``tokenizer``; the data's largest token id must fit its embedding."""
-    cfg = args.model_config(tokenizer.vocab_size)
+    cfg = args.model.model_config(tokenizer.vocab_size)
     if data_files(args):
         from zerotopo.data.indexed import MMapIndexedDataset
 
@@ -155,21 +154,20 @@ def check_vocab(args: NeoXArgs, tokenizer) -> NeoXConfig:
             if top >= cfg.vocab_size:
                 raise ConfigError(
                     f"{prefix} holds token id {top}, but the model's vocabulary has {cfg.vocab_size} entries "
-                    f"(tokenizer {args.tokenizer_type}); preprocess the data with the tokenizer the config names",
-                    source=args.sources.get(key),
-                    key=key,
+                    f"(tokenizer {args.data.tokenizer_type}); preprocess the data with the tokenizer the config names",
+                    **args.data.where(key),
                 )
     return cfg
 
 
-def recognise_topology(job: TrainJob, args: NeoXArgs, info) -> TrainJob:
+def recognise_topology(job: TrainJob, args: TrainConfig, info) -> TrainJob:
     """``job`` with the machine's built-in topology when none was given and the launcher and devices
     name it unmistakably (a Frontier node), with a notice; otherwise ``job`` as it is."""
     from dataclasses import replace
 
     from zerotopo.launch.advice import recognised_topology
 
-    name = None if job.topology or args.topology else recognised_topology(info, os.environ)
+    name = None if job.topology or args.sharding.topology else recognised_topology(info, os.environ)
     if name is None:
         return job
     if info.rank == 0:
@@ -179,23 +177,23 @@ def recognise_topology(job: TrainJob, args: NeoXArgs, info) -> TrainJob:
     return replace(job, topology=name)
 
 
-def hf_source(args: NeoXArgs, job: TrainJob) -> str | None:
+def hf_source(args: TrainConfig, job: TrainJob) -> str | None:
     """The Hugging Face directory the run starts from: ``--from-hf``, or ``load:`` naming one."""
     from zerotopo.checkpoint.store import is_hf_directory
 
-    if args.load and is_hf_directory(Path(args.load)):
-        return args.load
+    if args.checkpoint.load and is_hf_directory(Path(args.checkpoint.load)):
+        return args.checkpoint.load
     return getattr(job, "from_hf", None)
 
 
-def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
+def model_config(args: TrainConfig, job: TrainJob, tokenizer) -> NeoXConfig:
     """The run's model: the config's, or a Hugging Face directory's architecture (see ``hf_source``)."""
     cfg = check_vocab(args, tokenizer)
     hf = hf_source(args, job)
     if hf:
         from zerotopo.checkpoint.hf import merge_hf_config
 
-        cfg = merge_hf_config(hf, args, cfg)
+        cfg = merge_hf_config(hf, args.model, cfg)
         if tokenizer.vocab_size > cfg.vocab_size:
             raise ConfigError(
                 f"the tokenizer has {tokenizer.vocab_size} tokens but the model in {hf} only "
@@ -205,7 +203,9 @@ def model_config(args: NeoXArgs, job: TrainJob, tokenizer) -> NeoXConfig:
     return cfg
 
 
-def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, world: int | None = None) -> None:
+def check_checkpoint_source(
+    args: TrainConfig, job: TrainJob, cfg: NeoXConfig, world: int | None = None
+) -> None:
     """Pre-flight of what the run loads (no process group): a zerotopo checkpoint in ``load:`` is read
     and checked against the model (manifest, metadata, every shard file present and long enough), a
     Hugging Face directory has every tensor with its shape."""
@@ -213,16 +213,20 @@ def check_checkpoint_source(args: NeoXArgs, job: TrainJob, cfg: NeoXConfig, worl
     from zerotopo.checkpoint.store import find_checkpoint, preflight_load
     from zerotopo.trainer.schedule_resume import check_resumed_schedule
 
-    neox_dir = neox_step_dir(args.load) if args.load else None
+    neox_dir = neox_step_dir(args.checkpoint.load) if args.checkpoint.load else None
     if neox_dir is not None:
         check_neox_checkpoint(neox_dir, cfg)
         return
-    if args.load and find_checkpoint(args.load) is not None:
+    if args.checkpoint.load and find_checkpoint(args.checkpoint.load) is not None:
         # finetune loads the weights alone (a fresh optimizer of any type); a resume needs the writer's
-        run_optimizer = None if args.finetune else (args.optimizer.type, args.optimizer.state_names())
-        ckpt = preflight_load(args.load, cfg, run_optimizer)
+        run_optimizer = (
+            None
+            if args.checkpoint.finetune
+            else (args.optim.optimizer.type, args.optim.optimizer.state_names())
+        )
+        ckpt = preflight_load(args.checkpoint.load, cfg, run_optimizer)
         check_run_identity(args, job, cfg, ckpt)
-        if not args.finetune:  # a schedule that differs is refused here, before any rank starts
+        if not args.checkpoint.finetune:  # a schedule that differs is refused here, before any rank starts
             check_resumed_schedule(args, args.train_iters or 100, ckpt.manifest, str(ckpt.path))
         if world is not None:
             check_resume_position(args, ckpt, world)

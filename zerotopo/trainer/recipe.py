@@ -31,7 +31,8 @@ from zerotopo.checkpoint.components import Checkpointer, Record, TokenizerFiles
 from zerotopo.checkpoint.state import model_components
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import build_mesh
-from zerotopo.config.neox import NeoXArgs
+from zerotopo.config.neox import to_neox_dict
+from zerotopo.config.tree import TrainConfig
 from zerotopo.data.tokenizers import build_tokenizer
 from zerotopo.dtypes import PRECISIONS
 from zerotopo.engine import MixedPrecision, ShardedOptimizer, debug
@@ -124,7 +125,7 @@ class Metrics:
 class Trainer:
     """One rank's run once :func:`build` made its components."""
 
-    args: NeoXArgs
+    args: TrainConfig
     job: TrainJob
     run: LongRun
     ctx: RankContext
@@ -148,23 +149,27 @@ class Trainer:
     @property
     def flops_per_step(self) -> float:
         return self.engine.shape.step_flops(
-            self.batch[2], checkpoint_activations=self.args.checkpoint_activations
+            self.batch[2], checkpoint_activations=self.args.model.checkpoint_activations
         )
 
     @property
     def tokens_per_step(self) -> int:
-        return self.batch[2] * self.args.seq_length
+        return self.batch[2] * self.args.model.seq_length
 
 
-def build(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
+def build(args: TrainConfig, job: TrainJob, run: LongRun) -> Trainer:
     """This rank's components, in the order of the module's list."""
     job, ctx, topology, plan, mesh, probe = join_job(args, job, run)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.eod_token)
+    tokenizer = build_tokenizer(
+        args.data.tokenizer_type, args.data.vocab_file, args.data.merge_file, args.data.eod_token
+    )
     engine = build_engine(args, job, ctx, topology, plan, mesh, tokenizer, probe)
     iters = args.train_iters or 100
     optim = build_optimizer(args, engine, iters)
-    batch = args.batch_sizes(ctx.world)
-    data = TrainData(args, ctx, batch=batch, iters=iters, eod=tokenizer.eod if args.eod_mask_loss else None)
+    batch = args.batch.batch_sizes(ctx.world)
+    data = TrainData(
+        args, ctx, batch=batch, iters=iters, eod=tokenizer.eod if args.data.eod_mask_loss else None
+    )
     checkpointer = build_checkpointer(args, engine, optim, data, plan, topology, tokenizer)
     tr = Trainer(
         args=args, job=job, run=run, ctx=ctx, topology=topology, plan=plan, tokenizer=tokenizer, batch=batch,
@@ -178,7 +183,7 @@ def build(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
     data.open(tr.start_step)
     if ctx.is_main:
         tr.metrics.writer = open_run_dir(tr)
-    if args.async_save and args.save:
+    if args.checkpoint.async_save and args.checkpoint.save:
         from zerotopo.checkpoint.background import BackgroundSaver, check_host_memory
 
         check_host_memory(optim.optimizer, is_main=ctx.is_main, say=log.info)
@@ -186,7 +191,7 @@ def build(args: NeoXArgs, job: TrainJob, run: LongRun) -> Trainer:
     return tr
 
 
-def join_job(args: NeoXArgs, job: TrainJob, run: LongRun):
+def join_job(args: TrainConfig, job: TrainJob, run: LongRun):
     """This rank joined to the job: ``(job, ctx, topology, plan, mesh, memory probe)``, the save lock taken."""
     info = discover(prefer=None if job.launcher in ("auto", "local") else job.launcher)
     job = recognise_topology(job, args, info)
@@ -220,12 +225,12 @@ def join_job(args: NeoXArgs, job: TrainJob, run: LongRun):
 
 
 def build_engine(
-    args: NeoXArgs, job: TrainJob, ctx: RankContext, topology, plan, mesh, tokenizer, probe
+    args: TrainConfig, job: TrainJob, ctx: RankContext, topology, plan, mesh, tokenizer, probe
 ) -> ModelEngine:
     """The model built on the meta device, checked against the device's memory, then sharded by the engine."""
     cfg = model_config(args, job, tokenizer)
-    param_dtype = PRECISIONS[args.resolved_precision]
-    micro = args.batch_sizes(ctx.world)[0]
+    param_dtype = PRECISIONS[args.precision.resolved]
+    micro = args.batch.batch_sizes(ctx.world)[0]
     torch.manual_seed(args.seed)
     with torch.device("meta"):
         # no storage: parallelize materializes each unit in turn and keeps this rank's shards only,
@@ -234,36 +239,36 @@ def build_engine(
     unit_numels = [
         sum(p.numel() for p in m.parameters()) for m in [model.embed_in, *model.layers, model.head]
     ]
-    shape = cfg.shape(args.seq_length)
+    shape = cfg.shape(args.model.seq_length)
     check_memory(args, shape, unit_numels, topology, plan, param_bytes=param_dtype.itemsize, micro=micro)
     ledger = Ledger()
     loss_scale: Any = None
-    if args.resolved_precision == "fp16":
-        loss_scale = args.fp16.loss_scale if args.fp16.loss_scale else "dynamic"
+    if args.precision.resolved == "fp16":
+        loss_scale = args.precision.fp16.loss_scale if args.precision.fp16.loss_scale else "dynamic"
     model = debug.parallelize(
         model, mesh=mesh, mp_policy=MixedPrecision(param_dtype), options=debug.DebugOptions(ledger=ledger)
     )
     return ModelEngine(cfg, model, ledger, shape, unit_numels, param_dtype, loss_scale, probe)
 
 
-def build_optimizer(args: NeoXArgs, engine: ModelEngine, iters: int) -> OptimizerLR:
+def build_optimizer(args: TrainConfig, engine: ModelEngine, iters: int) -> OptimizerLR:
     """The sharded optimizer over the engine's model and the config's learning-rate schedule."""
-    fp16 = args.fp16
+    fp16 = args.precision.fp16
     optimizer = ShardedOptimizer(
         engine.model,
-        args.optimizer.type,
-        lr=args.lr,
-        weight_decay=args.effective_weight_decay,
-        max_grad_norm=args.gradient_clipping or None,
+        args.optim.optimizer.type,
+        lr=args.optim.lr,
+        weight_decay=args.optim.effective_weight_decay,
+        max_grad_norm=args.optim.gradient_clipping or None,
         loss_scale=make_scaler(engine.loss_scale, engine.param_dtype, **fp16.scaler_options()),
-        **args.optimizer.hyperparameters(),
+        **args.optim.optimizer.hyperparameters(),
     )
     lr_at = held_schedule(schedule_for(args, iters), iters, optimizer)
     return OptimizerLR(optimizer, lr_at, schedule_record(args, iters))
 
 
 def build_checkpointer(
-    args: NeoXArgs, engine: ModelEngine, optim: OptimizerLR, data: TrainData, plan, topology, tokenizer
+    args: TrainConfig, engine: ModelEngine, optim: OptimizerLR, data: TrainData, plan, topology, tokenizer
 ) -> Checkpointer:
     """The checkpointer of every component whose state a checkpoint keeps, in the order they load."""
     info = tokenizer_info(args, tokenizer)
@@ -280,10 +285,10 @@ def build_checkpointer(
     )  # fmt: skip
 
 
-def tokenizer_info(args: NeoXArgs, tokenizer) -> dict[str, Any]:
+def tokenizer_info(args: TrainConfig, tokenizer) -> dict[str, Any]:
     """What a checkpoint records of the run's tokenizer (its files are copied beside the shards)."""
-    files = [getattr(args, k, None) for k in ("vocab_file", "merge_file")]
-    return {"type": args.tokenizer_type, "eod": tokenizer.eod, "files": [f for f in files if f]}
+    files = [args.data.vocab_file, args.data.merge_file]
+    return {"type": args.data.tokenizer_type, "eod": tokenizer.eod, "files": [f for f in files if f]}
 
 
 def resume(tr: Trainer) -> int:
@@ -302,24 +307,28 @@ def resume(tr: Trainer) -> int:
     args, job, ctx, cfg = tr.args, tr.job, tr.ctx, tr.engine.cfg
     model, optimizer = tr.engine.model, tr.optim.optimizer
     hf_dir = hf_source(args, job)
-    neox_dir = neox_step_dir(args.load) if args.load else None
+    neox_dir = neox_step_dir(args.checkpoint.load) if args.checkpoint.load else None
     if neox_dir is not None:
         load_neox_weights(neox_dir, model, optimizer, cfg)
         if ctx.is_main:
             log.info(f"weights from the GPT-NeoX checkpoint {neox_dir} (finetune: fresh optimizer, step 0)")
         return 0
-    step_dir = find_checkpoint(args.load) if args.load and not is_hf_directory(Path(args.load)) else None
+    step_dir = (
+        find_checkpoint(args.checkpoint.load)
+        if args.checkpoint.load and not is_hf_directory(Path(args.checkpoint.load))
+        else None
+    )
     if step_dir is not None:
         ckpt = open_checkpoint(step_dir)
         notice = check_run_identity(args, job, cfg, ckpt)
         if notice and ctx.is_main:
             log.warning(notice)
-        if not args.finetune:
+        if not args.checkpoint.finetune:
             notice = check_resumed_schedule(args, tr.iters, ckpt.manifest, str(step_dir))
             if notice and ctx.is_main:
                 log.warning(notice)
         check_compatible(ckpt, cfg)
-        if args.finetune:
+        if args.checkpoint.finetune:
             tr.checkpointer.load(step_dir, only=WEIGHTS_ONLY)
             settle_optimizer(model, optimizer, step=0, zero_moments=True)
             if ctx.is_main:
@@ -331,10 +340,10 @@ def resume(tr: Trainer) -> int:
             log.info(f"resumed from the checkpoint of step {ckpt.step} in {step_dir}")
         return ckpt.step
     check_fresh_start(args, job)
-    if args.load and ctx.is_main:
+    if args.checkpoint.load and ctx.is_main:
         log.warning(
-            f"load: {args.load} holds no checkpoint yet; training starts from step 0 "
-            f"(as GPT-NeoX does){' and saves there' if args.save == args.load else ''}"
+            f"load: {args.checkpoint.load} holds no checkpoint yet; training starts from step 0 "
+            f"(as GPT-NeoX does){' and saves there' if args.checkpoint.save == args.checkpoint.load else ''}"
         )
     if hf_dir:
         from zerotopo.checkpoint.hf import load_hf_shards
@@ -348,33 +357,33 @@ def resume(tr: Trainer) -> int:
 def open_run_dir(tr: Trainer) -> MetricsWriter:
     """Rank 0: the run directory's log, resolved config and metrics writer, and the run's opening line."""
     args, run_dir = tr.args, tr.run_dir
-    log_copies = (Path(args.log_dir) / f"{run_dir.name}.log",) if args.log_dir else ()
+    log_copies = (Path(args.logging.log_dir) / f"{run_dir.name}.log",) if args.logging.log_dir else ()
     attach_run_log(run_dir, copies=log_copies)
     saved_config = run_config(args, tr.plan, tr.job, tr.topology)
     write_text_atomic(run_dir / "config.yml", _yaml_dump(saved_config))
     writer = MetricsWriter(
         run_dir,
         tr.topology.tier_names,
-        tensorboard_dir=args.tensorboard_dir,
-        resume_step=tr.start_step if args.load else None,
+        tensorboard_dir=args.logging.tensorboard_dir,
+        resume_step=tr.start_step if args.checkpoint.load else None,
         wandb_run=open_wandb(
-            project=args.wandb_project,
-            group=args.wandb_group,
-            team=args.wandb_team,
-            host=args.wandb_host,
+            project=args.logging.wandb_project,
+            group=args.logging.wandb_group,
+            team=args.logging.wandb_team,
+            host=args.logging.wandb_host,
             name=run_dir.name,
             run_dir=run_dir,
             config=saved_config,
         )
-        if args.use_wandb
+        if args.logging.use_wandb
         else None,
     )
     cfg, topology, plan, (micro, accum, global_batch) = tr.engine.cfg, tr.topology, tr.plan, tr.batch
     log.info(
         f"zerotopo train: {cfg.num_layers} layers x {cfg.hidden_size} wide, "
-        f"{sum(tr.engine.unit_numels) / 1e6:.2f}M parameters, {args.resolved_precision}; plan {plan.name} "
+        f"{sum(tr.engine.unit_numels) / 1e6:.2f}M parameters, {args.precision.resolved}; plan {plan.name} "
         f"({plan.label(topology)}) on {topology.name} x{topology.nodes} nodes = {tr.ctx.world} ranks; batch "
-        f"{micro} x {accum} micro x {tr.ctx.world} ranks = {global_batch} samples of {args.seq_length} tokens; "
+        f"{micro} x {accum} micro x {tr.ctx.world} ranks = {global_batch} samples of {args.model.seq_length} tokens; "
         f"run dir {run_dir}"
     )
     if hasattr(tr.optim.optimizer, "describe"):  # Muon: which parameters each optimizer runs on
@@ -382,13 +391,13 @@ def open_run_dir(tr: Trainer) -> MetricsWriter:
     return writer
 
 
-def run_config(args: NeoXArgs, plan, job: TrainJob, topology) -> dict[str, Any]:
+def run_config(args: TrainConfig, plan, job: TrainJob, topology) -> dict[str, Any]:
     """The run as one NeoX-style config (every key resolved, the plan written out, the topology and
     node count), which ``zerotopo train`` takes back as is."""
-    out = args.to_dict()
+    out = to_neox_dict(args)
     out["plan"] = plan.to_dict()
     out["zero_optimization"] = None  # the plan above is what ran
-    out["topology"] = job.topology or args.topology or topology.name
+    out["topology"] = job.topology or args.sharding.topology or topology.name
     out["num_nodes"] = topology.nodes
     return out
 

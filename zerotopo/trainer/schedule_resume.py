@@ -12,25 +12,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerotopo.config.neox import NeoXArgs
+from zerotopo.config.tree import TrainConfig
 from zerotopo.errors import ConfigError
 
 
-def schedule_record(args: NeoXArgs, iters: int) -> dict[str, Any]:
+def schedule_record(args: TrainConfig, iters: int) -> dict[str, Any]:
     """The settings that fix the learning rate of every step, as a checkpoint records them (GPT-NeoX's
     scheduler checks the same: peak and floor, warmup, decay length and style; ``train_iters`` may grow,
     ``lr_decay_iters`` then follows it unless set)."""
     return {
-        "lr": args.lr,
-        "min_lr": args.min_lr,
-        "warmup": args.warmup,
+        "lr": args.optim.lr,
+        "min_lr": args.optim.min_lr,
+        "warmup": args.optim.warmup,
         "lr_decay_iters": args.decay_iters or iters,
-        "lr_decay_style": args.lr_decay_style,
-        "scheduler": args.scheduler,
+        "lr_decay_style": args.optim.lr_decay_style,
+        "scheduler": args.optim.scheduler,
     }
 
 
-def check_resumed_schedule(args: NeoXArgs, iters: int, manifest: dict[str, Any], where: str) -> str | None:
+def check_resumed_schedule(args: TrainConfig, iters: int, manifest: dict[str, Any], where: str) -> str | None:
     """Compare this run's schedule with the one recorded in a checkpoint's ``manifest``.
 
     Returns a notice for rank 0 (None: nothing to say). Raises :class:`ConfigError` when the schedule
@@ -45,18 +45,18 @@ def check_resumed_schedule(args: NeoXArgs, iters: int, manifest: dict[str, Any],
     diffs = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in mine.items() if _differs(saved.get(k), v)]
     if not diffs:
         return None
-    if args.override_lr_scheduler is None:
+    if args.optim.override_lr_scheduler is None:
         return (
             f"the learning-rate schedule follows this config, not {where}: {', '.join(diffs)} (set "
             "override_lr_scheduler: false to refuse such a resume, as GPT-NeoX does)"
         )
-    if args.override_lr_scheduler:
+    if args.optim.override_lr_scheduler:
         return f"override_lr_scheduler: the schedule follows this config, not {where}: {', '.join(diffs)}"
     raise ConfigError(
         f"the learning-rate schedule differs from the one {where} was trained with ({', '.join(diffs)}); "
         "set override_lr_scheduler: true to follow this config's schedule from the resumed step, or give "
         "the checkpoint's values",
-        source=args.sources.get("override_lr_scheduler"),
+        source=args.optim.where("override_lr_scheduler")["source"],
         key="override_lr_scheduler",
     )
 

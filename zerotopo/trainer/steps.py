@@ -47,7 +47,7 @@ def train_samples_needed(iters: int, start_step: int, consumed: int, global_batc
 def usable_valid_split(dataset, micro: int, ctx, args):
     """The validation split, or None (evaluation skipped with a notice, as NeoX skips it) when the split
     has no documents or fewer samples than one global micro-batch."""
-    if not args.eval_iters:
+    if not args.evaluation.iters:
         return dataset
     size = 0 if dataset is None else len(dataset)
     if size >= micro * ctx.world:
@@ -60,18 +60,18 @@ def usable_valid_split(dataset, micro: int, ctx, args):
 def _no_evaluation(args, size: int, micro: int, world: int) -> str:
     """Why evaluation is skipped, naming the key that fixes it."""
     batch = f"one global micro-batch ({micro} x {world} ranks)"
-    if args.train_data_paths and not args.valid_data_paths:
+    if args.data.train_data_paths and not args.data.valid_data_paths:
         return (
             "train_data_paths is set without valid_data_paths, so there is no validation data: evaluation is "
             "skipped; set valid_data_paths to evaluate (split is not used with train_data_paths)"
         )
-    if args.valid_data_paths:
+    if args.data.valid_data_paths:
         return (
             f"valid_data_paths hold {size} samples, fewer than {batch}: evaluation is skipped; give "
             "valid_data_paths more documents, or a smaller micro-batch"
         )
     return (
-        f"the validation split (split {','.join(f'{x:g}' for x in args.split)}) holds {size} samples, fewer "
+        f"the validation split (split {','.join(f'{x:g}' for x in args.data.split)}) holds {size} samples, fewer "
         f"than {batch}: evaluation is skipped; give the second split weight more documents to evaluate"
     )
 

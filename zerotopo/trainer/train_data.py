@@ -42,10 +42,10 @@ class TrainData:
         validation split (None when it cannot be evaluated)."""
         args, ctx = self.args, self.ctx
         micro, _, global_batch = self.batch
-        eval_runs = self.iters // args.eval_interval + 1
+        eval_runs = self.iters // args.evaluation.interval + 1
         num_samples = (
             train_samples_needed(self.iters, start_step, self.consumed, global_batch, ctx),
-            max(eval_runs * args.eval_iters * micro * ctx.world, 1),
+            max(eval_runs * args.evaluation.iters * micro * ctx.world, 1),
             1,
         )
         train_ds, valid_ds, _ = build_datasets(args, num_samples)

@@ -77,9 +77,9 @@ def target_workload(
     from zerotopo_lab.bench.regime import TARGET_MODEL, TARGET_NODES, _target
 
     _, neox = _target(TARGET_MODEL)
-    micro = neox.train_micro_batch_size_per_gpu or 1
+    micro = neox.batch.micro_batch_size or 1
     gcds = TARGET_NODES * load_topology(C.TARGET_DEVICE).devices_per_node
-    global_batch = micro * (neox.gradient_accumulation_steps or 1) * gcds
+    global_batch = micro * (neox.batch.gradient_accumulation_steps or 1) * gcds
     return workload(nodes, ranks_per_node, micro, global_batch, mode, micro_batches)
 
 
@@ -161,12 +161,12 @@ def derive(
     target_shape, neox = _target(TARGET_MODEL)
     device_topo = load_topology(C.TARGET_DEVICE)
     target = C.target_topology(topo, device_topo, topo.nodes)
-    micro = neox.train_micro_batch_size_per_gpu or 1
+    micro = neox.batch.micro_batch_size or 1
     forward = C.unit_forward_times(target_shape, micro * target_shape.seq_length, device_topo.device.peak_tflops,
                                    device_topo.device.memory_bandwidth_gbps)  # fmt: skip
     shape = cfg.shape(seq)
     k = layer_ratio(shape)
-    recompute = bool(neox.checkpoint_activations)
+    recompute = bool(neox.model.checkpoint_activations)
     undilated = C.DeviceClock(1.0, k, forward, recompute, device_topo.device.memory_bandwidth_gbps)
     device_s = undilated.step_wait(cfg.num_layers, opts.micro_batches)
     flops = measure(opts, topo, cfg, seq, opts.batch)

@@ -159,8 +159,8 @@ def model_config(opts: CompareOptions) -> tuple[Any, int]:
         raise ConfigError(
             f"{exc}; or use a built-in benchmark model: {', '.join(MODELS)}", source="--model"
         ) from None
-    cfg = replace(neox.model_config(opts.vocab or 1024), checkpoint_activations=opts.checkpoint)
-    return cfg, opts.seq or neox.seq_length
+    cfg = replace(neox.model.model_config(opts.vocab or 1024), checkpoint_activations=opts.checkpoint)
+    return cfg, opts.seq or neox.model.seq_length
 
 
 def batches(opts: CompareOptions, vocab: int, seq: int, rank: int, step: int) -> list[tuple[Any, Any]]:

@@ -56,12 +56,12 @@ def target_regime(
 
     shape, neox = _target(model)
     topo = load_topology(topology, nodes=nodes)
-    micro = neox.train_micro_batch_size_per_gpu or 1
+    micro = neox.batch.micro_batch_size or 1
     opts = CostOptions(
         micro_batch=micro,
-        grad_accum=neox.gradient_accumulation_steps or 1,
-        checkpoint_activations=bool(neox.checkpoint_activations),
-        grad_dtype=neox.grad_dtype,
+        grad_accum=neox.batch.gradient_accumulation_steps or 1,
+        checkpoint_activations=bool(neox.model.checkpoint_activations),
+        grad_dtype=neox.precision.grad_dtype,
     )
 
     def time(name: str) -> Any:
@@ -291,8 +291,8 @@ def target_zero3_memory(
     from zerotopo_lab.presets import estimate
 
     shape, neox = _target(model)
-    opts = CostOptions(micro_batch=neox.train_micro_batch_size_per_gpu or 1,
-                       checkpoint_activations=bool(neox.checkpoint_activations))  # fmt: skip
+    opts = CostOptions(micro_batch=neox.batch.micro_batch_size or 1,
+                       checkpoint_activations=bool(neox.model.checkpoint_activations))  # fmt: skip
     return estimate("zero3", shape, load_topology(topology, nodes=nodes), opts).memory.total
 
 
