@@ -72,9 +72,11 @@ class _Ctx:
     is_main, world = True, 4
 
 
-class _Args:
-    eval_iters, split = 2, (1.0, 0.0, 0.0)
-    train_data_paths = valid_data_paths = None
+def _config():
+    from zerotopo.config.run_sections import DataConfig, EvalConfig
+    from zerotopo.config.tree import TrainConfig
+
+    return TrainConfig(evaluation=EvalConfig(iters=2), data=DataConfig(split=(1.0, 0.0, 0.0)))
 
 
 def test_an_empty_or_tiny_validation_split_skips_evaluation(tmp_path, monkeypatch):
@@ -88,5 +90,5 @@ def test_an_empty_or_tiny_validation_split_skips_evaluation(tmp_path, monkeypatc
     _, tiny, _ = build_train_valid_test(prefix, "29,1,0", 8, (50, 1, 1), seed=1)
     assert len(tiny) == 1
     for split in (valid, tiny):
-        assert usable_valid_split(split, 2, _Ctx(), _Args()) is None
+        assert usable_valid_split(split, 2, _Ctx(), _config()) is None
     assert len(notices) == 2 and all("evaluation is skipped" in n for n in notices)

@@ -136,7 +136,7 @@ class _Evil:
 
 def _model_config(tmp_path: Path, extra: str):
     (tmp_path / "model.yml").write_text(MODEL + extra)
-    return load_neox_config([tmp_path / "model.yml"]).model_config(
+    return load_neox_config([tmp_path / "model.yml"]).model.model_config(
         build_tokenizer("ByteTokenizer", None, None).vocab_size
     )
 

@@ -278,6 +278,14 @@ def _shielded() -> contextlib.AbstractContextManager[None]:
 
 
 @contextlib.contextmanager
+def _ipv4_only(namespace: str) -> None:
+    """No IPv6 in ``namespace``: its interfaces' autoconfiguration multicast would cross the bridges and
+    the shaped classes, bytes the ranks never sent."""
+    _run("ip", "netns", "exec", namespace, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+         "net.ipv6.conf.default.disable_ipv6=1")  # fmt: skip
+
+
+@contextlib.contextmanager
 def _namespaces(count: int, role: str) -> Iterator[tuple[str, tuple[str, ...], tuple[str, ...]]]:
     """A switch namespace with a bridge and ``count`` endpoint namespaces, each with ``eth0`` on the
     bridge at ``addresses[i]``; yields (switch, namespaces, addresses); tears everything down on exit."""
@@ -297,12 +305,14 @@ def _namespaces(count: int, role: str) -> Iterator[tuple[str, tuple[str, ...], t
         with _teardown_on_signals():
             _run("ip", "netns", "add", switch)
             created.append(switch)
+            _ipv4_only(switch)
             _run("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
             _run("ip", "-n", switch, "link", "set", "br0", "up")
             for i, (ns, addr) in enumerate(zip(namespaces, addresses)):
                 _run("ip", "netns", "add", ns)
                 created.append(ns)
                 _run("ip", "-n", ns, "link", "set", "lo", "up")
+                _ipv4_only(ns)
                 # One veth pair per endpoint: eth0 inside it, p<i> on the switch's bridge.
                 _run("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}",
                      "netns", switch)  # fmt: skip
