@@ -11,11 +11,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.models.test_hf_families import IDS, SMALL
-from zerotopo.checkpoint.hf import hf_to_neox_config, read_hf_config
+from tests.models.test_hf_families import IDS, SMALL, load_ours
+from zerotopo.checkpoint.hf import hf_to_neox_config
 from zerotopo.errors import ZerotopoError
-from zerotopo.models.hf import export_architecture, load_safetensors, save_pretrained
-from zerotopo.models.neox import GPTNeoX
+from zerotopo.models.hf import export_architecture, save_pretrained
 from zerotopo.placement.hf_families import HF_FAMILIES, refine
 
 transformers = pytest.importorskip("transformers")
@@ -75,12 +74,6 @@ def save_random(directory, config_cls: str, model_cls: str, keys: dict):
     model.eval()
     model.save_pretrained(directory)
     return model
-
-
-def load_ours(directory) -> GPTNeoX:
-    model = GPTNeoX(hf_to_neox_config(read_hf_config(directory)))
-    load_safetensors(model, directory / "model.safetensors")
-    return model.eval()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

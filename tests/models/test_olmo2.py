@@ -10,12 +10,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.models.test_hf_families import IDS, SMALL
+from tests.models.test_hf_families import IDS, SMALL, load_ours
 from zerotopo.checkpoint.hf import hf_to_neox_config, read_hf_config
 from zerotopo.config.neox import load_neox_config
 from zerotopo.errors import ZerotopoError
-from zerotopo.models.hf import export_architecture, load_safetensors, save_pretrained
-from zerotopo.models.neox import GPTNeoX
+from zerotopo.models.hf import export_architecture, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,12 +30,6 @@ def save_random(directory, **kw):
     model.eval()
     model.save_pretrained(directory)
     return model
-
-
-def load_ours(directory) -> GPTNeoX:
-    model = GPTNeoX(hf_to_neox_config(read_hf_config(directory)))
-    load_safetensors(model, directory / "model.safetensors")
-    return model.eval()
 
 
 @pytest.mark.parametrize("kv_heads", [2, 4])  # blocks [q | k | v], and per-head q|k|v
