@@ -286,9 +286,9 @@ def _ipv4_only(namespace: str) -> None:
 
 
 @contextlib.contextmanager
-def _namespaces(count: int, role: str) -> Iterator[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+def _namespaces(count: int, role: str) -> Iterator[tuple[str, tuple[str, ...], tuple[str, ...], list[str]]]:
     """A switch namespace with a bridge and ``count`` endpoint namespaces, each with ``eth0`` on the
-    bridge at ``addresses[i]``; yields (switch, namespaces, addresses); tears everything down on exit."""
+    bridge at ``addresses[i]``; yields (switch, namespaces, addresses, MAC addresses); tears everything down on exit."""
     ok, why = available()
     if not ok:
         raise ZerotopoError(f"cannot emulate a network here: {why}; {HOW_TO_SKIP}")
@@ -322,7 +322,7 @@ def _namespaces(count: int, role: str) -> Iterator[tuple[str, tuple[str, ...], t
                 _run("ip", "-n", ns, "link", "set", "eth0", "up")
             macs = static_neighbours(namespaces, addresses)
             static_forwarding(switch, [(mac, f"p{i}") for i, mac in enumerate(macs)])
-            yield switch, namespaces, addresses
+            yield switch, namespaces, addresses, macs
     finally:
         with _shielded():
             _kill_children()
@@ -382,7 +382,7 @@ def emulated_network(nodes: int, *, rate_mbit: float, delay_ms: float = 0.0) -> 
     and ``delay_ms`` one-way delay; remove them all on exit (also on error or signal)."""
     if not 1 <= nodes <= 200:
         raise ZerotopoError(f"emulated network: 1 to 200 nodes, got {nodes}")
-    with _namespaces(nodes, "n") as (_, namespaces, addresses):
+    with _namespaces(nodes, "n") as (_, namespaces, addresses, _macs):
         for ns in namespaces:
             qdisc = f"tc -n {ns} qdisc add dev eth0".split()
             parent = ["root"]
@@ -426,9 +426,9 @@ def emulated_cluster(
     rank_rates = dict(shaped)
     if node_uplink:
         rank_rates[net_tier] = shaped[net_tier] * per_node
-    with _namespaces(world, "r") as (switch, namespaces, addresses):
+    with _namespaces(world, "r") as (switch, namespaces, addresses, macs):
         if node_uplink:
-            node_uplinks(switch, per_node, rank_rates[net_tier], [_mac(ns) for ns in namespaces])
+            node_uplinks(switch, per_node, rank_rates[net_tier], macs)
         applied: dict[str, float] = {}
         for rank, ns in enumerate(namespaces):
             tc = ("tc", "-n", ns)
