@@ -89,7 +89,9 @@ def _codes_and_scales(x2: torch.Tensor, bits: int, block: int) -> tuple[torch.Te
     qmax = QMAX[bits]
     x_RNB = F.pad(x2.float(), (0, nblocks * block - n)).view(rows, nblocks, block)  # by value, never bits
     absmax = x_RNB.abs().amax(-1)  # NaN propagates; Inf stays Inf
-    scale = absmax / qmax
+    # A tensor divisor, never the Python number: CUDA divides a tensor by a CPU scalar as a product with
+    # its reciprocal, one rounding off the true quotient that the CPU and the Triton kernels compute.
+    scale = absmax / torch.full_like(absmax, qmax)
     finite = torch.isfinite(scale)
     scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
     usable = finite & (scale > 0)

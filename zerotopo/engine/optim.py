@@ -438,6 +438,7 @@ class ShardedOptimizer(TorchOnShards, torch.optim.Optimizer):
         """Cast the updated chunk and all-gather the chunks of this rank's parameter shard; ``lazy``
         leaves a sharded unit's gather in flight until its next use (see [Note: lazy parameter gather])."""
         u.settle_params()  # an earlier update still in flight lands first
+        u.settle_secondary()  # and the secondary partition's copy has read the buffer written below
         chunk = master.to(u.param_dtype)
         colls = u.comm.steps.param_gather  # the schedule's: empty when o = p
         if not colls:

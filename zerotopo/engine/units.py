@@ -196,6 +196,15 @@ class FlatUnit:
             holder.waited = True
         self.secondary = holder
 
+    def settle_secondary(self) -> None:
+        """On a device: order the current stream after this unit's secondary-partition write, which reads
+        the full buffer on the copy stream. A writer of that buffer (the optimizer's update, where the
+        parameter shard is the full buffer) must not overwrite it under the copy; the backward's gather
+        orders it already where it consumed the partition. On the CPU the copy reads a clone: nothing to do."""
+        held = self.secondary
+        if held is not None and not held.waited and self.device.type == "cuda":
+            held.wait()
+
     # -- views and storage ------------------------------------------------------------------------------
     def settle_params(self, stream: Any = None) -> None:
         """Land the post-step parameter all-gather still in flight, ordered before later work on ``stream``

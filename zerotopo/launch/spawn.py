@@ -207,6 +207,10 @@ def _rank_main(
         import torch
         import torch.distributed as dist
 
+        # Started from inside a torchrun job (a job of one rank runs its tools locally), the rank must not
+        # take torchrun's agent store for its own: torch's rendezvous would wait on a store no one serves.
+        for name in [n for n in os.environ if n.startswith("TORCHELASTIC_")]:
+            del os.environ[name]
         os.environ.update(
             {
                 "RANK": str(rank),
