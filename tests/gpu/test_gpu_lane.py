@@ -231,7 +231,7 @@ def test_gpu_stream_sanitizer_reports_no_unsynchronized_access() -> None:
     )
     text = proc.stdout + proc.stderr
     first = text.find("CSAN detected")
-    assert proc.returncode == 0 and first < 0, text[first:first + 6000] if first >= 0 else text[-4000:]
+    assert proc.returncode == 0 and first < 0, text[first : first + 6000] if first >= 0 else text[-4000:]
 
 
 # -- 4. the race on the device, 6. event vs host timing ----------------------------------------------------

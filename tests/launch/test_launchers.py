@@ -160,6 +160,20 @@ def test_torchrun_allreduce():
     check_allreduce(json_objects(proc.stdout), "torchrun")
 
 
+@pytest.mark.slow
+def test_local_ranks_started_inside_a_one_rank_torchrun_job(tmp_path):
+    """A job of one rank runs calibrate's ranks locally: they must not take torchrun's agent store
+    (TORCHELASTIC_USE_AGENT_STORE) for theirs, where torch's rendezvous waited for 30 minutes."""
+    out = tmp_path / "calibration.yaml"
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "zerotopo.cli.main",
+           "calibrate", "--topology", "emulated", "--ranks", "4", "--ops", "all_gather", "--sizes", "64K",
+           "--iters", "1", "--warmup", "0", "--no-overlap", "--no-device", "-o", str(out)]  # fmt: skip
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "all_gather" in out.read_text()
+
+
 # -- training end to end ----------------------------------------------------------------------------
 TINY = REPO / "configs" / "tiny.yml"
 TRAIN_ARGS = ["-m", "zerotopo.cli.main", "train", str(TINY), "--set", "train_iters=3"]

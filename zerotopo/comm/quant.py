@@ -11,9 +11,11 @@ for dequantization, and one for the int4 reduce-scatter's dequantize-and-sum
 CUDA or ROCm device when Triton is installed, the reference there otherwise, with a one-line notice;
 the reference on CPU, where a compile costs more than it saves in the short tests), ``triton``,
 ``compiled`` or ``reference``. When compiling or launching fails (no compiler, an unsupported platform,
-a CPU tensor without ``TRITON_INTERPRET=1``) the reference runs instead, with one warning. All give
-bit-identical results (every number the same bits, NaN in the same places; a NaN's payload bits may
-differ), tested on CPU (Triton's through its interpreter).
+a CPU tensor without ``TRITON_INTERPRET=1``) the reference runs instead, with one warning. The reference
+and the Triton kernels give bit-identical results on CPU and device (every number the same bits, NaN in
+the same places; a NaN's payload bits may differ): tested on CPU (Triton's through its interpreter) and
+on an NVIDIA H200. ``compiled`` is bit-identical on CPU; on a GPU Inductor divides its own way (scales
+one rounding off, codes one step off, measured on the H200).
 
 A block of ``block`` consecutive elements gets ``scale = absmax / qmax`` (``qmax`` 127 for int8, 7 for
 int4) and codes ``round(x / scale)`` in ``[-qmax, qmax]``; ``x̂ = code · scale``. So:

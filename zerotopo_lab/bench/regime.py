@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-TARGET_MODEL = "configs/neox-20b.yml"
+TARGET_MODEL = "neox-20b"  # the built-in config (configs/neox-20b.yml), found from any directory
 TARGET_TOPOLOGY = "frontier"
 TARGET_NODES = 48
 

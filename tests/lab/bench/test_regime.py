@@ -18,6 +18,17 @@ def test_target_regime_is_the_cost_models_zero3_ratio_at_48_frontier_nodes():
     assert t.deepspeed_zero3 > t.zero3
 
 
+def test_the_target_is_found_from_any_directory(tmp_path, monkeypatch):
+    # `zerotopo bench scale` started outside the repository read configs/neox-20b.yml relative to the
+    # working directory and stopped; the target is the built-in config
+    from zerotopo_lab.bench import regime
+
+    regime._target.cache_clear()
+    monkeypatch.chdir(tmp_path)
+    shape, _ = regime._target(regime.TARGET_MODEL)
+    assert (shape.hidden_size, shape.num_layers) == (6144, 44)
+
+
 def test_measured_ratio_from_the_rows():
     rows = [{"name": "no-comm", "step_time_s": 0.5}, {"name": "zero3", "step_time_s": 0.8}]
     assert measured_ratio(rows) == pytest.approx(0.6)
