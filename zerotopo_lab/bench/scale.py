@@ -132,11 +132,13 @@ def count_entry(nodes: int, report: dict[str, Any], curves: str | None = None) -
 
 
 def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_batches: int = 1,
-          command: str = "", run_compare: Any = None, curves: tuple[str | None, ...] = (None,)) -> dict[str, Any]:  # fmt: skip
+          command: str = "", run_compare: Any = None, curves: tuple[str | None, ...] = (None,),
+          partial: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``bench compare`` on the device clock at each of ``nodes``, once per entry of ``curves``
     (None: the shaped links alone; a :data:`zerotopo_lab.bench.replay.CURVES` name: replayed at that node
     count); ``run_compare(opts) -> report``, default :func:`zerotopo_lab.bench.compare.compare`. Returns
-    the scale report."""
+    the scale report. ``partial``: a file that holds the report of the counts done so far after each one
+    (a run of hours that stops at its last count keeps the others; ``--from`` merges it with a rerun)."""
     from zerotopo_lab.bench.compare import compare
 
     run_compare = run_compare or (lambda opts: compare(opts, command=command))
@@ -146,6 +148,12 @@ def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_b
         for c in curves:
             print(f"bench scale: {n} nodes" + (f", curves {c}" if c else ""), file=sys.stderr, flush=True)
             counts.append(count_entry(n, run_compare(count_options(base, n, mode, micro_batches, c)), c))
+            if partial:
+                done = sorted({e["nodes"] for e in counts})
+                with open(partial, "w") as f:
+                    json.dump({"command": command, "mode": mode, "nodes": done, "counts": counts}, f, indent=1,
+                              default=str)  # fmt: skip
+                    f.write("\n")
     return {"command": command, "mode": mode, "nodes": list(nodes), "counts": counts}
 
 
@@ -320,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
         base = replace(base, topology=node_topology(args.ranks_per_node, directory))
         report = emit(
             args,
-            lambda: scale(base, nodes, args.mode, args.micro_batches, command, curves=curves),
+            lambda: scale(
+                base, nodes, args.mode, args.micro_batches, command, curves=curves, partial=args.output
+            ),
             plot,
             format_scale,
         )

@@ -97,6 +97,21 @@ def test_the_report_holds_every_count_and_plots(tmp_path):
     assert (tmp_path / "scale.png").stat().st_size > 0
 
 
+def test_the_counts_done_are_kept_when_a_later_one_fails(tmp_path):
+    out = tmp_path / "scale.json"
+
+    def compare_until_8(opts):
+        if opts.nodes == 8:
+            raise RuntimeError("rank 17 ran out of memory")
+        return _fake_report(opts)
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        scale(CompareOptions(), (2, 4, 8), "micro-batch", run_compare=compare_until_8, partial=str(out))
+    kept = json.loads(out.read_text())
+    assert kept["nodes"] == [2, 4] and [e["nodes"] for e in kept["counts"]] == [2, 4]
+    assert merge_reports([str(out)])["nodes"] == [2, 4]
+
+
 def test_reports_of_separate_runs_merge_into_one(tmp_path, capsys):
     from zerotopo.cli.main import main
 
