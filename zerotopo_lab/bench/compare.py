@@ -1390,6 +1390,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report["losses_agree"] else 1
 
 
+def report_json(report: dict[str, Any]) -> str:
+    """A bench report as its JSON text (what ``--json`` prints and ``-o`` writes)."""
+    return json.dumps(report, indent=1, default=str)
+
+
+def write_report(path: str, report: dict[str, Any]) -> None:
+    """Write a bench report's JSON to ``path`` (``-o FILE``)."""
+    with open(path, "w") as f:
+        f.write(report_json(report) + "\n")
+
+
 def emit(
     args: argparse.Namespace,
     measure: Callable[[], dict[str, Any]],
@@ -1408,11 +1419,9 @@ def emit(
             report = measure()
     else:
         report = measure()
-    text = json.dumps(report, indent=1, default=str)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
+        write_report(args.output, report)
     if args.plot:
         draw(report, args.plot)
-    print(text if args.json else text_of(report))
+    print(report_json(report) if args.json else text_of(report))
     return report

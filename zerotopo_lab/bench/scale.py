@@ -139,22 +139,22 @@ def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_b
     count); ``run_compare(opts) -> report``, default :func:`zerotopo_lab.bench.compare.compare`. Returns
     the scale report. ``partial``: a file that holds the report of the counts done so far after each one
     (a run of hours that stops at its last count keeps the others; ``--from`` merges it with a rerun)."""
-    from zerotopo_lab.bench.compare import compare
+    from zerotopo_lab.bench.compare import compare, write_report
 
     run_compare = run_compare or (lambda opts: compare(opts, command=command))
     os.environ.setdefault("ZEROTOPO_START_METHOD", "forkserver")
-    counts = []
+    counts: list[dict[str, Any]] = []
+
+    def report(done: list[int]) -> dict[str, Any]:
+        return {"command": command, "mode": mode, "nodes": done, "counts": counts}
+
     for n in nodes:
         for c in curves:
             print(f"bench scale: {n} nodes" + (f", curves {c}" if c else ""), file=sys.stderr, flush=True)
             counts.append(count_entry(n, run_compare(count_options(base, n, mode, micro_batches, c)), c))
-            if partial:
-                done = sorted({e["nodes"] for e in counts})
-                with open(partial, "w") as f:
-                    json.dump({"command": command, "mode": mode, "nodes": done, "counts": counts}, f, indent=1,
-                              default=str)  # fmt: skip
-                    f.write("\n")
-    return {"command": command, "mode": mode, "nodes": list(nodes), "counts": counts}
+            if partial:  # the counts run so far
+                write_report(partial, report(list(dict.fromkeys(e["nodes"] for e in counts))))
+    return report(list(nodes))
 
 
 def merge_reports(paths: list[str]) -> dict[str, Any]:
