@@ -197,7 +197,7 @@ def _worker(
     import torch.distributed as dist
 
     from zerotopo.placement.topology import load_topology
-    from zerotopo_lab.bench.hosttime import thread_times
+    from zerotopo_lab.bench.hosttime import other_threads, others_since, thread_times
     from zerotopo_lab.bench.measure import FRAME_BYTES, PeakMemory, link_tier_counters
     from zerotopo_lab.bench.precision import arithmetic
     from zerotopo_lab.bench.rows import build_row, prepare_row, warm_up
@@ -242,7 +242,7 @@ def _worker(
                 sent0 = link_tier_counters(tier_classes)
             if step == opts.warmup:
                 waited0 = sum(waited.values())  # the timed steps' waits (a warm-up step can differ)
-                clock0, host0 = on_clock(), thread_times()
+                clock0, host0, others0 = on_clock(), thread_times(), other_threads()
             restart()  # the clock's balance is a step's: nothing carries across a step's end
             t0, c0 = time.perf_counter(), time.process_time()
             with arithmetic(opts.dtype):
@@ -253,7 +253,7 @@ def _worker(
                 times.append(time.perf_counter() - t0)
                 cpu.append(c1 - c0)
             losses.append(loss)
-        clock1, host = on_clock(), thread_times() - host0
+        clock1, host, others = on_clock(), thread_times() - host0, others_since(others0, other_threads())
         if row.settle is not None:
             row.settle()
             dist.barrier()
@@ -282,6 +282,8 @@ def _worker(
                 **{f"clock_{k}_s": (clock1[k] - clock0[k]) / opts.steps for k in clock1},
                 "thread_cpu_s": host.cpu_s / opts.steps,
                 "run_delay_s": host.run_delay_s / opts.steps,
+                "others_cpu_s": others.cpu_s / opts.steps,
+                "others_run_delay_s": others.run_delay_s / opts.steps,
                 "process_groups": len(getattr(dist.distributed_c10d._world, "pg_map", ())),
             }
         )
@@ -655,6 +657,10 @@ def _clock_figures(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "clock_device_s_per_step": mean("clock_device_s"),
         "host_cpu_s_per_step": mean("thread_cpu_s"),
         "run_delay_s_per_step": mean("run_delay_s"),
+        # the rank's other threads (its transport, the copy engine): their processor time and their
+        # waits for a core, which delay a collective's hops
+        "others_cpu_s_per_step": mean("others_cpu_s"),
+        "others_run_delay_s_per_step": mean("others_run_delay_s"),
         "host_over_device_s_per_step": s + host - mean("clock_device_s"),
         "clock_overshoot_s_per_step": mean("clock_overshoot_s"),
         "blocked_s_per_step": step - s - mean("clock_overshoot_s") - host,
