@@ -53,8 +53,12 @@ def _check_rs_one_hop(rank: int, g, order, n: int, block: int, ledger: Ledger, s
 
 def _qc_rank(rank: int, world: int, nodes: int, permuted: bool) -> dict:
     topo = load_topology("emulated", nodes=nodes)
+    from zerotopo.comm import collectives
+
     checks: dict[str, bool] = {}
     ledger = Ledger()
+    observed: list[tuple[str, int, int]] = []
+    collectives.observe_collectives(lambda op, pg, n, width: observed.append((op, n, width)))
     # zerotopo: params = package (int8 all-gather), secondary = node, grads = node (one-hop int4).
     mesh = build_mesh(topo, get_preset("zerotopo"), topo_index=_topo_index(rank, permuted))
     for kind, n, block, dtype in (("params", 13, 4, torch.bfloat16), ("secondary", 32, 8, torch.float32)):
@@ -78,8 +82,9 @@ def _qc_rank(rank: int, world: int, nodes: int, permuted: bool) -> dict:
         rank, g, layout.reduce_scatter_order(mesh.degrees), 16, 8, ledger, 2
     )
     checks["rs4 partial block"] = _check_rs_one_hop(rank, g, None, 10, 4, ledger, 3)
+    collectives.observe_collectives(None)
     records = [(r.op, r.kind, r.tier, r.numel, r.bytes_sent) for r in ledger.records()]
-    result = {"checks": checks, "records": records, "two_hop": []}
+    result = {"checks": checks, "records": records, "two_hop": [], "observed": observed}
 
     if nodes > 1:
         # zero3: grads over the world (2 nodes): two hops, inside the node then across nodes.
@@ -128,6 +133,14 @@ def test_quantized_collectives(nodes: int, permuted: bool) -> None:
         assert (t1, b1) == ("node", volume.int8_all_gather_bytes(n1, 4, 8))
         assert (t2, b2) == ("node", volume.int4_reduce_scatter_bytes(n2, 4, 8))
         assert (t3, b3) == ("node", volume.int4_reduce_scatter_bytes(n3, 4, 4))
+        # an observer (the bench's curve replay) is told each whole message as it goes on the wire: the
+        # codes and scales of every position, in bytes, as the cost model's schedule sizes it
+        assert res["observed"] == [
+            ("all_gather_int8", 2 * volume.int8_payload(13, 4), 1),
+            ("all_gather_int8", 4 * volume.int8_payload(32, 8), 1),
+            ("reduce_scatter_int4", 4 * volume.int4_payload(16, 8), 1),
+            ("reduce_scatter_int4", 4 * volume.int4_payload(10, 4), 1),
+        ]
         if nodes > 1:
             a, b = res["sizes"]
             assert (a, b) == (4, 2)

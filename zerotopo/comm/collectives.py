@@ -54,7 +54,8 @@ _issuing = threading.local()
 def observe_collectives(fn: Observer | None) -> Observer | None:
     """Call ``fn(op, process_group, numel, itemsize)`` before each collective the engine issues (``op`` as
     the ledger names it; the whole message: gathered output, reduce-scatter input, all-reduce buffer,
-    all-to-all input, its elements and their width in bytes), whichever torch.distributed calls carry it (a ring of
+    all-to-all input, its elements and their width in bytes; a quantized collective's as the bytes of its
+    codes and scales, itemsize 1), whichever torch.distributed calls carry it (a ring of
     point-to-point sends included). Returns the previous observer; None removes it. For instrumentation
     such as ``zerotopo_lab.bench.replay``, whose wrappers of torch.distributed skip the calls made while the
     engine issues one of its own (:func:`issuing`)."""
@@ -183,13 +184,17 @@ def run_collective(
     tag: str = "",
     async_op: bool = False,
     stream: Any = None,
+    wire_message_bytes: int | None = None,
 ) -> Pending | None:
-    """Issue one collective (on ``stream``), record it, and wait unless ``async_op``."""
+    """Issue one collective (on ``stream``), record it, and wait unless ``async_op``.
+    ``wire_message_bytes``: the whole message as it goes on the wire when that is not ``numel`` values
+    of ``ref``'s width (a quantized collective's codes and scales); the observer is told it as bytes."""
     device = ref.device
     with stream_context(stream, device), record_function(f"zerotopo::{op} {tag}".rstrip()):
         start = _start_clock(device) if ledger is not None else None  # no events when nothing records
         if _observer is not None:
-            _observer(op, getattr(group, "pg", None), numel, ref.element_size())
+            n, width = (numel, ref.element_size()) if wire_message_bytes is None else (wire_message_bytes, 1)
+            _observer(op, getattr(group, "pg", None), n, width)
         _issuing.depth = getattr(_issuing, "depth", 0) + 1
         try:
             work, finish = issue()

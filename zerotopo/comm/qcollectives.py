@@ -69,8 +69,10 @@ def gather_quantized(
         raise ValueError(f"{op}: output has {out.numel()} elements, expected {d} shards of {q_local.numel}")
     if q_local.bits == 8:
         nbytes = volume.int8_all_gather_bytes(out.numel(), d, q_local.block)
+        payload_bytes = volume.int8_payload(q_local.numel, q_local.block)
     else:
-        nbytes = (d - 1) * volume.int4_payload(q_local.numel, q_local.block) if d > 1 else 0
+        payload_bytes = volume.int4_payload(q_local.numel, q_local.block)
+        nbytes = (d - 1) * payload_bytes if d > 1 else 0
 
     def issue() -> tuple[Any, list[Finish]]:
         # Runs on ``stream``: the packing is ordered with the collective, the dequantization with wait().
@@ -89,7 +91,7 @@ def gather_quantized(
 
     return run_collective(
         op, group, out, numel=out.numel(), nbytes=nbytes, dtype=f"int{q_local.bits}", ledger=ledger,
-        tag=tag, async_op=async_op, stream=stream, issue=issue,
+        tag=tag, async_op=async_op, stream=stream, issue=issue, wire_message_bytes=d * payload_bytes,
     )  # fmt: skip
 
 
@@ -127,6 +129,7 @@ def _all_to_all_reduce(
         "reduce_scatter_int4", group, rows, numel=rows.numel(),
         nbytes=volume.int4_reduce_scatter_bytes(rows.numel(), d, block), dtype="int4", ledger=ledger,
         tag=tag, async_op=False, stream=None, issue=lambda: issue_all_to_all(recv, payload, group),
+        wire_message_bytes=payload.numel() * payload.element_size(),
     )  # fmt: skip
     q = unpack_payload(recv, numel=rows.numel(), bits=4, block=block, dtype=torch.float32)
     return dequantize_reduce(q)  # (d, n) codes -> their fp32 sum, in position order
