@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zerotopo.comm import collectives
 from zerotopo.comm.ledger import Ledger
 from zerotopo.comm.mesh import build_mesh
 from zerotopo.comm.qcollectives import all_gather_int8, gather_quantized, reduce_scatter_int4
@@ -53,8 +54,6 @@ def _check_rs_one_hop(rank: int, g, order, n: int, block: int, ledger: Ledger, s
 
 def _qc_rank(rank: int, world: int, nodes: int, permuted: bool) -> dict:
     topo = load_topology("emulated", nodes=nodes)
-    from zerotopo.comm import collectives
-
     checks: dict[str, bool] = {}
     ledger = Ledger()
     observed: list[tuple[str, int, int]] = []

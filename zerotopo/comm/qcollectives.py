@@ -67,12 +67,9 @@ def gather_quantized(
         raise ValueError("gather_quantized expects one quantized shard (rows == 1)")
     if out.numel() != q_local.numel * d:
         raise ValueError(f"{op}: output has {out.numel()} elements, expected {d} shards of {q_local.numel}")
-    if q_local.bits == 8:
-        nbytes = volume.int8_all_gather_bytes(out.numel(), d, q_local.block)
-        payload_bytes = volume.int8_payload(q_local.numel, q_local.block)
-    else:
-        payload_bytes = volume.int4_payload(q_local.numel, q_local.block)
-        nbytes = (d - 1) * payload_bytes if d > 1 else 0
+    payload = volume.int8_payload if q_local.bits == 8 else volume.int4_payload
+    payload_bytes = payload(q_local.numel, q_local.block)  # one position's codes and scales
+    nbytes = (d - 1) * payload_bytes  # sent to the d - 1 others (volume.int8_all_gather_bytes for int8)
 
     def issue() -> tuple[Any, list[Finish]]:
         # Runs on ``stream``: the packing is ordered with the collective, the dequantization with wait().

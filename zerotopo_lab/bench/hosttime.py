@@ -27,6 +27,7 @@ class ThreadTimes:
 
 
 def _schedstat(path: str) -> ThreadTimes | None:
+    """A thread's times from its schedstat file; None where it cannot be read (no such thread)."""
     try:
         with open(path) as f:
             run_ns, wait_ns = f.read().split()[:2]
