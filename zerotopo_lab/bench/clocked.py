@@ -3,9 +3,9 @@
 The target is NeoX-20B (configs/neox-20b.yml) on Frontier GCDs arranged as the emulated topology's tree
 at its node count (:func:`zerotopo_lab.bench.clock.target_topology`). :func:`derive` measures this
 machine's arithmetic rate (the ``no-comm`` row on every rank, in processor time: :func:`planned_rate`),
-picks D so that the real arithmetic of a step is :data:`~zerotopo_lab.bench.clock.ARITHMETIC_SHARE` of its
-waited device time, and shapes each tier at the target's bandwidth × k / D with its latency × D, a
-node's ranks sharing one uplink. :func:`cost_topology` is the machine the cost model prices the rows on
+picks D so that the real arithmetic of a step is a share of its waited device time
+(:func:`~zerotopo_lab.bench.clock.arithmetic_share`: a tenth up to 32 ranks, less beyond), and shapes
+each tier at the target's bandwidth × k / D with its latency × D, a node's ranks sharing one uplink. :func:`cost_topology` is the machine the cost model prices the rows on
 so that its predictions and the measured steps stand for the same target.
 """
 
@@ -127,6 +127,8 @@ class ClockSettings:
     rates_mbit: dict[str, float]
     delays_ms: dict[str, float]
     workload: Workload
+    share: float = C.ARITHMETIC_SHARE
+    """The arithmetic share D was planned for (:func:`~zerotopo_lab.bench.clock.arithmetic_share`)."""
 
     def to_dict(self) -> dict[str, Any]:
         waited = self.clock.dilation * self.device_s
@@ -136,6 +138,7 @@ class ClockSettings:
             f"({self.target.nodes} nodes of {self.target.devices_per_node})",
             "flops_per_rank": self.flops_per_rank,
             "arithmetic_s_per_step": self.arithmetic_s,
+            "arithmetic_share": self.share,
             "device_s_per_step": self.device_s,
             "waited_s_per_step": waited,
             "predicted_arithmetic_fraction": C.arithmetic_fraction(self.arithmetic_s, waited),
@@ -147,10 +150,10 @@ class ClockSettings:
 
 def derive(
     opts: Any, topo: Any, cfg: Any, seq: int, measure: Any, work: Workload | None = None,
-    share: float = C.ARITHMETIC_SHARE,
 ) -> tuple[Any, ClockSettings]:  # fmt: skip
     """``opts`` on the clock and the settings: ``measure(opts, topo, cfg, seq, batch) -> FLOP/s`` per
-    rank (:func:`measure_rate`). The target micro-batch is the config's; the
+    rank (:func:`measure_rate`); D planned for ``opts.arithmetic_share`` (None: the ranks'
+    :func:`~zerotopo_lab.bench.clock.arithmetic_share`). The target micro-batch is the config's; the
     micro-batches per step are ``opts.micro_batches`` (``bench scale`` sets them from ``work``, the
     :func:`target_workload` it states; without it, a fixed number per rank). The waits recompute a
     layer's forward in its backward as the target does; the bench model's own arithmetic need not (its
@@ -173,6 +176,7 @@ def derive(
     arithmetic = (
         shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint) / flops
     )
+    share = opts.arithmetic_share or C.arithmetic_share(topo.world_size)
     D = C.dilation(arithmetic, device_s, share)
     clock = replace(undilated, dilation=D)
     rates, delays = C.link_rates_mbit(target, k, D), C.link_delays_ms(target, D)
@@ -189,7 +193,7 @@ def derive(
         opts = replace(opts, replay=replay, network_mbit=FASTEST_MBIT, rates={}, delays_ms={})
         rates, delays = {}, {}
     work = work or workload(topo.nodes, topo.devices_per_node, micro, 0, "micro-batch", opts.micro_batches)
-    return opts, ClockSettings(clock, target, flops, arithmetic, device_s, rates, delays, work)
+    return opts, ClockSettings(clock, target, flops, arithmetic, device_s, rates, delays, work, share)
 
 
 def cost_topology(

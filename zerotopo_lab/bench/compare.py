@@ -129,6 +129,10 @@ class CompareOptions:
     """One-way delay per tier's shaped link, ms (the device clock's latencies x D)."""
     workload: Any = None
     """The :class:`zerotopo_lab.bench.clocked.Workload` the run stands for (``bench scale``), or None."""
+    arithmetic_share: float | None = None
+    """``--regime device-clock``: the most of a step's waited time the real arithmetic may take, which
+    sets D (``--arithmetic-share``; None: :func:`zerotopo_lab.bench.clock.arithmetic_share` of the
+    ranks)."""
 
 
 # -- model and data ---------------------------------------------------------------------------------
@@ -1262,6 +1266,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="weights, gathers and gradient reductions: bf16 (default for frontier-20b; the arithmetic runs "
         "in fp32, zerotopo_lab.bench.precision) or fp32 (default for comm-bound)",
     )
+    add_share_argument(p)
     p.add_argument("--topology", default=d.topology, help=f"topology (default {d.topology})")
     p.add_argument("--nodes", type=int, help="emulated nodes (default: the topology's)")
     p.add_argument(
@@ -1337,6 +1342,25 @@ def _output_arguments(p: argparse.ArgumentParser, d: CompareOptions) -> None:
     )
 
 
+def add_share_argument(p: argparse.ArgumentParser) -> None:
+    """``--arithmetic-share`` (``bench compare --regime device-clock`` and ``bench scale``)."""
+    p.add_argument(
+        "--arithmetic-share",
+        type=float,
+        metavar="S",
+        help="device-clock: the most of a step's waited time the real arithmetic may take; D follows from it "
+        "(default 0.1 up to 32 ranks, 0.1 x 32 / ranks beyond: a smaller share, a larger D, a longer run)",
+    )
+
+
+def share_from_args(args: argparse.Namespace) -> float | None:
+    """``--arithmetic-share``, checked: a share in (0, 1], or None for the default."""
+    share = getattr(args, "arithmetic_share", None)
+    if share is not None and not 0 < share <= 1:
+        raise ConfigError(f"expected a share in (0, 1], got {share}", key="--arithmetic-share")
+    return share
+
+
 def options_from_args(args: argparse.Namespace) -> CompareOptions:
     from zerotopo.launch.netem import parse_rates
 
@@ -1355,6 +1379,9 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         if derived and getattr(args, key, None) is not None:
             flag = "--" + key.replace("_", "-")
             raise ConfigError(f"{regime} derives {flag}; give --regime comm-bound to set it", key=flag)
+    share = share_from_args(args)
+    if share is not None and not clock:
+        raise ConfigError("only --regime device-clock has a dilation to plan", key="--arithmetic-share")
     if clock and args.shape:
         raise ConfigError("device-clock shapes every tier from the target's links", key="--shape")
     nodes = getattr(args, "nodes", None)
@@ -1386,6 +1413,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         calibration=args.calibration,
         repeat=getattr(args, "repeat", DEFAULT_REPEAT),
         dtype=getattr(args, "dtype", None) or ("bf16" if derived else "fp32"),
+        arithmetic_share=share,
     )
 
 

@@ -261,6 +261,8 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from zerotopo_lab.bench.compare import add_share_argument
+
     p.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)),
                    help=f"emulated node counts (default 2,4,8,16; at most {MAX_RANKS} ranks in all)")  # fmt: skip
     p.add_argument("--ranks-per-node", type=int, choices=RANKS_PER_NODE, default=4,
@@ -279,6 +281,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=2, help="timed steps per row (default 2)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument("--repeat", type=int, default=3, help="runs of every row at each count (default 3)")
+    add_share_argument(p)
     p.add_argument("--model", default="wide", help="the bench model (default wide)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="wire dtype (default bf16)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one run's ranks may take")
@@ -292,7 +295,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotopo_lab.bench.compare import CLOCK_BATCH, CLOCK_SEQ, CompareOptions, emit
+    from zerotopo_lab.bench.compare import CLOCK_BATCH, CLOCK_SEQ, CompareOptions, emit, share_from_args
 
     if args.plot:
         try:
@@ -321,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
             )
     base = CompareOptions(regime="device-clock", model=args.model, rows=rows, steps=args.steps, warmup=args.warmup,
                           repeat=args.repeat, dtype=args.dtype, batch=CLOCK_BATCH, seq=CLOCK_SEQ,
-                          timeout_s=args.timeout)  # fmt: skip
+                          timeout_s=args.timeout, arithmetic_share=share_from_args(args))  # fmt: skip
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench scale"
     curves = {"both": (None, *CURVES), "off": (None,)}.get(args.curves, (args.curves,))
     with tempfile.TemporaryDirectory(prefix="zerotopo-scale-") as directory:
