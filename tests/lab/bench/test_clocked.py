@@ -35,6 +35,26 @@ def test_d_makes_the_arithmetic_a_tenth_of_the_waited_time():
     assert s.to_dict()["workload"].startswith("2 micro-batches x 4 sequences per rank on 16 ranks (4 nodes)")
 
 
+def test_the_share_falls_beyond_32_ranks_and_the_option_sets_it():
+    assert [C.arithmetic_share(n) for n in (8, 16, 32, 64)] == pytest.approx([0.1, 0.1, 0.1, 0.05])
+    with pytest.raises(ValueError, match="at least one rank"):
+        C.arithmetic_share(0)
+
+    def fraction(s):
+        return C.arithmetic_fraction(s.arithmetic_s, s.clock.dilation * s.device_s)
+
+    (_, s16), *_ = _derive(nodes=16)  # 64 ranks: half the share, so twice the D of the same arithmetic
+    assert (s16.share, fraction(s16)) == pytest.approx((0.05, 0.05))
+    assert s16.to_dict()["arithmetic_share"] == pytest.approx(0.05)
+    opts = CompareOptions(regime="device-clock", model="wide", batch=1, seq=64, micro_batches=2, vocab=512,
+                          nodes=16, arithmetic_share=0.1)  # fmt: skip
+    topo = load_topology(opts.topology, nodes=16)
+    cfg, seq = model_config(opts)
+    _, given = derive(opts, topo, cfg, seq, lambda *a: 2e9)
+    assert fraction(given) == pytest.approx(0.1)
+    assert s16.clock.dilation == pytest.approx(2 * given.clock.dilation)
+
+
 def test_the_links_run_at_the_targets_rate_times_k_over_d():
     (opts, s), topo, *_ = _derive()
     k, D = s.clock.scale, s.clock.dilation
@@ -97,6 +117,13 @@ def test_the_command_line_of_the_clock():
     with pytest.raises(ConfigError, match="--nodes"):
         _args("--regime", "device-clock", "--nodes", "65")
     assert _args("--regime", "comm-bound").seq is None  # the other regimes keep the model's
+    assert _args("--regime", "device-clock").arithmetic_share is None  # the ranks' default
+    assert _args("--regime", "device-clock", "--arithmetic-share", "0.02").arithmetic_share == 0.02
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match=r"--arithmetic-share.*\(0, 1\]"):
+            _args("--regime", "device-clock", "--arithmetic-share", bad)
+    with pytest.raises(ConfigError, match="only --regime device-clock"):
+        _args("--regime", "comm-bound", "--arithmetic-share", "0.05")
 
 
 def test_the_planned_rate_reads_processor_time_not_the_wait_for_a_core():

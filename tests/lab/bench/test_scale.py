@@ -211,3 +211,22 @@ def test_two_nodes_of_eight_ranks_run_and_their_links_show_the_nodes(tmp_path):
     sent = row["tier_payload_bytes_per_step"]
     assert sent["node"] / sent["package"] == pytest.approx(6 / 8, rel=0.05)
     assert sent["network"] / sent["package"] == pytest.approx(2 / 8, rel=0.05)
+
+
+def test_the_arithmetic_share_reaches_every_count(monkeypatch, capsys):
+    from zerotopo.cli.main import main
+    from zerotopo_lab.bench import scale as S
+
+    seen = []
+
+    def fake(base, nodes, mode, micro_batches, command="", **kw):
+        seen.append(base.arithmetic_share)
+        return scale(base, nodes, mode, micro_batches, command, run_compare=_fake_report)
+
+    monkeypatch.setattr(S, "scale", fake)
+    assert main(["bench", "scale", "--nodes", "2", "--curves", "off", "--arithmetic-share", "0.05", "--json"]) == 0
+    assert main(["bench", "scale", "--nodes", "2", "--curves", "off", "--json"]) == 0
+    assert seen == [0.05, None]  # None: derive takes the ranks' default
+    capsys.readouterr()
+    assert main(["bench", "scale", "--nodes", "2", "--arithmetic-share", "2"]) != 0
+    assert "--arithmetic-share: expected a share in (0, 1], got 2.0" in capsys.readouterr().err
