@@ -5,8 +5,9 @@ at its node count (:func:`zerotopo_lab.bench.clock.target_topology`). :func:`der
 machine's arithmetic rate (the ``no-comm`` row on every rank, in processor time: :func:`planned_rate`),
 picks D so that the real arithmetic of a step is a share of its waited device time
 (:func:`~zerotopo_lab.bench.clock.arithmetic_share`: a tenth up to 32 ranks, less beyond), and shapes
-each tier at the target's bandwidth × k / D with its latency × D, a node's ranks sharing one uplink. :func:`cost_topology` is the machine the cost model prices the rows on
-so that its predictions and the measured steps stand for the same target.
+each tier at the target's bandwidth × k / D with its latency × D, a node's ranks sharing one uplink.
+:func:`cost_topology` is the machine the cost model prices the rows on so that its predictions and the
+measured steps stand for the same target.
 """
 
 from __future__ import annotations
