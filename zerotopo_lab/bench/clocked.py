@@ -128,7 +128,7 @@ class ClockSettings:
     rates_mbit: dict[str, float]
     delays_ms: dict[str, float]
     workload: Workload
-    share: float = C.ARITHMETIC_SHARE
+    share: float
     """The arithmetic share D was planned for (:func:`~zerotopo_lab.bench.clock.arithmetic_share`)."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,7 +177,7 @@ def derive(
     arithmetic = (
         shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint) / flops
     )
-    share = opts.arithmetic_share or C.arithmetic_share(topo.world_size)
+    share = C.arithmetic_share(topo.world_size) if opts.arithmetic_share is None else opts.arithmetic_share
     D = C.dilation(arithmetic, device_s, share)
     clock = replace(undilated, dilation=D)
     rates, delays = C.link_rates_mbit(target, k, D), C.link_delays_ms(target, D)
