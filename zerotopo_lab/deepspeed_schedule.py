@@ -8,6 +8,15 @@ end. Its hpZ copy keeps the parameters' width, and on gloo its gradient reduce-s
 (``reduce_scatter_tensor``) runs as a full all-reduce. Each of these is a knob of :class:`DeepSpeedSchedule`
 and a hook of :class:`DeepSpeedBuilder`; the presets at DeepSpeed's defaults are in
 :mod:`zerotopo_lab.presets`.
+
+[Note: DeepSpeed's coalesced prefetch] Once its trace is complete, DeepSpeed's
+``PartitionedParameterCoordinator.fetch_sub_module`` runs at every module's pre-forward hook, the root
+module's first: it gathers the module's own parameters if none is in flight, waits for them, and then
+prefetches from its recorded order while fewer than ``stage3_prefetch_bucket_size`` elements are
+queued, all of them in one ``all_gather_coalesced`` call. A bucket larger than several modules makes one
+call of them, waited for in full by the first (:func:`fetch_calls`). Traced on the bench's 8 ranks
+(docs/bench_model_gap.md): the timed steps' forward is one all-gather of every parameter (4,232,832
+elements) issued by the root module and waited for before the embedding computes.
 """
 
 from __future__ import annotations
@@ -104,6 +113,25 @@ class DeepSpeedBuilder(ScheduleBuilder):
             out.append(k)
         return out[::-1] if reverse else out
 
+    def _unit_steps(self, units, sizes, gathered, reduces, replicas, last_keeps_weights):
+        """The engine's unit steps with the forward gathers coalesced as DeepSpeed's prefetch issues them
+        (``coalesce_prefetch``; module note)."""
+        steps, step_end = super()._unit_steps(units, sizes, gathered, reduces, replicas, last_keeps_weights)
+        bucket = self.options.prefetch_bucket_elems
+        if not self.options.coalesce_prefetch or bucket is None or self.d.params <= 1:
+            return steps, step_end
+        calls = fetch_calls(gathered, bucket)
+        forward: list[tuple[Collective, ...]] = [()] * len(steps)
+        depth = [0] * len(steps)
+        for issuer, members in calls:
+            forward[members[0]] = self.gather(
+                "forward", "params", self.d.params, self.codecs.gather, sum(gathered[j] for j in members)
+            )
+            if issuer >= 0:
+                depth[issuer] = max(depth[issuer], members[0] - issuer)
+        out = [dataclasses.replace(u, forward=f, prefetch=k) for u, f, k in zip(steps, forward, depth)]
+        return out, step_end
+
     def unit_end_param_gather(self, n: int) -> tuple[Collective, ...]:
         return () if self.options.allgather_bucket_elems is not None else super().unit_end_param_gather(n)
 
@@ -150,6 +178,10 @@ class DeepSpeedSchedule:
     """A sharded module is gathered again before its backward; False: the forward's gathered weights stay
     until the backward (stage 3 on the bench: its coordinator keeps every parameter its prefetcher
     fetched until the parameter's last use, so after the first step nothing is gathered in the backward)."""
+    coalesce_prefetch: bool = False
+    """A prefetch spanning several modules is one call, waited for in full by its first module
+    (DeepSpeed's ``all_gather_coalesced``; module note); False: one call per module. The cost presets
+    keep False (their published figures); the bench's DeepSpeed rows, traced, run True."""
     description: str = field(default="", compare=False)
 
     builder: ClassVar[type[ScheduleBuilder]] = DeepSpeedBuilder
@@ -184,6 +216,38 @@ class DeepSpeedSchedule:
 
     def with_unit_layers(self, k: int) -> DeepSpeedSchedule:
         raise ValueError(f"{self.name} gathers per module: it has no layers per unit to choose ({k} given)")
+
+
+def fetch_calls(gathered: list[int], bucket: int) -> list[tuple[int, list[int]]]:
+    """DeepSpeed's forward gather calls in a step with a complete trace (module note): per call, the unit
+    whose fetch issues it (-1: the root module, before the first unit) and the units it gathers, in
+    order. ``gathered``: each unit's gathered elements (0: nothing gathered, never fetched)."""
+    queue = [i for i, g in enumerate(gathered) if g > 0]
+    issued: set[int] = set()
+    calls: list[tuple[int, list[int]]] = []
+    head = 0
+
+    def prefetch(issuer: int) -> None:
+        nonlocal head
+        members, n = [], 0
+        while head < len(queue) and n < bucket:
+            j = queue[head]
+            head += 1
+            if j not in issued:
+                members.append(j)
+                n += gathered[j]
+                issued.add(j)
+        if members:
+            calls.append((issuer, members))
+
+    prefetch(-1)
+    for i in range(len(gathered)):
+        if gathered[i] and i not in issued:  # fetched on demand, its own call, and off the queue
+            calls.append((i, [i]))
+            issued.add(i)
+            head = max(head, queue.index(i) + 1)
+        prefetch(i)
+    return calls
 
 
 def module_units(shape: ModelShape, persistence_threshold: int = 0) -> list[Unit]:

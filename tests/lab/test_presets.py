@@ -170,9 +170,11 @@ def test_deepspeed_keeps_the_hpz_copy_in_the_parameters_dtype():
         cs = [c for u in estimate(plan, shape, topo, opts, schedule=s).schedule.units for c in u.backward]
         return {c.dtype for c in cs}, sum(c.bytes_sent for c in cs)
 
+    # the row gathers nothing in the backward (its link counters: ZeRO-3's bytes); where the copy is read
+    assert backward(sched) == (set(), 0) and not sched.backward_gather
     (ds_dtype, ds_bytes), (eng_dtype, eng_bytes) = (
-        backward(sched),
-        backward(replace(sched, secondary_param_dtype=False)),
+        backward(replace(sched, backward_gather=True)),
+        backward(replace(sched, backward_gather=True, secondary_param_dtype=False)),
     )
     assert ds_dtype == {"fp32"} and eng_dtype == {"bf16"} and ds_bytes == 2 * eng_bytes
 
@@ -212,8 +214,8 @@ def test_deepspeed_rows_on_gloo_reduce_gradients_as_all_reduces():
 
 def test_the_bench_prices_deepspeed_zero3_without_backward_gathers():
     # DeepSpeed's coordinator keeps what its prefetcher fetched until the parameter's last use, so on the
-    # bench it gathers every parameter once, in the forward: its row is priced so; hpZ (whose backward
-    # reads the secondary copy) and the 20B preset keep the backward gather
+    # bench it gathers every parameter once, in the forward: its rows are priced so (hpZ's too: its link
+    # counters show ZeRO-3's bytes, no backward gather from the secondary copy); the 20B presets keep it
     from dataclasses import replace
 
     from zerotopo.cost.planner import estimate
@@ -224,7 +226,8 @@ def test_the_bench_prices_deepspeed_zero3_without_backward_gathers():
     shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
     plan, sched = framework_cost("deepspeed-zero3")
     assert not sched.backward_gather and resolve("deepspeed-zero3")[1].backward_gather
-    assert framework_cost("deepspeed-hpz")[1].backward_gather
+    assert not framework_cost("deepspeed-hpz")[1].backward_gather
+    assert resolve("deepspeed-zeropp")[1].backward_gather
 
     def gathers(s):
         est = estimate(plan, shape, topo, opts, schedule=s)
@@ -232,7 +235,7 @@ def test_the_bench_prices_deepspeed_zero3_without_backward_gathers():
         return [c for u in units for c in u.forward], [c for u in units for c in u.backward], est
 
     (fwd, bwd, est), (fwd_re, bwd_re, est_re) = gathers(sched), gathers(replace(sched, backward_gather=True))
-    assert bwd == [] and len(bwd_re) == len(fwd_re) - 1 > 0  # the last forward unit is never re-gathered
+    assert bwd == [] and len(bwd_re) == len(est_re.schedule.units) - 1 > 0  # the last unit keeps its weights
     assert fwd == fwd_re  # the forward's gathers and the reductions are the same
     assert [c for u in est.schedule.units for c in u.reduce] == [
         c for u in est_re.schedule.units for c in u.reduce

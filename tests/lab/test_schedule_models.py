@@ -97,3 +97,63 @@ def test_every_engine_unit_gets_a_backward_gather_to_execute():
     assert len(steps) == 3 and all(s.backward for s in steps)
     costed = step_schedule(engine_units(load_model(["neox-125m"], None)[0]), topo, plan, micro_batches=1)
     assert not costed.units[-1].backward and all(u.backward for u in costed.units[:-1])
+
+
+def test_deepspeeds_prefetch_gathers_its_modules_in_one_call_as_traced():
+    """DeepSpeed's coordinator prefetches from its trace while fewer than the bucket's elements are queued,
+    in one call: at the bench's size (bucket over the whole model) the root module's prefetch is the
+    step's only forward gather; at NeoX-20B's (5e7 against 113M-151M modules) the attention output
+    (38M) shares its call with the first MLP matrix."""
+    from zerotopo_lab.deepspeed_schedule import fetch_calls
+
+    assert fetch_calls([10, 20, 0, 30], 100) == [(-1, [0, 1, 3])]
+    neox = [309, 113, 38, 151, 151, 113, 38, 151, 151, 309]
+    assert fetch_calls(neox, 50) == [
+        (-1, [0]), (0, [1]), (1, [2, 3]), (2, [4]), (3, [5]), (4, [6, 7]), (5, [8]), (6, [9]),
+    ]  # fmt: skip
+    # a prefetch that never reaches a module leaves it to its own fetch, one call
+    assert fetch_calls([5, 5], 1) == [(-1, [0]), (0, [1])]
+
+    shape, _ = load_model(["neox-125m"], None)
+    topo = load_topology("frontier", nodes=2)
+    units = module_units(shape, 0)
+    plan = get_preset("zero3")
+    wide = dataclasses.replace(LIKE_ENGINE, prefetch_bucket_elems=10**12, param_gather_in_forward=False)
+    per_module = step_schedule(units, topo, plan, micro_batches=1, options=wide)
+    one = step_schedule(
+        units, topo, plan, micro_batches=1, options=dataclasses.replace(wide, coalesce_prefetch=True)
+    )
+    fwd = lambda s: [c for u in s.units for c in u.forward]  # noqa: E731
+    assert len(fwd(per_module)) == len(units) and len(fwd(one)) == 1
+    assert one.units[0].forward and not any(u.forward for u in one.units[1:])
+    # the same bytes in one message
+    assert fwd(one)[0].bytes_sent == pytest.approx(sum(c.bytes_sent for c in fwd(per_module)), rel=1e-3)
+    assert one.units[1:] != per_module.units[1:] and one.step_end == per_module.step_end
+
+
+def test_a_coalesced_prefetch_is_waited_for_in_full_before_the_first_module():
+    from zerotopo.cost.time import collective_time, step_time
+
+    shape, _ = load_model(["neox-125m"], None)
+    topo = load_topology("frontier", nodes=2)
+    units = module_units(shape, 0)
+    plan = get_preset("zero3")
+    wide = dataclasses.replace(
+        LIKE_ENGINE, prefetch_bucket_elems=10**12, param_gather_in_forward=False, backward_gather=False
+    )
+    times = {}
+    for coalesce in (False, True):
+        sched = step_schedule(
+            units, topo, plan, micro_batches=1, options=dataclasses.replace(wide, coalesce_prefetch=coalesce)
+        )
+        times[coalesce] = step_time(sched, topo, shape, micro_batch=1)
+    gather = collective_time(
+        step_schedule(units, topo, plan, micro_batches=1,
+                      options=dataclasses.replace(wide, coalesce_prefetch=True)).units[0].forward[0], topo,
+    )  # fmt: skip
+    # per module, the gathers after the first hide behind compute; coalesced, the one gather is all exposed
+    fwd = {k: [s for s in t.breakdown if s.phase == "forward"] for k, t in times.items()}
+    assert [s.calls for s in fwd[True]] == [1] and fwd[True][0].exposed_s == pytest.approx(gather)
+    assert sum(s.calls for s in fwd[False]) == len(units)
+    assert sum(s.exposed_s for s in fwd[False]) < sum(s.seconds for s in fwd[False])
+    assert times[True].step_time_s >= times[True].compute_s + gather

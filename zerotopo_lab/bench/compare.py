@@ -370,10 +370,13 @@ def framework_cost(
     parameter its prefetcher fetched until that parameter's last use in the recorded trace
     (``__params_to_release``), and traced on the bench's 8 ranks with the row's settings (and again with
     ``stage3_max_live_parameters`` scaled by the layer ratio to 3.9e6), from the second step on it gathers
-    every parameter once, in the forward. The cost preset keeps the backward gather: whether DeepSpeed
-    skips it for a 20B model was not traced.
+    every parameter once, in the forward; from its third step on, in one call that the root module's
+    prefetch issues and the first module waits for in full (``DeepSpeedSchedule.coalesce_prefetch``,
+    docs/bench_model_gap.md). The cost preset keeps the backward gather and one call per module: whether
+    DeepSpeed skips the one and coalesces the other for a 20B model was not traced.
     ``deepspeed-hpz`` is the ``deepspeed-zeropp`` preset without its quantized collectives (DeepSpeed's
-    qwZ/qgZ need CUDA, so the row runs hpZ alone), its secondary copy per node in the parameters' dtype.
+    qwZ/qgZ need CUDA, so the row runs hpZ alone), its secondary copy per node in the parameters' dtype,
+    and the same settings: its link counters show no backward gather (the same bytes as ZeRO-3's).
     FSDP2 has no cost preset: its rows are measured, not predicted. ``buckets``: the row's scaled
     DeepSpeed buckets (:func:`zerotopo_lab.bench.regime.deepspeed_buckets`). ``gloo_reduce``: the rows run on
     gloo, where DeepSpeed's gradient reduce-scatter is an all-reduce
@@ -383,14 +386,14 @@ def framework_cost(
 
     if name == "deepspeed-zero3":
         plan, sched = COST_PRESETS[name]
-        sched = replace(sched, backward_gather=False)
     elif name == "deepspeed-hpz":
         plan, sched = COST_PRESETS["deepspeed-zeropp"]
         plan = replace(plan, name=name, quantize_weights=False, quantize_grads=False)
     else:
         return None
-    # the rows run on gloo, whose reduce_scatter_tensor (what DeepSpeed calls) is a full all-reduce
-    sched = replace(sched, reduce_scatter_all_reduce=gloo_reduce)
+    # as traced: every parameter gathered once, in the forward, a prefetch's modules in one call; the
+    # rows run on gloo, whose reduce_scatter_tensor (what DeepSpeed calls) is a full all-reduce
+    sched = replace(sched, backward_gather=False, coalesce_prefetch=True, reduce_scatter_all_reduce=gloo_reduce)
     if buckets is None:
         return plan, replace(sched, persistence_threshold=0)
     return plan, replace(

@@ -279,7 +279,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="at each count, the shaped links alone (off), the Frontier curves replayed at that node "
                    "count in place of the links' times (frontier-48), or both (default)")  # fmt: skip
     p.add_argument("--steps", type=int, default=2, help="timed steps per row (default 2)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed steps first (default 2: DeepSpeed records its parameter trace in its second "
+                   "step and checks it across ranks at the start of the next, 6 broadcasts it never sends again)")  # fmt: skip
     p.add_argument("--repeat", type=int, default=3, help="runs of every row at each count (default 3)")
     add_share_argument(p)
     p.add_argument("--model", default="wide", help="the bench model (default wide)")
