@@ -393,7 +393,9 @@ def framework_cost(
         return None
     # as traced: every parameter gathered once, in the forward, a prefetch's modules in one call; the
     # rows run on gloo, whose reduce_scatter_tensor (what DeepSpeed calls) is a full all-reduce
-    sched = replace(sched, backward_gather=False, coalesce_prefetch=True, reduce_scatter_all_reduce=gloo_reduce)
+    sched = replace(
+        sched, backward_gather=False, coalesce_prefetch=True, reduce_scatter_all_reduce=gloo_reduce
+    )
     if buckets is None:
         return plan, replace(sched, persistence_threshold=0)
     return plan, replace(
