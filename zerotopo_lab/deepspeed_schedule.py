@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from zerotopo.cost.time import RuntimeCosts
 from zerotopo.placement.codecs import PlanCodecs
-from zerotopo.placement.schedule import Collective, ScheduleBuilder, Unit
+from zerotopo.placement.schedule import Collective, ScheduleBuilder, Unit, UnitSteps
 from zerotopo.placement.shape import ModelShape
 
 #: Host seconds stage 3 adds per module per step (benchmarks/deepspeed_host_cost.py, 256 modules).
@@ -113,13 +113,12 @@ class DeepSpeedBuilder(ScheduleBuilder):
             out.append(k)
         return out[::-1] if reverse else out
 
-    def _unit_steps(self, units, sizes, gathered, reduces, replicas, last_keeps_weights):
-        """The engine's unit steps with the forward gathers coalesced as DeepSpeed's prefetch issues them
-        (``coalesce_prefetch``; module note)."""
-        steps, step_end = super()._unit_steps(units, sizes, gathered, reduces, replicas, last_keeps_weights)
+    def forward_calls(self, steps: list[UnitSteps], gathered: list[int]) -> list[UnitSteps]:
+        """With ``coalesce_prefetch``, the forward gathers as DeepSpeed's prefetch issues them (module
+        note): each call on the first unit it gathers, issued at its issuer's fetch."""
         bucket = self.options.prefetch_bucket_elems
         if not self.options.coalesce_prefetch or bucket is None or self.d.params <= 1:
-            return steps, step_end
+            return steps
         calls = fetch_calls(gathered, bucket)
         forward: list[tuple[Collective, ...]] = [()] * len(steps)
         depth = [0] * len(steps)
@@ -129,8 +128,7 @@ class DeepSpeedBuilder(ScheduleBuilder):
             )
             if issuer >= 0:
                 depth[issuer] = max(depth[issuer], members[0] - issuer)
-        out = [dataclasses.replace(u, forward=f, prefetch=k) for u, f, k in zip(steps, forward, depth)]
-        return out, step_end
+        return [dataclasses.replace(u, forward=f, prefetch=k) for u, f, k in zip(steps, forward, depth)]
 
     def unit_end_param_gather(self, n: int) -> tuple[Collective, ...]:
         return () if self.options.allgather_bucket_elems is not None else super().unit_end_param_gather(n)

@@ -415,7 +415,7 @@ class ScheduleBuilder:
 
     A model of another framework's schedule subclasses it and overrides its hooks (:meth:`make_codecs`,
     :meth:`reductions`, :meth:`prefetch_depths`, :meth:`unit_end_param_gather`, :meth:`extra_step_end`,
-    :attr:`backward_gather`), extending :attr:`context` with whatever its collectives depend on beyond
+    :meth:`forward_calls`, :attr:`backward_gather`), extending :attr:`context` with whatever its collectives depend on beyond
     the engine's."""
 
     backward_gather: bool = True
@@ -489,6 +489,11 @@ class ScheduleBuilder:
         """Step-end collectives beyond the units' own and the scalars (the engine has none)."""
         return []
 
+    def forward_calls(self, steps: list[UnitSteps], gathered: list[int]) -> list[UnitSteps]:
+        """The units' forward gathers as the framework issues them (``gathered``: each unit's gathered
+        elements): the engine's are one call per unit, issued ``prefetch`` units ahead (unchanged)."""
+        return steps
+
     # -- building ------------------------------------------------------------------------------------
 
     def build(
@@ -507,6 +512,7 @@ class ScheduleBuilder:
         gathered = [self.size_of(u.gathered, padded) if u.gathered else 0 for u in units]
         reduces, replicas = self.reductions(sizes)
         steps, step_end = self._unit_steps(units, sizes, gathered, reduces, replicas, last_keeps_weights)
+        steps = self.forward_calls(steps, gathered)
         step_end.extend(self.extra_step_end(sizes))
         step_end.extend(self._scalars(fp16))
         return StepSchedule(

@@ -370,8 +370,8 @@ def framework_cost(
     parameter its prefetcher fetched until that parameter's last use in the recorded trace
     (``__params_to_release``), and traced on the bench's 8 ranks with the row's settings (and again with
     ``stage3_max_live_parameters`` scaled by the layer ratio to 3.9e6), from the second step on it gathers
-    every parameter once, in the forward; from its third step on, in one call that the root module's
-    prefetch issues and the first module waits for in full (``DeepSpeedSchedule.coalesce_prefetch``,
+    every parameter once, in the forward, in one call that the root module's prefetch issues and the
+    first module waits for in full (``DeepSpeedSchedule.coalesce_prefetch``,
     docs/bench_model_gap.md). The cost preset keeps the backward gather and one call per module: whether
     DeepSpeed skips the one and coalesces the other for a 20B model was not traced.
     ``deepspeed-hpz`` is the ``deepspeed-zeropp`` preset without its quantized collectives (DeepSpeed's

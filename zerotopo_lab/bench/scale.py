@@ -280,8 +280,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "count in place of the links' times (frontier-48), or both (default)")  # fmt: skip
     p.add_argument("--steps", type=int, default=2, help="timed steps per row (default 2)")
     p.add_argument("--warmup", type=int, default=2,
-                   help="untimed steps first (default 2: DeepSpeed records its parameter trace in its second "
-                   "step and checks it across ranks at the start of the next, 6 broadcasts it never sends again)")  # fmt: skip
+                   help="untimed steps first (default 2: DeepSpeed records its parameter trace in its first "
+                   "step and checks it across ranks at the start of its second, 6 broadcasts it never sends again)")  # fmt: skip
     p.add_argument("--repeat", type=int, default=3, help="runs of every row at each count (default 3)")
     add_share_argument(p)
     p.add_argument("--model", default="wide", help="the bench model (default wide)")
