@@ -219,32 +219,18 @@ class DeepSpeedSchedule:
 def fetch_calls(gathered: list[int], bucket: int) -> list[tuple[int, list[int]]]:
     """DeepSpeed's forward gather calls in a step with a complete trace (module note): per call, the unit
     whose fetch issues it (-1: the root module, before the first unit) and the units it gathers, in
-    order. ``gathered``: each unit's gathered elements (0: nothing gathered, never fetched)."""
+    order. ``gathered``: each unit's gathered elements (0: nothing gathered, never fetched). Every fetch
+    prefetches at least the next unit queued, so no unit is left to a fetch of its own."""
     queue = [i for i, g in enumerate(gathered) if g > 0]
-    issued: set[int] = set()
     calls: list[tuple[int, list[int]]] = []
     head = 0
-
-    def prefetch(issuer: int) -> None:
-        nonlocal head
-        members, n = [], 0
+    for issuer in range(-1, len(gathered)):
+        start, n = head, 0
         while head < len(queue) and n < bucket:
-            j = queue[head]
+            n += gathered[queue[head]]
             head += 1
-            if j not in issued:
-                members.append(j)
-                n += gathered[j]
-                issued.add(j)
-        if members:
-            calls.append((issuer, members))
-
-    prefetch(-1)
-    for i in range(len(gathered)):
-        if gathered[i] and i not in issued:  # fetched on demand, its own call, and off the queue
-            calls.append((i, [i]))
-            issued.add(i)
-            head = max(head, queue.index(i) + 1)
-        prefetch(i)
+        if head > start:
+            calls.append((issuer, queue[start:head]))
     return calls
 
 

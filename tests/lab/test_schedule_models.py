@@ -111,7 +111,7 @@ def test_deepspeeds_prefetch_gathers_its_modules_in_one_call_as_traced():
     assert fetch_calls(neox, 50) == [
         (-1, [0]), (0, [1]), (1, [2, 3]), (2, [4]), (3, [5]), (4, [6, 7]), (5, [8]), (6, [9]),
     ]  # fmt: skip
-    # a prefetch that never reaches a module leaves it to its own fetch, one call
+    # a bucket smaller than a module: each fetch prefetches the next module, one call each
     assert fetch_calls([5, 5], 1) == [(-1, [0]), (0, [1])]
 
     shape, _ = load_model(["neox-125m"], None)

@@ -415,8 +415,8 @@ class ScheduleBuilder:
 
     A model of another framework's schedule subclasses it and overrides its hooks (:meth:`make_codecs`,
     :meth:`reductions`, :meth:`prefetch_depths`, :meth:`unit_end_param_gather`, :meth:`extra_step_end`,
-    :meth:`forward_calls`, :attr:`backward_gather`), extending :attr:`context` with whatever its collectives depend on beyond
-    the engine's."""
+    :meth:`forward_calls`, :attr:`backward_gather`), extending :attr:`context` with whatever its
+    collectives depend on beyond the engine's."""
 
     backward_gather: bool = True
     """A sharded unit is gathered again before its backward (all but the last forward unit)."""
