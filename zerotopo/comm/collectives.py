@@ -44,7 +44,7 @@ ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_te
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 Finish = Callable[[], None]
-Observer = Callable[[str, Any, int, int], None]
+Observer = Callable[[str, Any, int, int], "Callable[[], None] | None"]
 
 # instrumentation (observe_collectives): one observer per process, and whether this thread is issuing
 _observer: Observer | None = None
@@ -56,9 +56,10 @@ def observe_collectives(fn: Observer | None) -> Observer | None:
     the ledger names it; the whole message: gathered output, reduce-scatter input, all-reduce buffer,
     all-to-all input, its elements and their width in bytes; a quantized collective's as the bytes of its
     codes and scales, itemsize 1), whichever torch.distributed calls carry it (a ring of
-    point-to-point sends included). Returns the previous observer; None removes it. For instrumentation
-    such as ``zerotopo_lab.bench.replay``, whose wrappers of torch.distributed skip the calls made while the
-    engine issues one of its own (:func:`issuing`)."""
+    point-to-point sends included). ``fn`` may return a callable: it is called on the issuing thread once
+    the collective is issued (before anything waits for it). Returns the previous observer; None removes
+    it. For instrumentation such as ``zerotopo_lab.bench.replay``, whose wrappers of torch.distributed
+    skip the calls made while the engine issues one of its own (:func:`issuing`)."""
     global _observer
     previous, _observer = _observer, fn
     return previous
@@ -192,14 +193,17 @@ def run_collective(
     device = ref.device
     with stream_context(stream, device), record_function(f"zerotopo::{op} {tag}".rstrip()):
         start = _start_clock(device) if ledger is not None else None  # no events when nothing records
+        issued = None
         if _observer is not None:
             n, width = (numel, ref.element_size()) if wire_message_bytes is None else (wire_message_bytes, 1)
-            _observer(op, getattr(group, "pg", None), n, width)
+            issued = _observer(op, getattr(group, "pg", None), n, width)
         _issuing.depth = getattr(_issuing, "depth", 0) + 1
         try:
             work, finish = issue()
         finally:
             _issuing.depth -= 1
+        if issued is not None:
+            issued()
     rec = None
     if ledger is not None:
         rec = ledger.record(op, group, dtype=dtype, numel=numel, bytes_sent=nbytes, seconds=0.0, tag=tag)

@@ -4,9 +4,12 @@ The shaped links give the emulated cluster a bandwidth, but not the shape of a r
 Frontier, RCCL's bus bandwidth dips for mid-size messages (the slow band of
 ``topologies/bandwidth/frontier.yaml``), which is where DeepSpeed's per-module gathers land at 384 GCDs.
 :func:`install` wraps ``torch.distributed``'s collectives inside a rank process (so the engine's,
-DeepSpeed's and FSDP2's calls are all covered) and, before each call, sleeps :func:`replay_wait`: the
-time the shipped curve gives for the same op on the matching message and group at 48 nodes, scaled to
-this machine. The mapping:
+DeepSpeed's and FSDP2's calls are all covered) and makes the thread that issues each call wait
+:func:`replay_wait` from the moment it issues it: the time the shipped curve gives for the same op on the
+matching message and group at 48 nodes, scaled to this machine. The real message crosses the links
+inside that time (:func:`pace`): the curve's time is the whole collective's, as at scale, and the
+transport of the small model's messages (at the links' fastest rate, but through gloo's threads on
+ranks that share a few cores) adds to a call only where it outlasts the curve. The mapping:
 
 - message: the bench message over the layer-size ratio (:func:`zerotopo_lab.bench.regime.layer_ratio`), in
   bf16 (under `--dtype fp32` an fp32 element counts 2 bytes), so a bench layer's gather stands for a NeoX-20B layer's;
@@ -22,6 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +128,15 @@ def replay_wait(
     return factor * (n - 1) / n * size / (busbw * 1e9) * r.scale
 
 
+def pace(seconds: float, start: float) -> None:
+    """Sleep until ``seconds`` have passed since ``start`` (:func:`time.perf_counter`): a replayed call
+    waits its curve's time from its issue, its real transport (a blocking call's, or an asynchronous
+    one's running behind the sleep) inside it; no sleep when the call already took longer."""
+    rest = start + seconds - time.perf_counter()
+    if rest > 0:
+        time.sleep(rest)
+
+
 def install(r: Replay) -> dict[str, float]:
     """Wrap ``torch.distributed``'s collectives in this process and observe the engine's
     (:func:`zerotopo.comm.collectives.observe_collectives`: its reduce-scatter on gloo is a ring of
@@ -151,11 +164,13 @@ def install(r: Replay) -> dict[str, float]:
             spans[key] = target_group(ranks, r.bench_per_node, nodes, r.target_per_node)
         return spans[key]
 
-    def wait(op: str, size: float, group: Any) -> None:
+    def wait(op: str, size: float, group: Any) -> Callable[[], None] | None:
+        """The call's pacing, to run once it is issued (None: the curve has no time for it)."""
         seconds = replay_wait(table, op, size, *span(group), r)
-        if seconds > 0:
-            time.sleep(seconds)
-            waited[op] = waited.get(op, 0.0) + seconds
+        if seconds <= 0:
+            return None
+        waited[op] = waited.get(op, 0.0) + seconds
+        return functools.partial(pace, seconds, time.perf_counter())
 
     def wrap(name: str, fn: Any) -> Any:
         op, arg = OPS[name]
@@ -163,19 +178,24 @@ def install(r: Replay) -> dict[str, float]:
 
         @functools.wraps(fn)
         def waiting(*args: Any, **kwargs: Any) -> Any:
-            if not collectives.issuing():  # the engine's calls: observed below, once per collective
-                bound = signature.bind_partial(*args, **kwargs).arguments
-                values = list(bound.values())
-                wait(op, _nbytes(values[arg]) if len(values) > arg else 0, bound.get("group"))
-            return fn(*args, **kwargs)
+            if collectives.issuing():  # the engine's calls: observed below, once per collective
+                return fn(*args, **kwargs)
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            values = list(bound.values())
+            issued = wait(op, _nbytes(values[arg]) if len(values) > arg else 0, bound.get("group"))
+            out = fn(*args, **kwargs)
+            if issued is not None:
+                issued()
+            return out
 
         waiting._replayed = True  # type: ignore[attr-defined]
         return waiting
 
-    def engine(op: str, group: Any, numel: int, itemsize: int) -> None:
+    def engine(op: str, group: Any, numel: int, itemsize: int) -> Callable[[], None] | None:
         family = OP_FAMILY.get(op)
         if family in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
-            wait(family, target_bytes(numel, itemsize), group)
+            return wait(family, target_bytes(numel, itemsize), group)
+        return None
 
     for name in OPS:
         fn = getattr(dist, name, None)

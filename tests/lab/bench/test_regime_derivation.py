@@ -188,6 +188,56 @@ def test_replay_waits_once_for_every_framework_and_the_engine():
         assert res["both"]["all_gather"] == pytest.approx(2 * want)
 
 
+@pytest.mark.parametrize("transport, curve, want", [(0.2, 0.4, 0.4), (0.4, 0.2, 0.4), (0.0, 0.3, 0.3)])
+def test_a_replayed_call_takes_its_curve_time_with_the_transport_inside(transport, curve, want):
+    """A call paced from its issue takes the longer of its curve's time and its own transport, not
+    their sum (the curve's time is the whole collective's at scale)."""
+    import time
+
+    from zerotopo_lab.bench.replay import pace
+
+    start = time.perf_counter()
+    time.sleep(transport)  # the real message crossing the links
+    pace(curve, start)
+    took = time.perf_counter() - start
+    assert want <= took < want + 0.12  # the sum would be 0.2 s longer (0.3 s: no transport to hide)
+
+
+def test_the_engine_observers_follow_up_runs_once_the_collective_is_issued():
+    """An observer's returned callable runs on the issuing thread after the issue and before
+    ``run_collective`` returns, with the transport of an asynchronous collective in flight."""
+    import types
+
+    import torch
+
+    from zerotopo.comm import collectives
+
+    events: list[str] = []
+
+    def observer(op, pg, numel, itemsize):
+        events.append(f"observe {op} {numel}x{itemsize}")
+        return lambda: events.append("issued")
+
+    def issue():
+        events.append("issue")
+        return None, [lambda: events.append("finish")]
+
+    out = torch.zeros(8)
+    previous = collectives.observe_collectives(observer)
+    try:
+        pending = collectives.run_collective("all_gather", types.SimpleNamespace(pg=None), out, numel=8, nbytes=0,
+                                             dtype=out.dtype, issue=issue, async_op=True)  # fmt: skip
+        assert events == ["observe all_gather 8x4", "issue", "issued"]
+        pending.wait()
+        assert events[-1] == "finish"
+        collectives.observe_collectives(lambda *a: None)  # an observer that returns nothing still works
+        collectives.run_collective("all_gather", types.SimpleNamespace(pg=None), out, numel=8, nbytes=0,
+                                   dtype=out.dtype, issue=issue)  # fmt: skip
+        assert events[-2:] == ["issue", "finish"]
+    finally:
+        collectives.observe_collectives(previous)
+
+
 def test_schedule_wait_prices_each_call_as_the_ranks_wait():
     """The prediction's replay term: every collective of a step schedule at the curve's time, counted
     as often as it runs, fp32 messages as bf16."""
