@@ -25,7 +25,7 @@ GOOD = {
 
 
 def test_builtins_load_and_have_the_documented_shape():
-    assert {"frontier", "dgx-a100", "dgx-h100", "emulated"} <= set(builtin_topologies())
+    assert {"frontier", "dgx-a100", "dgx-h100", "dgx-h200", "emulated"} <= set(builtin_topologies())
     f = load_topology("frontier", nodes=48)
     assert (f.devices_per_node, f.world_size, f.tier_names) == (8, 384, ("package", "node", "network"))
     assert f.device.memory_gib == 64 and f.device.peak_tflops == pytest.approx(191.5)
@@ -33,9 +33,14 @@ def test_builtins_load_and_have_the_documented_shape():
     assert f.device_order == (4, 5, 2, 3, 6, 7, 0, 1)
     e = load_topology("emulated")
     assert (e.nodes, e.world_size, [t.fanout for t in e.tiers]) == (2, 8, [2, 2])
-    for name in ("dgx-a100", "dgx-h100"):
+    for name in ("dgx-a100", "dgx-h100", "dgx-h200"):
         t = load_topology(name, nodes=2)
         assert (t.devices_per_node, t.world_size, t.tier_names) == (8, 16, ("node", "network"))
+    h100, h200 = load_topology("dgx-h100"), load_topology("dgx-h200")
+    # the same node and fabric, the larger and faster memory
+    assert (h200.tiers, h200.network) == (h100.tiers, h100.network)
+    assert (h200.device.memory_gib, h200.device.memory_bandwidth_gbps) == (141, 4800)
+    assert h200.device.peak_tflops == h100.device.peak_tflops == 989
 
 
 def test_tier_sizes_degrees_and_groups_crossing_tiers():

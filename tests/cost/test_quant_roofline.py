@@ -15,7 +15,7 @@ from zerotopo.placement.plan import get_preset
 from zerotopo.placement.schedule import Collective
 from zerotopo.placement.topology import load_topology, topology_from_mapping
 
-GPU_TOPOLOGIES = {"frontier": 1600, "dgx-a100": 2039, "dgx-h100": 3350, "a800": 2039}
+GPU_TOPOLOGIES = {"frontier": 1600, "dgx-a100": 2039, "dgx-h100": 3350, "dgx-h200": 4800, "a800": 2039}
 UNITS = [4096, 1 << 20, 1 << 20, 4096]
 
 

@@ -5,7 +5,7 @@
    tie and denormal blocks), for fp32, bf16 and fp16.
 2. Achieved bandwidth of each kernel (bytes moved, as the cost model counts them, over the median time)
    as a fraction of the device's memory bandwidth from its topology file (MI250X GCD: frontier, A100:
-   dgx-a100, H100: dgx-h100, ...), and the roofline's predicted time beside the measured one. Goal: at
+   dgx-a100, H100: dgx-h100, H200: dgx-h200, ...), and the roofline's predicted time beside the measured one. Goal: at
    least half. Printed, not asserted: timings are not test assertions in this project.
 
 Run with ``pytest -m gpu tests/gpu/test_triton_kernels.py -s``.
@@ -33,7 +33,7 @@ def _device_bandwidth() -> tuple[float, str]:
     from zerotopo.placement.topology import builtin_topologies, load_topology
 
     name = torch.cuda.get_device_name()
-    keys = {"MI250X": "frontier", "A100": "dgx-a100", "H100": "dgx-h100", "A800": "a800"}
+    keys = {"MI250X": "frontier", "A100": "dgx-a100", "H100": "dgx-h100", "H200": "dgx-h200", "A800": "a800"}
     for key, topo in keys.items():
         if key in name and topo in builtin_topologies():
             return load_topology(topo).device.memory_bandwidth_gbps, f"{topo}.yaml"

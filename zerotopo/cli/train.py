@@ -53,7 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="CONFIG.yml",
         help="NeoX-style YAML files merged in order, or built-in config names (neox-125m); default: tiny",
     )
-    p.add_argument("--topology", help="topology name (frontier, dgx-a100, dgx-h100, emulated) or YAML file")
+    p.add_argument(
+        "--topology", help="topology name (frontier, dgx-a100, dgx-h100, dgx-h200, emulated) or YAML file"
+    )
     p.add_argument("--nodes", type=int, help="number of nodes (default: the launcher's, else the topology's)")
     p.add_argument(
         "--emulated-nodes",
