@@ -140,8 +140,8 @@ def pace(seconds: float, start: float) -> None:
 def install(r: Replay) -> dict[str, float]:
     """Wrap ``torch.distributed``'s collectives in this process and observe the engine's
     (:func:`zerotopo.comm.collectives.observe_collectives`: its reduce-scatter on gloo is a ring of
-    point-to-point sends no wrapper sees); returns the running totals {op: seconds waited}, updated as
-    the rank runs."""
+    point-to-point sends no wrapper sees); returns the running totals {op: curve seconds the calls were
+    paced to} (a call whose transport outlasts its curve took longer), updated as the rank runs."""
     import torch.distributed as dist
 
     from zerotopo.comm import collectives
@@ -164,7 +164,7 @@ def install(r: Replay) -> dict[str, float]:
             spans[key] = target_group(ranks, r.bench_per_node, nodes, r.target_per_node)
         return spans[key]
 
-    def wait(op: str, size: float, group: Any) -> Callable[[], None] | None:
+    def pacing(op: str, size: float, group: Any) -> Callable[[], None] | None:
         """The call's pacing, to run once it is issued (None: the curve has no time for it)."""
         seconds = replay_wait(table, op, size, *span(group), r)
         if seconds <= 0:
@@ -182,7 +182,7 @@ def install(r: Replay) -> dict[str, float]:
                 return fn(*args, **kwargs)
             bound = signature.bind_partial(*args, **kwargs).arguments
             values = list(bound.values())
-            issued = wait(op, _nbytes(values[arg]) if len(values) > arg else 0, bound.get("group"))
+            issued = pacing(op, _nbytes(values[arg]) if len(values) > arg else 0, bound.get("group"))
             out = fn(*args, **kwargs)
             if issued is not None:
                 issued()
@@ -194,7 +194,7 @@ def install(r: Replay) -> dict[str, float]:
     def engine(op: str, group: Any, numel: int, itemsize: int) -> Callable[[], None] | None:
         family = OP_FAMILY.get(op)
         if family in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
-            return wait(family, target_bytes(numel, itemsize), group)
+            return pacing(family, target_bytes(numel, itemsize), group)
         return None
 
     for name in OPS:
