@@ -158,7 +158,8 @@ def derive(
     micro-batches per step are ``opts.micro_batches`` (``bench scale`` sets them from ``work``, the
     :func:`target_workload` it states; without it, a fixed number per rank). The waits recompute a
     layer's forward in its backward as the target does; the bench model's own arithmetic need not (its
-    ``checkpoint`` setting stands)."""
+    ``checkpoint`` setting stands). ``opts.target_buckets``: DeepSpeed's buckets scaled by k
+    (:func:`zerotopo_lab.bench.regime.deepspeed_buckets`)."""
     from zerotopo.placement.topology import load_topology
     from zerotopo_lab.bench.regime import TARGET_MODEL, _target, layer_ratio
 
@@ -184,6 +185,10 @@ def derive(
     net = topo.network.name
     opts = replace(opts, device_clock=clock, network_mbit=rates[net], rates=dict(rates), delays_ms=delays,
                    node_uplink=True, memory_cap_bytes=None)  # fmt: skip
+    if opts.target_buckets:
+        from zerotopo_lab.bench.regime import deepspeed_buckets
+
+        opts = replace(opts, deepspeed_buckets=deepspeed_buckets(k))
     if opts.curves is not None:
         # the curves stand for the fabric at this node count, D times the target's time; the links run at
         # their fastest and count bytes

@@ -133,6 +133,11 @@ class CompareOptions:
     """``--regime device-clock``: the most of a step's waited time the real arithmetic may take, which
     sets D (``--arithmetic-share``; None: :func:`zerotopo_lab.bench.clock.arithmetic_share` of the
     ranks)."""
+    target_buckets: bool = False
+    """``--regime device-clock``: DeepSpeed's buckets scaled by the clock's k
+    (:func:`zerotopo_lab.bench.regime.deepspeed_buckets`, ``--deepspeed-buckets target``), so DeepSpeed
+    prefetches and reduces a bench layer as it would a NeoX-20B layer; False: DeepSpeed's defaults, which
+    hold the whole bench model."""
 
 
 # -- model and data ---------------------------------------------------------------------------------
@@ -1271,7 +1276,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="weights, gathers and gradient reductions: bf16 (default for frontier-20b; the arithmetic runs "
         "in fp32, zerotopo_lab.bench.precision) or fp32 (default for comm-bound)",
     )
-    add_share_argument(p)
+    add_clock_arguments(p)
     p.add_argument("--topology", default=d.topology, help=f"topology (default {d.topology})")
     p.add_argument("--nodes", type=int, help="emulated nodes (default: the topology's)")
     p.add_argument(
@@ -1347,8 +1352,9 @@ def _output_arguments(p: argparse.ArgumentParser, d: CompareOptions) -> None:
     )
 
 
-def add_share_argument(p: argparse.ArgumentParser) -> None:
-    """``--arithmetic-share`` (``bench compare --regime device-clock`` and ``bench scale``)."""
+def add_clock_arguments(p: argparse.ArgumentParser) -> None:
+    """``--arithmetic-share`` and ``--deepspeed-buckets`` (``bench compare --regime device-clock`` and
+    ``bench scale``)."""
     p.add_argument(
         "--arithmetic-share",
         type=float,
@@ -1356,6 +1362,20 @@ def add_share_argument(p: argparse.ArgumentParser) -> None:
         help="device-clock: the most of a step's waited time the real arithmetic may take; D follows from it "
         "(default 0.1 up to 32 ranks, 0.1 x 32 / ranks beyond: a smaller share, a larger D, a longer run)",
     )
+    p.add_argument(
+        "--deepspeed-buckets",
+        choices=("default", "target"),
+        default="default",
+        help="device-clock: DeepSpeed's stage-3 prefetch and reduce buckets and persistence threshold as "
+        "DeepSpeed ships them (default; they hold the whole bench model, so DeepSpeed gathers it in one call "
+        "a step) or scaled by the clock's k (target: a bench layer is the same part of a bucket as a NeoX-20B "
+        "layer of the default one, so DeepSpeed prefetches module by module as at the target's size)",
+    )
+
+
+def target_buckets_from_args(args: argparse.Namespace) -> bool:
+    """``--deepspeed-buckets target``."""
+    return getattr(args, "deepspeed_buckets", "default") == "target"
 
 
 def share_from_args(args: argparse.Namespace) -> float | None:
@@ -1387,6 +1407,12 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
     share = share_from_args(args)
     if share is not None and not clock:
         raise ConfigError("only --regime device-clock has a dilation to plan", key="--arithmetic-share")
+    if target_buckets_from_args(args) and not clock:
+        raise ConfigError(
+            "only --regime device-clock scales DeepSpeed's buckets by k (frontier-20b scales them by the "
+            "layer ratio already)",
+            key="--deepspeed-buckets",
+        )
     if clock and args.shape:
         raise ConfigError("device-clock shapes every tier from the target's links", key="--shape")
     nodes = getattr(args, "nodes", None)
@@ -1419,6 +1445,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         repeat=getattr(args, "repeat", DEFAULT_REPEAT),
         dtype=getattr(args, "dtype", None) or ("bf16" if derived else "fp32"),
         arithmetic_share=share,
+        target_buckets=target_buckets_from_args(args),
     )
 
 

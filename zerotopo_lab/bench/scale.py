@@ -126,6 +126,7 @@ def count_entry(nodes: int, report: dict[str, Any], curves: str | None = None) -
         "losses_agree": report.get("losses_agree"),
         "void": report.get("void"),
         "tier_rates_mbit": report.get("tier_rates_mbit"),
+        "deepspeed_buckets": report.get("deepspeed_buckets"),
         "wall_s": report.get("wall_s"),
         "rows": report["rows"],
     }
@@ -211,6 +212,7 @@ def format_scale(report: dict[str, Any]) -> str:
     for e in report["counts"]:
         lines.append("")
         replay = f", curves {e['curves']} replayed" if e.get("curves") else ""
+        replay += f", DeepSpeed buckets {e['deepspeed_buckets']}" if e.get("deepspeed_buckets") else ""
         lines.append(
             f"{e['nodes']} nodes ({e['world_size']} ranks){replay}, D {e['dilation']:.3g}: {e['workload']}"
         )
@@ -261,7 +263,7 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from zerotopo_lab.bench.compare import add_share_argument
+    from zerotopo_lab.bench.compare import add_clock_arguments
 
     p.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)),
                    help=f"emulated node counts (default 2,4,8,16; at most {MAX_RANKS} ranks in all)")  # fmt: skip
@@ -283,7 +285,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="untimed steps first (default 2: DeepSpeed records its parameter trace in its first "
                    "step and checks it across ranks at the start of its second, 6 broadcasts it never sends again)")  # fmt: skip
     p.add_argument("--repeat", type=int, default=3, help="runs of every row at each count (default 3)")
-    add_share_argument(p)
+    add_clock_arguments(p)
     p.add_argument("--model", default="wide", help="the bench model (default wide)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="wire dtype (default bf16)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one run's ranks may take")
@@ -297,7 +299,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotopo_lab.bench.compare import CLOCK_BATCH, CLOCK_SEQ, CompareOptions, emit, share_from_args
+    from zerotopo_lab.bench.compare import (
+        CLOCK_BATCH,
+        CLOCK_SEQ,
+        CompareOptions,
+        emit,
+        share_from_args,
+        target_buckets_from_args,
+    )
 
     if args.plot:
         try:
@@ -326,7 +335,8 @@ def run(args: argparse.Namespace) -> int:
             )
     base = CompareOptions(regime="device-clock", model=args.model, rows=rows, steps=args.steps, warmup=args.warmup,
                           repeat=args.repeat, dtype=args.dtype, batch=CLOCK_BATCH, seq=CLOCK_SEQ,
-                          timeout_s=args.timeout, arithmetic_share=share_from_args(args))  # fmt: skip
+                          timeout_s=args.timeout, arithmetic_share=share_from_args(args),
+                          target_buckets=target_buckets_from_args(args))  # fmt: skip
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench scale"
     curves = {"both": (None, *CURVES), "off": (None,)}.get(args.curves, (args.curves,))
     with tempfile.TemporaryDirectory(prefix="zerotopo-scale-") as directory:

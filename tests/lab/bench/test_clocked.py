@@ -17,9 +17,9 @@ from zerotopo_lab.bench.regime import FASTEST_MBIT
 from zerotopo_lab.bench.replay import schedule_wait
 
 
-def _derive(nodes: int = 4, curves: str | None = None, flops: float = 2e9):
+def _derive(nodes: int = 4, curves: str | None = None, flops: float = 2e9, target_buckets: bool = False):
     opts = CompareOptions(regime="device-clock", model="wide", batch=1, seq=64, micro_batches=2, vocab=512,
-                          nodes=nodes, curves=curves)  # fmt: skip
+                          nodes=nodes, curves=curves, target_buckets=target_buckets)  # fmt: skip
     topo = load_topology(opts.topology, nodes=nodes)
     cfg, seq = model_config(opts)
     return derive(opts, topo, cfg, seq, lambda *a: flops), topo, cfg, seq
@@ -93,6 +93,33 @@ def test_the_predictions_take_the_clocks_compute_time():
     assert est.time.compute_s == pytest.approx(s.clock.step_wait(cfg.num_layers, 2), rel=1e-6)
 
 
+def test_deepspeeds_buckets_scale_by_k_only_when_asked():
+    from zerotopo_lab.bench.compare import framework_cost
+    from zerotopo_lab.bench.regime import DEEPSPEED_BUCKETS
+
+    (default, _), *_ = _derive()
+    assert default.deepspeed_buckets is None  # DeepSpeed's own defaults, persistence 0
+    (opts, s), topo, cfg, seq = _derive(target_buckets=True)
+    k = s.clock.scale
+    assert opts.deepspeed_buckets == {n: max(1, round(v * k)) for n, v in DEEPSPEED_BUCKETS.items()}
+    # a bench layer is the same part of the prefetch bucket as a NeoX-20B layer of DeepSpeed's default
+    layer = cfg.shape(seq).layer_params()
+    assert layer / opts.deepspeed_buckets["prefetch"] == pytest.approx(
+        layer / k / DEEPSPEED_BUCKETS["prefetch"], rel=1e-3
+    )
+    # and the prediction prices DeepSpeed's schedule with them: more, smaller gathers than the defaults'
+    machine = cost_topology(s, cfg, seq, 1, 2, False)
+    cost = CostOptions(micro_batch=1, grad_accum=2, efficiency=1.0, checkpoint_activations=False)
+
+    def gathers(buckets):
+        plan, sched = framework_cost("deepspeed-zero3", buckets, gloo_reduce=True)
+        assert sched.prefetch_bucket_elems == (buckets or {}).get("prefetch", sched.prefetch_bucket_elems)
+        est = estimate(plan, cfg.shape(seq), machine, cost, schedule=sched)
+        return sum(c.count for c in est.schedule.collectives() if c.op.startswith("all_gather"))
+
+    assert gathers(opts.deepspeed_buckets) > gathers(None)
+
+
 def _args(*argv: str):
     import argparse
 
@@ -124,6 +151,10 @@ def test_the_command_line_of_the_clock():
             _args("--regime", "device-clock", "--arithmetic-share", bad)
     with pytest.raises(ConfigError, match="only --regime device-clock"):
         _args("--regime", "comm-bound", "--arithmetic-share", "0.05")
+    assert not _args("--regime", "device-clock").target_buckets
+    assert _args("--regime", "device-clock", "--deepspeed-buckets", "target").target_buckets
+    with pytest.raises(ConfigError, match="--deepspeed-buckets.*layer ratio"):
+        _args("--regime", "frontier-20b", "--deepspeed-buckets", "target")
 
 
 def test_the_planned_rate_reads_processor_time_not_the_wait_for_a_core():

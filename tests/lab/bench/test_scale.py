@@ -79,6 +79,16 @@ def test_each_count_runs_with_and_without_the_curves():
     assert set(series(report)) >= {"zero3", "zero3 (frontier-48)"}
 
 
+def test_a_count_states_the_deepspeed_buckets_it_ran():
+    buckets = {"prefetch": 195829, "reduce": 1958290, "persistence": 392}
+    report = scale(CompareOptions(), (2,), "micro-batch",
+                   run_compare=lambda opts: {**_fake_report(opts), "deepspeed_buckets": buckets})  # fmt: skip
+    assert report["counts"][0]["deepspeed_buckets"] == buckets
+    assert f"DeepSpeed buckets {buckets}" in format_scale(report)
+    plain = scale(CompareOptions(), (2,), "micro-batch", run_compare=_fake_report)
+    assert plain["counts"][0]["deepspeed_buckets"] is None and "buckets" not in format_scale(plain)
+
+
 def test_the_report_holds_every_count_and_plots(tmp_path):
     report = scale(CompareOptions(), (2, 4), "global-batch", run_compare=_fake_report)
     json.dumps(report)
@@ -213,21 +223,21 @@ def test_two_nodes_of_eight_ranks_run_and_their_links_show_the_nodes(tmp_path):
     assert sent["network"] / sent["package"] == pytest.approx(2 / 8, rel=0.05)
 
 
-def test_the_arithmetic_share_reaches_every_count(monkeypatch, capsys):
+def test_the_clock_options_reach_every_count(monkeypatch, capsys):
     from zerotopo.cli.main import main
     from zerotopo_lab.bench import scale as S
 
     seen = []
 
     def fake(base, nodes, mode, micro_batches, command="", **kw):
-        seen.append(base.arithmetic_share)
+        seen.append((base.arithmetic_share, base.target_buckets))
         return scale(base, nodes, mode, micro_batches, command, run_compare=_fake_report)
 
     monkeypatch.setattr(S, "scale", fake)
     argv = ["bench", "scale", "--nodes", "2", "--curves", "off", "--json"]
-    assert main([*argv, "--arithmetic-share", "0.05"]) == 0
+    assert main([*argv, "--arithmetic-share", "0.05", "--deepspeed-buckets", "target"]) == 0
     assert main(argv) == 0
-    assert seen == [0.05, None]  # None: derive takes the ranks' default
+    assert seen == [(0.05, True), (None, False)]  # None: derive takes the ranks' default
     capsys.readouterr()
     assert main(["bench", "scale", "--nodes", "2", "--arithmetic-share", "2"]) != 0
     assert "--arithmetic-share: expected a share in (0, 1], got 2.0" in capsys.readouterr().err
