@@ -66,8 +66,10 @@ LOOP_ORDER: list[dict[str, Any]] = [
     {"plan": {"name": "p2g4o8", "params": 2, "grads": 4, "optim": 8}},
 ]
 # The NeoX model: the fused query_key_value is orthogonalized as stored, one matrix, as torch's Muon does;
-# the matrices within 1e-5 over 3 steps (the key bias, whose exact gradient is zero, takes AdamW steps on
-# rounding noise: 3e-5, as under AdamW alone).
+# against the plan-order reference the matrices are within 1e-5 over 3 steps (measured: equal) and the
+# key bias, whose exact gradient is zero, takes AdamW steps on rounding noise (3e-5, as under AdamW alone).
+# Against the loop-order reference the matrices end 3e-3 apart ([Note: bf16 Newton-Schulz amplifies
+# reduction order]), so the comparison is with the plan's order.
 NEOX = [{"plan": "zero3", "name": "zero3-neox", "model": "neox", "steps": 3}]
 QUANTIZED = [{"plan": "zerotopo"}]
 ALL = [*EXACT, *LOOP_ORDER, *NEOX, *QUANTIZED]  # SENSITIVE's plans are among EXACT's: one run each
@@ -209,7 +211,7 @@ def test_two_optimizer_groups_against_the_loop_order_stay_within_bf16_sensitivit
 
 def test_fused_qkv_is_orthogonalized_as_stored(runs):
     case = _named(NEOX[0])
-    loss_err, param_err = _compare(case, runs[1], keep=is_matrix, plan_order=False)
+    loss_err, param_err = _compare(case, runs[1], keep=is_matrix)
     assert loss_err < 1e-5 and param_err < 1e-5, (loss_err, param_err)
     # the reference runs Muon on the stored (3h, h) query_key_value as one matrix, so equality at 1e-5
     # means the engine orthogonalized it as stored too (orthogonalized per logical q, k, v block it differs at order 1)
