@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[3] / "benchmarks" / "deepspeed_host_cost.py"
+ROOT = Path(__file__).parents[3]
+SCRIPT = ROOT / "benchmarks" / "deepspeed_host_cost.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    # the checkout's package, installed or not (the script runs from benchmarks/, outside the package)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": path}
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
                           timeout=300)  # fmt: skip
 
