@@ -36,9 +36,11 @@ EFFICIENCY = 0.5
 """Fraction of the device's peak a unit's matrix multiplies reach (the planner's default)."""
 ARITHMETIC_SHARE = 0.1
 """The most of a step's waited time the real arithmetic may take (:func:`dilation`), up to
-:data:`SHARE_RANKS` ranks (:func:`arithmetic_share`)."""
-SHARE_RANKS = 32
-"""Ranks beyond which the share falls in proportion (:func:`arithmetic_share`)."""
+:data:`HALF_SHARE_RANKS` ranks (:func:`arithmetic_share`)."""
+HALF_SHARE_RANKS = 16
+"""Ranks beyond which the share is half :data:`ARITHMETIC_SHARE` (:func:`arithmetic_share`)."""
+SHARE_RANKS = 64
+"""Ranks beyond which the half share falls in proportion (:func:`arithmetic_share`)."""
 OPTIMIZER_PARAM_BYTES = 2
 """Width of the parameters an optimizer step writes back (bf16 working weights)."""
 
@@ -122,20 +124,26 @@ def dilation(arithmetic_s: float, device_s: float, share: float = ARITHMETIC_SHA
 
 
 def arithmetic_share(ranks: int) -> float:
-    """The arithmetic share D is planned for on ``ranks`` ranks: :data:`ARITHMETIC_SHARE` up to
-    :data:`SHARE_RANKS`, then that times ``SHARE_RANKS / ranks`` (0.05 at 64 ranks: D twice as large).
+    """The arithmetic share D is planned for on ``ranks`` ranks: :data:`ARITHMETIC_SHARE` (0.1) up to
+    :data:`HALF_SHARE_RANKS` (16), half of it up to :data:`SHARE_RANKS` (64), then that half times
+    ``SHARE_RANKS / ranks`` (0.025 at 128 ranks).
 
     [Note: the share falls with ranks] A collective's hops on CPU ranks each need the receiving rank's
     transport thread on a core, and that wait is real time that D does not stretch: a ring over every
     rank has one hop per rank, and the threads that wait for the cores grow with the ranks too. Measured
-    on the 2-core VM (docs/bench.md, "The share at 16 nodes"), up to 32 ranks the engine rows' predictions
-    held within 10% at a share of 0.1; at 64 ranks zero3 and DeepSpeed ZeRO-3 ran at 0.85 of their
-    predictions with 0.1 and at 0.94 and 0.91 with 0.05, the transport threads' wait for a core being
-    the rest of the step. Halving the share per doubling of ranks beyond 32 keeps that wait a bounded
-    part of the dilated step; ``--arithmetic-share`` sets it outright."""
+    on the 2-core VM (docs/bench.md, "The share at 16 nodes" and "8 nodes again at an arithmetic share of
+    0.05"): at 8 and 16 ranks a share of 0.1 held the engine rows' predictions within 10% with the links
+    shaped (``--curves off``) and with the Frontier curves paced; at 32 ranks it held them with the curves
+    off but not paced (the pick at 0.89 of its median, mics the fastest row), where 0.05 held them
+    (0.96-1.07); at 64 ranks zero3 and DeepSpeed ZeRO-3 ran at 0.85 of their predictions with 0.1 and
+    within 10% with 0.05, the transport threads' wait for a core being the rest of the step. Beyond 64
+    ranks nothing has run; the share keeps falling in proportion so that wait stays a bounded part of
+    the dilated step. ``--arithmetic-share`` sets it outright."""
     if ranks < 1:
         raise ValueError(f"arithmetic_share needs at least one rank, got {ranks}")
-    return ARITHMETIC_SHARE * min(1.0, SHARE_RANKS / ranks)
+    if ranks <= HALF_SHARE_RANKS:
+        return ARITHMETIC_SHARE
+    return ARITHMETIC_SHARE / 2 * min(1.0, SHARE_RANKS / ranks)
 
 
 def arithmetic_fraction(arithmetic_s: float, waited_s: float) -> float:

@@ -4,7 +4,7 @@ The target is NeoX-20B (configs/neox-20b.yml) on Frontier GCDs arranged as the e
 at its node count (:func:`zerotopo_lab.bench.clock.target_topology`). :func:`derive` measures this
 machine's arithmetic rate (the ``no-comm`` row on every rank, in processor time: :func:`planned_rate`),
 picks D so that the real arithmetic of a step is a share of its waited device time
-(:func:`~zerotopo_lab.bench.clock.arithmetic_share`: a tenth up to 32 ranks, less beyond), and shapes
+(:func:`~zerotopo_lab.bench.clock.arithmetic_share`: a tenth up to 16 ranks, less beyond), and shapes
 each tier at the target's bandwidth × k / D with its latency × D, a node's ranks sharing one uplink.
 :func:`cost_topology` is the machine the cost model prices the rows on so that its predictions and the
 measured steps stand for the same target.

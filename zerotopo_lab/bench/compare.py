@@ -1360,7 +1360,8 @@ def add_clock_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help="device-clock: the most of a step's waited time the real arithmetic may take; D follows from it "
-        "(default 0.1 up to 32 ranks, 0.1 x 32 / ranks beyond: a smaller share, a larger D, a longer run)",
+        "(default 0.1 up to 16 ranks, 0.05 up to 64, 0.05 x 64 / ranks beyond: a smaller share, a larger D, "
+        "a longer run)",
     )
     p.add_argument(
         "--deepspeed-buckets",

@@ -35,8 +35,9 @@ def test_d_makes_the_arithmetic_a_tenth_of_the_waited_time():
     assert s.to_dict()["workload"].startswith("2 micro-batches x 4 sequences per rank on 16 ranks (4 nodes)")
 
 
-def test_the_share_falls_beyond_32_ranks_and_the_option_sets_it():
-    assert [C.arithmetic_share(n) for n in (8, 16, 32, 64)] == pytest.approx([0.1, 0.1, 0.1, 0.05])
+def test_the_share_halves_beyond_16_ranks_falls_beyond_64_and_the_option_sets_it():
+    shares = [C.arithmetic_share(n) for n in (1, 8, 16, 17, 32, 64, 128, 256)]
+    assert shares == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.0125])
     with pytest.raises(ValueError, match="at least one rank"):
         C.arithmetic_share(0)
 
