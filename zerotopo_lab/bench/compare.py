@@ -1355,13 +1355,16 @@ def _output_arguments(p: argparse.ArgumentParser, d: CompareOptions) -> None:
 def add_clock_arguments(p: argparse.ArgumentParser) -> None:
     """``--arithmetic-share`` and ``--deepspeed-buckets`` (``bench compare --regime device-clock`` and
     ``bench scale``)."""
+    from zerotopo_lab.bench import clock as C
+
+    share = C.ARITHMETIC_SHARE
     p.add_argument(
         "--arithmetic-share",
         type=float,
         metavar="S",
         help="device-clock: the most of a step's waited time the real arithmetic may take; D follows from it "
-        "(default 0.1 up to 16 ranks, 0.05 up to 64, 0.05 x 64 / ranks beyond: a smaller share, a larger D, "
-        "a longer run)",
+        f"(default {share:g} up to {C.HALF_SHARE_RANKS} ranks, {share / 2:g} up to {C.SHARE_RANKS}, "
+        f"{share / 2:g} x {C.SHARE_RANKS} / ranks beyond: a smaller share, a larger D, a longer run)",
     )
     p.add_argument(
         "--deepspeed-buckets",
