@@ -934,19 +934,20 @@ def with_transport(topo: Any, transport: Any) -> Any:
     return replace(topo, device=replace(topo.device, **transport.device_fields()))
 
 
-def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
-    """Run every row on local ranks (on the emulated cluster unless ``opts.emulate`` is False) and
-    return the report (see the module docstring)."""
+def priced(opts: CompareOptions, measure: Any = None) -> tuple[CompareOptions, Any, Any, Any, Any, Any, dict]:
+    """``opts`` with its regime, clock and replay applied, and what the cost model prices the rows on:
+    (opts, topology, target, regime derivation or None, clock settings or None, cost topology, measured
+    cost inputs). ``measure``: the device clock's arithmetic rate (default: measured now on the ranks,
+    :func:`zerotopo_lab.bench.clocked.measure_rate`)."""
     from zerotopo.placement.topology import load_topology
 
     _check(opts)
     topo = load_topology(opts.topology, nodes=opts.nodes)
     target = target_regime()
     opts, reg = apply_regime(opts, topo, target)
-    opts, clocked = apply_clock(opts, topo)
+    opts, clocked = apply_clock(opts, topo, measure)
     opts = with_replay(opts, topo, target, reg)
     cfg, seq = model_config(opts)
-    shape = cfg.shape(seq, name=opts.model)
     cost_topo, measured = cost_inputs(opts, topo)
     if clocked is not None:
         from zerotopo_lab.bench.clocked import cost_topology
@@ -962,6 +963,15 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
 
         cost_topo = emulated_topology(cost_topo, opts.network_mbit, cost_topo.device.peak_tflops * 1e12)
         measured = {**measured, "default_bandwidth": False}  # the shipped table holds the comm-bound rates
+    return opts, topo, target, reg, clocked, cost_topo, measured
+
+
+def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
+    """Run every row on local ranks (on the emulated cluster unless ``opts.emulate`` is False) and
+    return the report (see the module docstring)."""
+    opts, topo, target, reg, clocked, cost_topo, measured = priced(opts)
+    cfg, seq = model_config(opts)
+    shape = cfg.shape(seq, name=opts.model)
     t0 = time.perf_counter()
     with cluster(opts, topo) as (network, tier_classes, rates):
         # on the clock a collective's processor time falls inside a device wait (devicewait's note)
@@ -1003,10 +1013,11 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
     return report
 
 
-def apply_clock(opts: CompareOptions, topo: Any) -> tuple[CompareOptions, Any]:
+def apply_clock(opts: CompareOptions, topo: Any, measure: Any = None) -> tuple[CompareOptions, Any]:
     """``device-clock``: ``opts`` on the emulated device clock and its settings
-    (:func:`zerotopo_lab.bench.clocked.derive`; a built-in model gets the target's embedding-to-layer
-    proportion, as under ``frontier-20b``); other regimes: ``opts``, None."""
+    (:func:`zerotopo_lab.bench.clocked.derive` with ``measure``, default
+    :func:`~zerotopo_lab.bench.clocked.measure_rate`; a built-in model gets the target's
+    embedding-to-layer proportion, as under ``frontier-20b``); other regimes: ``opts``, None."""
     if opts.regime != "device-clock":
         return opts, None
     from zerotopo_lab.bench import clocked
@@ -1016,7 +1027,7 @@ def apply_clock(opts: CompareOptions, topo: Any) -> tuple[CompareOptions, Any]:
         cfg, seq = model_config(opts)
         opts = replace(opts, vocab=derived_vocab(cfg.shape(seq).layer_params(), cfg.hidden_size))
     cfg, seq = model_config(opts)
-    return clocked.derive(opts, topo, cfg, seq, clocked.measure_rate, opts.workload)
+    return clocked.derive(opts, topo, cfg, seq, measure or clocked.measure_rate, opts.workload)
 
 
 def _settings(

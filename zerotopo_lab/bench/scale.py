@@ -43,17 +43,19 @@ DEFAULT_NODES = (2, 4, 8, 16)
 MAX_NODES = 16
 MAX_RANKS = 64
 """What one machine holds (each rank a process of the fork server): 16 nodes of 4 or 8 of 8."""
+MAX_PREDICT_NODES = 1024
+"""``--predict`` runs no rank, so it prices node counts no machine here could run."""
 
 
-def parse_nodes(text: str) -> tuple[int, ...]:
-    """``2,4,8,16`` -> (2, 4, 8, 16): distinct counts from 1 to :data:`MAX_NODES`, in the order given."""
+def parse_nodes(text: str, limit: int = MAX_NODES) -> tuple[int, ...]:
+    """``2,4,8,16`` -> (2, 4, 8, 16): distinct counts from 1 to ``limit``, in the order given."""
     out = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        if not part.isdigit() or not 1 <= int(part) <= MAX_NODES:
-            raise ConfigError(f"expected node counts from 1 to {MAX_NODES}, got {part!r}", key="--nodes")
+        if not part.isdigit() or not 1 <= int(part) <= limit:
+            raise ConfigError(f"expected node counts from 1 to {limit}, got {part!r}", key="--nodes")
         if int(part) not in out:
             out.append(int(part))
     if not out:
@@ -190,6 +192,99 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     }
 
 
+def _no_arithmetic(*_: Any) -> float:
+    """The device clock's arithmetic rate under ``--predict``: none is measured, so D is 1."""
+    return float("inf")
+
+
+def predict_count(opts: Any) -> dict[str, Any]:
+    """One node count priced by the cost model alone, no rank started: each row's predicted step in the
+    target's seconds (the device clock at D = 1: every device wait and link time the target's own, as
+    a run's predictions divided by its D, but for the DeepSpeed rows' host work per module, this
+    machine's processor time, which no D stretches: under a millisecond a step), beside the step's
+    device time of the units (the floor's compute) and each row's prediction over the planner's pick.
+    ``opts``: :func:`count_options`'s."""
+    from zerotopo_lab.bench.compare import model_config, priced, resolve_rows
+
+    opts, topo, _, _, clocked, cost_topo, measured = priced(opts, measure=_no_arithmetic)
+    cfg, seq = model_config(opts)
+    _, meta = resolve_rows(opts, cost_topo, cfg.shape(seq, name=opts.model), measured)
+    units_s = clocked.device_s
+    pick = (meta.get("planner") or {}).get("predicted")
+    rows = []
+    for name in opts.rows:
+        m = meta[name]
+        pred = m.get("predicted")
+        row = {"name": name, "kind": m["kind"], "plan": m.get("plan"), "predicted_step_time_s": pred}
+        if pred:
+            row["over_units"] = pred / units_s
+            if pick:
+                row["over_pick"] = pred / pick
+        for key in ("same_as", "does_not_fit"):
+            if m.get(key):
+                row[key] = m[key]
+        rows.append(row)
+    return {
+        "nodes": topo.nodes,
+        "curves": opts.curves,
+        "topology": topo.name,
+        "world_size": topo.world_size,
+        "ranks_per_node": topo.devices_per_node,
+        "dilation": 1.0,
+        "workload": opts.workload.describe() if opts.workload else None,
+        "deepspeed_buckets": opts.deepspeed_buckets,
+        "units_device_s_per_step": units_s,
+        "planner_pick": (meta.get("planner") or {}).get("plan"),
+        "rows": rows,
+    }
+
+
+def predict(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_batches: int = 1,
+            command: str = "", curves: tuple[str | None, ...] = (None,)) -> dict[str, Any]:  # fmt: skip
+    """``--predict``: :func:`predict_count` at each of ``nodes`` and ``curves``, as a report of the shape
+    :func:`scale` writes (``predicted``: true; no measured field)."""
+    counts = []
+    for n in nodes:
+        for c in curves:
+            print(
+                f"bench scale --predict: {n} nodes" + (f", curves {c}" if c else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+            counts.append(predict_count(count_options(base, n, mode, micro_batches, c)))
+    return {"command": command, "mode": mode, "predicted": True, "nodes": list(nodes), "counts": counts}
+
+
+def format_predicted(report: dict[str, Any]) -> str:
+    """The ``--predict`` report as a table: per count, each row's predicted step in target seconds, over
+    the units' device time and over the planner's pick."""
+    lines = [f"bench scale --predict ({report['mode']}): the cost model alone, nothing run; target seconds "
+             "(D = 1)"]  # fmt: skip
+    for e in report["counts"]:
+        lines.append("")
+        replay = f", curves {e['curves']} replayed" if e.get("curves") else ""
+        replay += f", DeepSpeed buckets {e['deepspeed_buckets']}" if e.get("deepspeed_buckets") else ""
+        lines.append(f"{e['nodes']} nodes ({e['world_size']} ranks){replay}: {e['workload']}")
+        lines.append(
+            f"  units' device time {e['units_device_s_per_step']:.3f} s a step (the floor's compute)"
+        )
+        lines.append(f"  {'row':<16} {'plan':<16} {'pred s':>8} {'/ units':>8} {'/ pick':>7}")
+        for r in e["rows"]:
+            pred = r.get("predicted_step_time_s")
+            if not pred:
+                why = "does not fit" if r.get("does_not_fit") else "no model (measured only)"
+                why = "no prediction (the floor)" if r["kind"] == "floor" else why
+                lines.append(f"  {r['name']:<16} {why}")
+                continue
+            over = r.get("over_pick")
+            lines.append(
+                f"  {r['name']:<16} {r.get('plan') or '-':<16} {pred:>8.3f} {r['over_units']:>8.3f} "
+                f"{'-' if over is None else f'{over:.3f}':>7}"
+            )
+        lines.append(f"  planner's pick {e['planner_pick']}")
+    return "\n".join(lines)
+
+
 def series(report: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """Per row: (nodes, seconds) of its measured median step and of its prediction, in node order, as
     the target's seconds (over each count's own D: the counts' dilations differ)."""
@@ -293,6 +388,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--plot", metavar="PNG", help="step time against nodes per row (needs matplotlib)")
     p.add_argument("--log", metavar="FILE", help="with --json: where the ranks' output goes")
+    p.add_argument("--predict", action="store_true",
+                   help="run nothing: each row's step as the cost model predicts it at each count, in the "
+                   f"target's seconds, and over the planner's pick (up to {MAX_PREDICT_NODES} nodes)")  # fmt: skip
     p.add_argument("--from", dest="reports", metavar="FILE[,FILE...]",
                    help="run nothing: merge the JSON reports of earlier runs (-o FILE, e.g. one node count "
                    "each) and print, write or plot them as one")  # fmt: skip
@@ -317,8 +415,8 @@ def run(args: argparse.Namespace) -> int:
         paths = [p.strip() for p in args.reports.split(",") if p.strip()]
         report = emit(args, lambda: merge_reports(paths), plot, format_scale)
         return 0 if all(e["losses_agree"] for e in report["counts"]) else 1
-    nodes = parse_nodes(args.nodes)
-    too_many = [n for n in nodes if n * args.ranks_per_node > MAX_RANKS]
+    nodes = parse_nodes(args.nodes, MAX_PREDICT_NODES if args.predict else MAX_NODES)
+    too_many = [n for n in nodes if n * args.ranks_per_node > MAX_RANKS and not args.predict]
     if too_many:
         raise ConfigError(
             f"{too_many[0]} nodes of {args.ranks_per_node} ranks are {too_many[0] * args.ranks_per_node} ranks, "
@@ -341,6 +439,10 @@ def run(args: argparse.Namespace) -> int:
     curves = {"both": (None, *CURVES), "off": (None,)}.get(args.curves, (args.curves,))
     with tempfile.TemporaryDirectory(prefix="zerotopo-scale-") as directory:
         base = replace(base, topology=node_topology(args.ranks_per_node, directory))
+        if args.predict:
+            emit(args, lambda: predict(base, nodes, args.mode, args.micro_batches, command, curves), plot,
+                 format_predicted)  # fmt: skip
+            return 0
         report = emit(
             args,
             lambda: scale(
