@@ -177,6 +177,8 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     modes = {r["mode"] for r in reports}
     if len(modes) > 1:
         raise ConfigError(f"the reports mix modes ({', '.join(sorted(modes))}); merge one mode", key="--from")
+    if len({bool(r.get("predicted")) for r in reports}) > 1:
+        raise ConfigError("the reports mix runs and --predict reports; merge one kind", key="--from")
     counts = sorted(
         (e for r in reports for e in r["counts"]), key=lambda e: (e["nodes"], e.get("curves") or "")
     )
@@ -184,12 +186,15 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     twice = sorted({k for k in seen if seen.count(k) > 1}, key=str)
     if twice:
         raise ConfigError(f"node count {twice[0][0]} appears in more than one report", key="--from")
-    return {
+    merged = {
         "command": "; ".join(r.get("command", "") for r in reports),
         "mode": modes.pop(),
         "nodes": sorted({e["nodes"] for e in counts}),
         "counts": counts,
     }
+    if reports[0].get("predicted"):
+        merged["predicted"] = True
+    return merged
 
 
 def _no_arithmetic(*_: Any) -> float:
@@ -333,6 +338,11 @@ def format_scale(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_merged(report: dict[str, Any]) -> str:
+    """``--from``'s table: :func:`format_predicted` for ``--predict`` reports, else :func:`format_scale`."""
+    return format_predicted(report) if report.get("predicted") else format_scale(report)
+
+
 def plot(report: dict[str, Any], path: str) -> None:
     """A PNG of step time against nodes per row: measured (solid, markers) and predicted (dashed)."""
     import matplotlib
@@ -413,8 +423,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--plot needs matplotlib: pip install matplotlib", key="--plot") from None
     if args.reports:
         paths = [p.strip() for p in args.reports.split(",") if p.strip()]
-        report = emit(args, lambda: merge_reports(paths), plot, format_scale)
-        return 0 if all(e["losses_agree"] for e in report["counts"]) else 1
+        report = emit(args, lambda: merge_reports(paths), plot, format_merged)
+        return 0 if all(e.get("losses_agree", True) for e in report["counts"]) else 1
     nodes = parse_nodes(args.nodes, MAX_PREDICT_NODES if args.predict else MAX_NODES)
     too_many = [n for n in nodes if n * args.ranks_per_node > MAX_RANKS and not args.predict]
     if too_many:

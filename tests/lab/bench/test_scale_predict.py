@@ -73,3 +73,25 @@ def test_the_cli_predicts_counts_beyond_the_machine(tmp_path, capsys):
     # without --predict, 32 nodes of 4 are more ranks than one machine holds
     assert main(argv[:2] + argv[3:]) != 0
     assert "expected node counts from 1 to 16, got '32'" in capsys.readouterr().err
+
+
+def test_predict_reports_merge_with_their_own_kind_only(tmp_path, capsys):
+    from zerotopo.cli.main import main
+    from zerotopo.errors import ConfigError
+    from zerotopo_lab.bench.scale import merge_reports
+
+    base = _base(tmp_path)
+    paths = []
+    for n in (4, 2):
+        path = tmp_path / f"predict{n}.json"
+        path.write_text(json.dumps(predict(replace(base, rows=("planner", "zero3")), (n,), "micro-batch")))
+        paths.append(str(path))
+    merged = merge_reports(paths)
+    assert merged["predicted"] is True and merged["nodes"] == [2, 4]
+    assert main(["bench", "scale", "--from", ",".join(paths)]) == 0
+    out = capsys.readouterr().out
+    assert "nothing run" in out and "4 nodes (16 ranks)" in out
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"command": "", "mode": "micro-batch", "nodes": [8], "counts": [{"nodes": 8}]}))
+    with pytest.raises(ConfigError, match="mix runs and --predict reports"):
+        merge_reports([paths[0], str(run)])
