@@ -206,7 +206,8 @@ def predict_count(opts: Any) -> dict[str, Any]:
     """One node count priced by the cost model alone, no rank started: each row's predicted step in the
     target's seconds (the device clock at D = 1: every device wait and link time the target's own, as
     a run's predictions divided by its D, but for the DeepSpeed rows' host work per module, this
-    machine's processor time, which no D stretches: under a millisecond a step), beside the step's
+    machine's processor time, which no D stretches, under a millisecond a step; and under ``--curves``
+    the links' own time at their fastest, which a run's D makes next to nothing), beside the step's
     device time of the units (the floor's compute) and each row's prediction over the planner's pick.
     ``opts``: :func:`count_options`'s."""
     from zerotopo_lab.bench.compare import model_config, priced, resolve_rows
