@@ -1487,13 +1487,15 @@ def emit(
     measure: Callable[[], dict[str, Any]],
     draw: Callable[[dict[str, Any], str], Any],
     text_of: Callable[[dict[str, Any]], str],
+    ranks: bool = True,
 ) -> dict[str, Any]:
     """Run ``measure`` and hand its report on as a bench command's flags say: ``--json`` prints the JSON
-    alone on stdout (the ranks' output goes to ``--log`` or a new log file, named on stderr), ``-o`` writes
-    it to a file, ``--plot`` draws it; otherwise ``text_of`` prints the table."""
+    alone on stdout (the ranks' output goes to ``--log`` or a new log file, named on stderr; ``ranks``
+    False: ``measure`` starts none and prints nothing, so no log), ``-o`` writes it to a file, ``--plot``
+    draws it; otherwise ``text_of`` prints the table."""
     from zerotopo_lab.bench.quiet import log_path, stdout_to
 
-    if args.json:
+    if args.json and ranks:
         log = getattr(args, "log", None) or log_path()
         print(f"# rank output: {log}", file=sys.stderr)
         with stdout_to(log):

@@ -16,7 +16,8 @@ Ranks start as forks of one fork server that imported torch once (``ZEROTOPO_STA
 
 The JSON report holds, per node count, the rows as ``bench compare --json`` writes them, with the node
 count, D, the regime and the workload; ``--plot`` draws step time against nodes per row, measured and
-predicted.
+predicted. ``--predict`` runs no rank: the cost model prices every row at each count in the target's
+seconds (:func:`predict`), up to :data:`MAX_PREDICT_NODES` nodes.
 """
 
 from __future__ import annotations
@@ -424,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--plot needs matplotlib: pip install matplotlib", key="--plot") from None
     if args.reports:
         paths = [p.strip() for p in args.reports.split(",") if p.strip()]
-        report = emit(args, lambda: merge_reports(paths), plot, format_merged)
+        report = emit(args, lambda: merge_reports(paths), plot, format_merged, ranks=False)
         return 0 if all(e.get("losses_agree", True) for e in report["counts"]) else 1
     nodes = parse_nodes(args.nodes, MAX_PREDICT_NODES if args.predict else MAX_NODES)
     too_many = [n for n in nodes if n * args.ranks_per_node > MAX_RANKS and not args.predict]
@@ -452,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
         base = replace(base, topology=node_topology(args.ranks_per_node, directory))
         if args.predict:
             emit(args, lambda: predict(base, nodes, args.mode, args.micro_batches, command, curves), plot,
-                 format_predicted)  # fmt: skip
+                 format_predicted, ranks=False)  # fmt: skip
             return 0
         report = emit(
             args,
