@@ -346,7 +346,8 @@ def format_merged(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: str) -> None:
-    """A PNG of step time against nodes per row: measured (solid, markers) and predicted (dashed)."""
+    """A PNG of step time against nodes per row: measured (solid, markers) and predicted (dashed); the
+    global batch's on a log scale, its step falling as the nodes split it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -360,6 +361,8 @@ def plot(report: dict[str, Any], path: str) -> None:
         if s["predicted"]:
             ax.plot(*zip(*s["predicted"]), "x--", color=color, label=f"{name} predicted")
     ax.set_xscale("log", base=2)
+    if report["mode"] == "global-batch":  # the step falls with nodes: a log axis keeps the rows apart
+        ax.set_yscale("log")
     ax.set_xlabel("emulated nodes")
     ax.set_ylabel("target step time, s (step / D)")
     ax.set_title(f"bench scale ({report['mode']})")
