@@ -137,15 +137,17 @@ def count_entry(nodes: int, report: dict[str, Any], curves: str | None = None) -
 
 def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_batches: int = 1,
           command: str = "", run_compare: Any = None, curves: tuple[str | None, ...] = (None,),
-          partial: str | None = None) -> dict[str, Any]:  # fmt: skip
+          partial: str | None = None, entry: Any = None) -> dict[str, Any]:  # fmt: skip
     """Run ``bench compare`` on the device clock at each of ``nodes``, once per entry of ``curves``
     (None: the shaped links alone; a :data:`zerotopo_lab.bench.replay.CURVES` name: replayed at that node
     count); ``run_compare(opts) -> report``, default :func:`zerotopo_lab.bench.compare.compare`. Returns
     the scale report. ``partial``: a file that holds the report of the counts done so far after each one
-    (a run of hours that stops at its last count keeps the others; ``--from`` merges it with a rerun)."""
+    (a run of hours that stops at its last count keeps the others; ``--from`` merges it with a rerun).
+    ``entry(nodes, opts, curves) -> count entry``: in place of running ``run_compare`` (:func:`predict`)."""
     from zerotopo_lab.bench.compare import compare, write_report
 
     run_compare = run_compare or (lambda opts: compare(opts, command=command))
+    entry = entry or (lambda n, opts, c: count_entry(n, run_compare(opts), c))
     os.environ.setdefault("ZEROTOPO_START_METHOD", "forkserver")
     counts: list[dict[str, Any]] = []
 
@@ -155,7 +157,7 @@ def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_b
     for n in nodes:
         for c in curves:
             print(f"bench scale: {n} nodes" + (f", curves {c}" if c else ""), file=sys.stderr, flush=True)
-            counts.append(count_entry(n, run_compare(count_options(base, n, mode, micro_batches, c)), c))
+            counts.append(entry(n, count_options(base, n, mode, micro_batches, c), c))
             if partial:  # the counts run so far
                 write_report(partial, report(list(dict.fromkeys(e["nodes"] for e in counts))))
     return report(list(nodes))
@@ -217,7 +219,8 @@ def predict_count(opts: Any) -> dict[str, Any]:
     cfg, seq = model_config(opts)
     _, meta = resolve_rows(opts, cost_topo, cfg.shape(seq, name=opts.model), measured)
     units_s = clocked.device_s
-    pick = (meta.get("planner") or {}).get("predicted")
+    planner = meta.get("planner") or {}
+    pick = planner.get("predicted")
     rows = []
     for name in opts.rows:
         m = meta[name]
@@ -241,25 +244,25 @@ def predict_count(opts: Any) -> dict[str, Any]:
         "workload": opts.workload.describe() if opts.workload else None,
         "deepspeed_buckets": opts.deepspeed_buckets,
         "units_device_s_per_step": units_s,
-        "planner_pick": (meta.get("planner") or {}).get("plan"),
+        "planner_pick": planner.get("plan"),
         "rows": rows,
     }
 
 
 def predict(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_batches: int = 1,
             command: str = "", curves: tuple[str | None, ...] = (None,)) -> dict[str, Any]:  # fmt: skip
-    """``--predict``: :func:`predict_count` at each of ``nodes`` and ``curves``, as a report of the shape
-    :func:`scale` writes (``predicted``: true; no measured field)."""
-    counts = []
-    for n in nodes:
-        for c in curves:
-            print(
-                f"bench scale --predict: {n} nodes" + (f", curves {c}" if c else ""),
-                file=sys.stderr,
-                flush=True,
-            )
-            counts.append(predict_count(count_options(base, n, mode, micro_batches, c)))
-    return {"command": command, "mode": mode, "predicted": True, "nodes": list(nodes), "counts": counts}
+    """``--predict``: :func:`scale` with :func:`predict_count` at each of ``nodes`` and ``curves`` in place
+    of a run (``predicted``: true; no measured field)."""
+    report = scale(base, nodes, mode, micro_batches, command, curves=curves,
+                   entry=lambda n, opts, c: predict_count(opts))  # fmt: skip
+    return {**report, "predicted": True}
+
+
+def _count_title(e: dict[str, Any]) -> str:
+    """A count's heading in the tables: its nodes and ranks, the curves replayed, DeepSpeed's buckets."""
+    replay = f", curves {e['curves']} replayed" if e.get("curves") else ""
+    replay += f", DeepSpeed buckets {e['deepspeed_buckets']}" if e.get("deepspeed_buckets") else ""
+    return f"{e['nodes']} nodes ({e['world_size']} ranks){replay}"
 
 
 def format_predicted(report: dict[str, Any]) -> str:
@@ -269,9 +272,7 @@ def format_predicted(report: dict[str, Any]) -> str:
              "(D = 1)"]  # fmt: skip
     for e in report["counts"]:
         lines.append("")
-        replay = f", curves {e['curves']} replayed" if e.get("curves") else ""
-        replay += f", DeepSpeed buckets {e['deepspeed_buckets']}" if e.get("deepspeed_buckets") else ""
-        lines.append(f"{e['nodes']} nodes ({e['world_size']} ranks){replay}: {e['workload']}")
+        lines.append(f"{_count_title(e)}: {e['workload']}")
         lines.append(
             f"  units' device time {e['units_device_s_per_step']:.3f} s a step (the floor's compute)"
         )
@@ -313,11 +314,7 @@ def format_scale(report: dict[str, Any]) -> str:
     lines = [f"bench scale ({report['mode']}): nodes {', '.join(map(str, report['nodes']))}"]
     for e in report["counts"]:
         lines.append("")
-        replay = f", curves {e['curves']} replayed" if e.get("curves") else ""
-        replay += f", DeepSpeed buckets {e['deepspeed_buckets']}" if e.get("deepspeed_buckets") else ""
-        lines.append(
-            f"{e['nodes']} nodes ({e['world_size']} ranks){replay}, D {e['dilation']:.3g}: {e['workload']}"
-        )
+        lines.append(f"{_count_title(e)}, D {e['dilation']:.3g}: {e['workload']}")
         lines.append(
             f"  {'row':<16} {'step s':>8} {'min-max':>15} {'pred s':>8} {'peak MiB/rank':>13}  cross-node MB"
         )
