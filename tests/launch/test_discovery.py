@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+
 import pytest
 
 from zerotopo.errors import LaunchError
@@ -368,3 +374,33 @@ def test_physical_device(env, local_rank, kind, device):
 
     assert physical_device(env, local_rank, kind) == device
     assert backend_for(kind) == ("gloo" if kind == "cpu" else "nccl")
+
+
+_ONE_RANK = """
+import sys, torch.distributed as dist
+from zerotopo.launch.discovery import discover, init_distributed
+info = discover({})
+init_distributed(info, timeout_s=30)
+print(info.launcher, info.world_size, info.master_port, dist.get_world_size())
+"""
+
+
+def test_two_single_process_jobs_at_once_each_get_a_free_port():
+    assert discover({}).master_port == 0  # the store binds any free port
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "SLURM_", "OMPI_", "PMI"))}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ZEROTOPO_EMULATED_NODES"):
+        env.pop(k, None)
+    # the port a fixed default would take is held, and two jobs start together
+    with socket.socket() as held:
+        with contextlib.suppress(OSError):  # already held by someone else: as good
+            held.bind(("127.0.0.1", discovery.DEFAULT_PORT))
+            held.listen(1)
+        jobs = [
+            subprocess.Popen([sys.executable, "-c", _ONE_RANK], env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        outs = [p.communicate(timeout=120)[0] for p in jobs]
+    assert [p.returncode for p in jobs] == [0, 0]
+    assert outs == ["local 1 0 1\n"] * 2
+    explicit = discover({"MASTER_PORT": "3442"})
+    assert explicit.master_port == 3442

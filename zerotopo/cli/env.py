@@ -51,7 +51,8 @@ def _report(args: argparse.Namespace) -> tuple[dict, list[str], list[str]]:
         "backend": info.backend,
         "device_kind": info.device_kind,
         "launcher": info.launcher,
-        "master": f"{info.master_addr}:{info.master_port}",
+        # port 0: a world of one binds any free port
+        "master": f"{info.master_addr}:{info.master_port or 'any free port'}",
         "tasks_per_node": list(info.tasks_per_node),
     }
     errors: list[str] = []

@@ -292,7 +292,9 @@ def _local(environ: Mapping[str, str]) -> dict[str, Any]:
     if "RANK" in environ and "MASTER_ADDR" in environ:
         # A rank of the local emulated cluster (zerotopo.launch.spawn): torchrun's variables, set by us.
         return _from_torchrun(environ)
-    port = _port(environ, "MASTER_PORT", "local") if environ.get("MASTER_PORT") else DEFAULT_PORT
+    # A world of one: nobody else joins its store, which binds any free port (0), so two single-process
+    # jobs on one machine never contend for a fixed one. MASTER_PORT, when set, is still honoured.
+    port = _port(environ, "MASTER_PORT", "local") if environ.get("MASTER_PORT") else 0
     return {
         "rank": 0,
         "world_size": 1,
