@@ -54,6 +54,22 @@ def test_a_forked_rank_gets_the_launchers_environment_directory_and_streams_as_t
     assert [r[0] for r in spawn(_seen, 2, args=(MARK,), timeout_s=120)] == [None, None]
 
 
+def _torch_modules_a_first_layer_imports(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    before = set(sys.modules)
+    # the models build on meta: the first parameter initialised there imports torch._dynamo (1.5 s)
+    torch.nn.Embedding(10, 4, device="meta")
+    dist.barrier()
+    return sorted(m for m in set(sys.modules) - before if m.startswith("torch"))
+
+
+def test_a_forked_rank_builds_its_first_layer_on_meta_without_importing_more_of_torch(monkeypatch):
+    monkeypatch.delenv("ZEROTOPO_START_METHOD", raising=False)
+    assert spawn(_torch_modules_a_first_layer_imports, 2, timeout_s=120) == [[], []]
+
+
 def _parent(rank, world):
     import torch.distributed as dist
 

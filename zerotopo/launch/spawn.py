@@ -67,11 +67,16 @@ COLLATERAL = ("Connection closed", "Connection reset", "Broken pipe", "Timed out
 
 #: Modules the fork server imports before it forks any rank: torch, and what a rank of the engine or of
 #: ``zerotopo train`` imports next, so no rank imports them again. A name that does not import is
-#: skipped (the server's own rule), and no module here reads the environment when imported, so a rank
-#: still sees the launcher's environment as it is at its start.
+#: skipped (the server's own rule). ``torch._dynamo`` is imported by torch itself the first time a rank
+#: initialises a parameter on the meta device, as the models build their units: about 1.5 s of one core
+#: per rank on a 2-core machine, paid once by the server instead. It is the one module here that reads the
+#: environment when imported (its ``TORCHDYNAMO_*`` / ``TORCH_COMPILE_*`` settings): a rank sees them
+#: as they were when the server started, at the launcher's first start of ranks; every other variable
+#: as it is at the rank's own start.
 PRELOAD = (
     "torch",
     "torch.distributed",
+    "torch._dynamo",
     "zerotopo.launch.spawn",
     "zerotopo.engine.api",
     "zerotopo.trainer.loop",
