@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import sys
 
 import pytest
 
+from tests.proc import launcher_free_env
 from zerotopo.errors import LaunchError
 from zerotopo.launch import discovery, mpi
 from zerotopo.launch.discovery import check_against_topology, discover, topological_index
@@ -387,9 +387,7 @@ print(info.launcher, info.world_size, info.master_port, dist.get_world_size())
 
 def test_two_single_process_jobs_at_once_each_get_a_free_port():
     assert discover({}).master_port == 0  # the store binds any free port
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "SLURM_", "OMPI_", "PMI"))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ZEROTOPO_EMULATED_NODES"):
-        env.pop(k, None)
+    env = launcher_free_env()
     # the port a fixed default would take is held, and two jobs start together
     with socket.socket() as held:
         with contextlib.suppress(OSError):  # already held by someone else: as good

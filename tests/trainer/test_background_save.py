@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.proc import launcher_free_env
 from tests.trainer.save_faults import FAULT_ENV, HOOKS, LAUNCHER_ENV
 from tests.trainer.test_checkpoint_resume import small_config
 from zerotopo.checkpoint.store import SAVE_PHASES, find_checkpoint, read_tensors
@@ -25,9 +26,7 @@ STEPS = ("train_iters=6", "log_interval=1", "save_interval=2")
 
 
 def _env(fault: str | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_"))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", FAULT_ENV, LAUNCHER_ENV):
-        env.pop(k, None)
+    env = launcher_free_env(FAULT_ENV, LAUNCHER_ENV)
     env["PYTHONPATH"] = str(ROOT)
     if fault:
         # the hook loads as the launcher and its fork server start; the forked ranks inherit it

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.proc import launcher_free_env
 from tests.trainer.save_faults import FAULT_ENV, HOOKS
 from tests.trainer.test_checkpoint_integrity import _patch, _values_span
 from tests.trainer.test_checkpoint_resume import small_config
@@ -30,10 +31,7 @@ pytestmark = pytest.mark.slow
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_"))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ZEROTOPO_FAULT_IN_SAVE"):
-        env.pop(k, None)
-    return {**env, "PYTHONPATH": str(ROOT), **extra}
+    return {**launcher_free_env("ZEROTOPO_FAULT_IN_SAVE"), "PYTHONPATH": str(ROOT), **extra}
 
 
 def _argv(tmp: Path, run: str, *sets: str) -> list[str]:
