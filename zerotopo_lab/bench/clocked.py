@@ -128,8 +128,9 @@ class ClockSettings:
     rates_mbit: dict[str, float]
     delays_ms: dict[str, float]
     workload: Workload
-    share: float
-    """The arithmetic share D was planned for (:func:`~zerotopo_lab.bench.clock.arithmetic_share`)."""
+    share: float | None
+    """The arithmetic share D was planned for (:func:`~zerotopo_lab.bench.clock.arithmetic_share`); None
+    when D was given (``--dilation``)."""
 
     def to_dict(self) -> dict[str, Any]:
         waited = self.clock.dilation * self.device_s
@@ -140,6 +141,7 @@ class ClockSettings:
             "flops_per_rank": self.flops_per_rank,
             "arithmetic_s_per_step": self.arithmetic_s,
             "arithmetic_share": self.share,
+            "dilation_given": self.share is None,
             "device_s_per_step": self.device_s,
             "waited_s_per_step": waited,
             "predicted_arithmetic_fraction": C.arithmetic_fraction(self.arithmetic_s, waited),
@@ -154,7 +156,8 @@ def derive(
 ) -> tuple[Any, ClockSettings]:  # fmt: skip
     """``opts`` on the clock and the settings: ``measure(opts, topo, cfg, seq, batch) -> FLOP/s`` per
     rank (:func:`measure_rate`); D planned for ``opts.arithmetic_share`` (None: the ranks'
-    :func:`~zerotopo_lab.bench.clock.arithmetic_share`). The target micro-batch is the config's; the
+    :func:`~zerotopo_lab.bench.clock.arithmetic_share`), or ``opts.dilation`` when given (the rate is
+    still measured: the report prints the arithmetic's share of the waited time). The target micro-batch is the config's; the
     micro-batches per step are ``opts.micro_batches`` (``bench scale`` sets them from ``work``, the
     :func:`target_workload` it states; without it, a fixed number per rank). The waits recompute a
     layer's forward in its backward as the target does; the bench model's own arithmetic need not (its
@@ -178,8 +181,13 @@ def derive(
     arithmetic = (
         shape.step_flops(opts.batch * opts.micro_batches, checkpoint_activations=opts.checkpoint) / flops
     )
-    share = C.arithmetic_share(topo.world_size) if opts.arithmetic_share is None else opts.arithmetic_share
-    D = C.dilation(arithmetic, device_s, share)
+    if opts.dilation is not None:
+        share, D = None, opts.dilation
+    else:
+        share = (
+            C.arithmetic_share(topo.world_size) if opts.arithmetic_share is None else opts.arithmetic_share
+        )
+        D = C.dilation(arithmetic, device_s, share)
     clock = replace(undilated, dilation=D)
     rates, delays = C.link_rates_mbit(target, k, D), C.link_delays_ms(target, D)
     net = topo.network.name

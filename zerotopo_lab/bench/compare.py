@@ -133,6 +133,10 @@ class CompareOptions:
     """``--regime device-clock``: the most of a step's waited time the real arithmetic may take, which
     sets D (``--arithmetic-share``; None: :func:`zerotopo_lab.bench.clock.arithmetic_share` of the
     ranks)."""
+    dilation: float | None = None
+    """``--regime device-clock``: D as given (``--dilation``, e.g. an earlier run's, so that ``bench scale
+    --from`` can pool the two runs' repeats) in place of the D planned for the arithmetic share; None:
+    planned."""
     target_buckets: bool = False
     """``--regime device-clock``: DeepSpeed's buckets scaled by the clock's k
     (:func:`zerotopo_lab.bench.regime.deepspeed_buckets`, ``--deepspeed-buckets target``), so DeepSpeed
@@ -1378,6 +1382,14 @@ def add_clock_arguments(p: argparse.ArgumentParser) -> None:
         f"{share / 2:g} x {C.SHARE_RANKS} / ranks beyond: a smaller share, a larger D, a longer run)",
     )
     p.add_argument(
+        "--dilation",
+        type=float,
+        metavar="D",
+        help="device-clock: run at this D instead of planning it from the arithmetic rate measured at start "
+        "(e.g. an earlier run's D, printed in its report, so that `bench scale --from` can pool both runs' "
+        "repeats); the arithmetic's share of the waited time is then printed, not planned",
+    )
+    p.add_argument(
         "--deepspeed-buckets",
         choices=("default", "target"),
         default="default",
@@ -1401,6 +1413,21 @@ def share_from_args(args: argparse.Namespace) -> float | None:
     return share
 
 
+def dilation_from_args(args: argparse.Namespace) -> float | None:
+    """``--dilation``, checked: D of at least 1 (the clock never runs faster than the device), not with
+    ``--arithmetic-share`` (which plans D), or None for a planned D."""
+    D = getattr(args, "dilation", None)
+    if D is None:
+        return None
+    if not 1 <= D < float("inf"):
+        raise ConfigError(f"expected a dilation of at least 1, got {D}", key="--dilation")
+    if getattr(args, "arithmetic_share", None) is not None:
+        raise ConfigError(
+            "--arithmetic-share plans D and --dilation gives it; give one of them", key="--dilation"
+        )
+    return D
+
+
 def options_from_args(args: argparse.Namespace) -> CompareOptions:
     from zerotopo.launch.netem import parse_rates
 
@@ -1422,6 +1449,9 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
     share = share_from_args(args)
     if share is not None and not clock:
         raise ConfigError("only --regime device-clock has a dilation to plan", key="--arithmetic-share")
+    dilation = dilation_from_args(args)
+    if dilation is not None and not clock:
+        raise ConfigError("only --regime device-clock runs on a dilated clock", key="--dilation")
     if target_buckets_from_args(args) and not clock:
         raise ConfigError(
             "only --regime device-clock scales DeepSpeed's buckets by k (frontier-20b scales them by the "
@@ -1460,6 +1490,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
         repeat=getattr(args, "repeat", DEFAULT_REPEAT),
         dtype=getattr(args, "dtype", None) or ("bf16" if derived else "fp32"),
         arithmetic_share=share,
+        dilation=dilation,
         target_buckets=target_buckets_from_args(args),
     )
 

@@ -314,7 +314,8 @@ def format_scale(report: dict[str, Any]) -> str:
     lines = [f"bench scale ({report['mode']}): nodes {', '.join(map(str, report['nodes']))}"]
     for e in report["counts"]:
         lines.append("")
-        lines.append(f"{_count_title(e)}, D {e['dilation']:.3g}: {e['workload']}")
+        given = " (given)" if (e.get("device_clock") or {}).get("dilation_given") else ""
+        lines.append(f"{_count_title(e)}, D {e['dilation']:.3g}{given}: {e['workload']}")
         lines.append(
             f"  {'row':<16} {'step s':>8} {'min-max':>15} {'pred s':>8} {'peak MiB/rank':>13}  cross-node MB"
         )
@@ -413,6 +414,7 @@ def run(args: argparse.Namespace) -> int:
         CLOCK_BATCH,
         CLOCK_SEQ,
         CompareOptions,
+        dilation_from_args,
         emit,
         share_from_args,
         target_buckets_from_args,
@@ -438,6 +440,13 @@ def run(args: argparse.Namespace) -> int:
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
     if not rows:
         raise ConfigError("no rows given", key="--rows")
+    dilation = dilation_from_args(args)
+    if dilation is not None and (len(nodes) > 1 or args.predict):
+        raise ConfigError(
+            "a D belongs to one node count's run (its arithmetic and links differ with the count): give one "
+            "count, e.g. --nodes 8 --dilation D with the D of an earlier 8-node report; --predict runs at D 1",
+            key="--dilation",
+        )
     for key in ("steps", "repeat", "micro_batches"):
         if getattr(args, key) < 1:
             raise ConfigError(
@@ -446,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
     base = CompareOptions(regime="device-clock", model=args.model, rows=rows, steps=args.steps, warmup=args.warmup,
                           repeat=args.repeat, dtype=args.dtype, batch=CLOCK_BATCH, seq=CLOCK_SEQ,
                           timeout_s=args.timeout, arithmetic_share=share_from_args(args),
-                          target_buckets=target_buckets_from_args(args))  # fmt: skip
+                          dilation=dilation, target_buckets=target_buckets_from_args(args))  # fmt: skip
     command = "zerotopo " + " ".join(sys.argv[1:]) if sys.argv[1:] else "zerotopo bench scale"
     curves = {"both": (None, *CURVES), "off": (None,)}.get(args.curves, (args.curves,))
     with tempfile.TemporaryDirectory(prefix="zerotopo-scale-") as directory:
