@@ -165,8 +165,9 @@ def scale(base: Any, nodes: tuple[int, ...], mode: str = "global-batch", micro_b
 
 def merge_reports(paths: list[str]) -> dict[str, Any]:
     """One scale report from the JSON reports of earlier runs (``-o FILE``), e.g. one node count per run:
-    their counts in node order, their commands listed. The runs must share a mode; a node count (with
-    the same curves) given twice is refused."""
+    their counts in node order, their commands listed. The runs must share a mode. A node count (with
+    the same curves) in several reports is pooled (:func:`pool_counts`) when they ran it at one D
+    (``--dilation``) with the same workload and rows, and refused otherwise."""
     reports = []
     for path in paths:
         try:
@@ -180,15 +181,25 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     modes = {r["mode"] for r in reports}
     if len(modes) > 1:
         raise ConfigError(f"the reports mix modes ({', '.join(sorted(modes))}); merge one mode", key="--from")
-    if len({bool(r.get("predicted")) for r in reports}) > 1:
+    predicted = {bool(r.get("predicted")) for r in reports}
+    if len(predicted) > 1:
         raise ConfigError("the reports mix runs and --predict reports; merge one kind", key="--from")
-    counts = sorted(
-        (e for r in reports for e in r["counts"]), key=lambda e: (e["nodes"], e.get("curves") or "")
-    )
-    seen = [(e["nodes"], e.get("curves")) for e in counts]
-    twice = sorted({k for k in seen if seen.count(k) > 1}, key=str)
-    if twice:
-        raise ConfigError(f"node count {twice[0][0]} appears in more than one report", key="--from")
+    if len(set(paths)) < len(paths):
+        twice = next(p for p in paths if paths.count(p) > 1)
+        raise ConfigError(f"{twice} is given twice: its repeats would count twice", key="--from")
+    groups: dict[tuple[int, str], list[tuple[str, str, dict[str, Any]]]] = {}
+    for path, r in zip(paths, reports):
+        for e in r["counts"]:
+            groups.setdefault((e["nodes"], e.get("curves") or ""), []).append((path, r.get("command", ""), e))
+    counts = []
+    for key in sorted(groups):
+        group = groups[key]
+        if len(group) > 1 and reports[0].get("predicted"):
+            raise ConfigError(
+                f"node count {key[0]} appears in more than one --predict report (a prediction has no repeats "
+                "to pool)", key="--from",
+            )  # fmt: skip
+        counts.append(group[0][2] if len(group) == 1 else pool_counts(group))
     merged = {
         "command": "; ".join(r.get("command", "") for r in reports),
         "mode": modes.pop(),
@@ -198,6 +209,132 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     if reports[0].get("predicted"):
         merged["predicted"] = True
     return merged
+
+
+POOL_MATCH = ("world_size", "workload", "deepspeed_buckets", "topology", "planner_pick")
+"""What runs of one node count must share to be pooled, beside D and the rows."""
+POOL_MEAN = (
+    "setup_s", "clock_slept_s_per_step", "clock_arithmetic_s_per_step", "arithmetic_fraction",
+    "clock_device_s_per_step", "host_cpu_s_per_step", "run_delay_s_per_step", "others_cpu_s_per_step",
+    "others_run_delay_s_per_step", "host_over_device_s_per_step", "clock_overshoot_s_per_step",
+    "blocked_s_per_step", "cpu_s_per_step", "replay_wait_s_per_step",
+)  # fmt: skip
+"""A row's per-step figures that a pooled row gives as the mean of its runs'."""
+
+
+def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+    """One count entry from several runs of the same node count, ``(path, command, entry)`` each: every
+    row's repeats pooled (its step the median of all runs' repeats, with their min and max, as one run of
+    as many repeats reports it), its per-step figures the runs' means, its peak memory the largest, and the
+    count's verdicts and measured R recomputed from the pooled rows (``pooled_from``: each run's file,
+    command, wall time and repeats). Raises ConfigError, naming the files, when the runs differ in D
+    (give the later run the earlier's with ``--dilation``), workload, rows or planner's pick: their step
+    seconds would not be one quantity."""
+    from zerotopo_lab.bench.compare import EXACT_RTOL, QUANTIZED_RTOL, _verdicts, check_losses
+    from zerotopo_lab.bench.regime import measured_ratio, measured_ratios
+
+    (first_path, _, first), rest = group[0], group[1:]
+    names = [r["name"] for r in first["rows"]]
+    for path, _, e in rest:
+        D0, D = first.get("dilation") or 1.0, e.get("dilation") or 1.0
+        if abs(D - D0) > 1e-9 * D0:
+            raise ConfigError(
+                f"{path} ran {e['nodes']} nodes at D {D:.10g} and {first_path} at D {D0:.10g}: their steps are "
+                f"not one quantity; run it again with --dilation {D0!r} to pool them",
+                key="--from",
+            )  # fmt: skip
+        for key in POOL_MATCH:
+            if e.get(key) != first.get(key):
+                raise ConfigError(
+                    f"{path} and {first_path} ran {e['nodes']} nodes with different {key} "
+                    f"({e.get(key)!r} vs {first.get(key)!r}); pool only runs of one setting",
+                    key="--from",
+                )  # fmt: skip
+        if [r["name"] for r in e["rows"]] != names:
+            raise ConfigError(
+                f"{path} and {first_path} ran different rows at {e['nodes']} nodes; pool runs of the same --rows",
+                key="--from",
+            )  # fmt: skip
+    entries = [e for _, _, e in group]
+    rows = [_pool_row([e["rows"][i] for e in entries]) for i in range(len(names))]
+    _, void = check_losses(rows)
+    voids = [e.get("void") for e in entries if e.get("void")] + ([void] if void else [])
+    for i, name in enumerate(names):  # a row's runs compute the same steps: their losses agree
+        losses = [e["rows"][i].get("final_loss") for e in entries]
+        if None in losses:
+            continue
+        tol = QUANTIZED_RTOL if first["rows"][i].get("quantized") else EXACT_RTOL
+        if max(abs(x - losses[0]) for x in losses) > tol * max(abs(losses[0]), 1e-12):
+            voids.append(f"{name}'s final losses differ between the runs pooled: {losses}")
+    regime = dict(first.get("regime") or {})
+    if regime:
+        regime.update(measured_R=measured_ratio(rows), measured_R_repeats=measured_ratios(rows))
+    return {
+        **first,
+        "wall_s": sum(e.get("wall_s") or 0.0 for e in entries),
+        "losses_agree": all(e.get("losses_agree") for e in entries) and not voids,
+        "void": "; ".join(voids) or None,
+        "fastest_zerotopo_row": _verdicts(rows)["fastest_zerotopo_row"],
+        "regime": regime,
+        "pooled_from": [
+            {
+                "file": path,
+                "command": command,
+                "wall_s": e.get("wall_s"),
+                "flops_per_rank": (e.get("device_clock") or {}).get("flops_per_rank"),
+                "repeats": max((len(r.get("repeat_step_times_s") or []) for r in e["rows"]), default=0),
+            }
+            for path, command, e in group
+        ],  # fmt: skip
+        "rows": rows,
+    }
+
+
+def _pool_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of :func:`pool_counts` from the same row in each run (a row that failed or did not fit
+    in any run stays so, with that run's figures)."""
+    import statistics
+
+    from zerotopo_lab.bench.compare import _mean_dict
+
+    bad = next((r for r in runs if not r.get("step_time_s")), None)
+    if bad is not None:
+        return dict(bad)
+    repeats = [t for r in runs for t in (r.get("repeat_step_times_s") or [r["step_time_s"]])]
+    step = statistics.median(repeats)
+    row = dict(runs[0])
+    tokens_per_step = (
+        runs[0]["tokens_per_s"] * runs[0]["step_time_s"] if runs[0].get("tokens_per_s") else None
+    )
+    row.update(
+        step_time_s=step, repeat_step_times_s=repeats, step_time_min_s=min(repeats),
+        step_time_max_s=max(repeats), peak_memory_bytes=_max_or_none([r.get("peak_memory_bytes") for r in runs]),
+        peak_memory_bytes_per_rank=[_max_or_none(p) for p in zip(*(r.get("peak_memory_bytes_per_rank") or []
+                                                                     for r in runs))],
+        process_groups=[g for r in runs for g in (r.get("process_groups") or [])],
+    )  # fmt: skip
+    if tokens_per_step:
+        row["tokens_per_s"] = tokens_per_step / step
+    for key in POOL_MEAN:
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+        if len(values) == len(runs):
+            row[key] = sum(values) / len(values)
+    for key in ("tier_bytes_per_step", "tier_payload_bytes_per_step"):
+        if all(r.get(key) for r in runs):
+            row[key] = _mean_dict([r[key] for r in runs])
+    if row.get("predicted_step_time_s"):
+        row["predicted_over_measured"] = row["predicted_step_time_s"] / step
+    ring = row.get("ring_tier_bytes") or {}
+    net = next(reversed(ring), None) if ring else None
+    if net and ring.get(net) and net in (row.get("tier_bytes_per_step") or {}):
+        row["network_bytes_over_ring"] = row["tier_bytes_per_step"][net] / ring[net]
+        row["network_payload_over_ring"] = row["tier_payload_bytes_per_step"][net] / ring[net]
+    return row
+
+
+def _max_or_none(values: Any) -> Any:
+    values = list(values)
+    return None if not values or None in values else max(values)
 
 
 def _no_arithmetic(*_: Any) -> float:

@@ -56,6 +56,29 @@ def test_the_share_halves_beyond_16_ranks_falls_beyond_64_and_the_option_sets_it
     assert s16.clock.dilation == pytest.approx(2 * given.clock.dilation)
 
 
+def test_a_given_dilation_stands_whatever_the_arithmetic_rate():
+    def given(flops, D):
+        opts = CompareOptions(regime="device-clock", model="wide", batch=1, seq=64, micro_batches=2, vocab=512,
+                              nodes=4, dilation=D)  # fmt: skip
+        topo = load_topology(opts.topology, nodes=4)
+        cfg, seq = model_config(opts)
+        return derive(opts, topo, cfg, seq, lambda *a: flops)
+
+    (fast_opts, fast), (_, slow) = given(4e9, 7.25), given(1e9, 7.25)
+    # the rate moves the arithmetic's share, not D, the waits or the links: two runs are one quantity
+    assert fast.clock.dilation == slow.clock.dilation == 7.25
+    assert fast.rates_mbit == slow.rates_mbit and fast.delays_ms == slow.delays_ms
+    assert fast_opts.device_clock.dilation == 7.25
+    assert slow.arithmetic_s == pytest.approx(4 * fast.arithmetic_s)
+    d = slow.to_dict()
+    assert d["dilation_given"] is True and d["arithmetic_share"] is None
+    assert d["predicted_arithmetic_fraction"] == pytest.approx(
+        C.arithmetic_fraction(slow.arithmetic_s, 7.25 * slow.device_s)
+    )
+    (_, planned), *_ = _derive()
+    assert planned.to_dict()["dilation_given"] is False
+
+
 def test_the_links_run_at_the_targets_rate_times_k_over_d():
     (opts, s), topo, *_ = _derive()
     k, D = s.clock.scale, s.clock.dilation

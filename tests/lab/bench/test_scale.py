@@ -4,6 +4,7 @@ each count and the report assembled from ``bench compare``'s (no ranks: a stand-
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -139,8 +140,8 @@ def test_reports_of_separate_runs_merge_into_one(tmp_path, capsys):
     assert [n for n, _ in series(merged)["zero3"]["measured"]] == [2, 4, 8]
     assert main(["bench", "scale", "--from", ",".join(paths)]) == 0
     assert "8 nodes (32 ranks), D 12.5" in capsys.readouterr().out
-    # the same count twice, mixed modes, and a file that is not a report are refused by name
-    with pytest.raises(ConfigError, match="node count 8 appears in more than one report"):
+    # one file twice, mixed modes, and a file that is not a report are refused by name
+    with pytest.raises(ConfigError, match="scale8.json is given twice"):
         merge_reports([paths[0], paths[0]])
     other = tmp_path / "global.json"
     other.write_text(json.dumps(scale(CompareOptions(), (16,), "global-batch", run_compare=_fake_report)))
@@ -150,6 +151,91 @@ def test_reports_of_separate_runs_merge_into_one(tmp_path, capsys):
     bad.write_text("{}")
     with pytest.raises(ConfigError, match="not a `bench scale` JSON report"):
         merge_reports([str(bad)])
+
+
+def _repeat_run(tmp_path, name, floor, zero3, D=60.8, loss=7.9, command="run"):
+    """A one-count report as a run of ``len(floor)`` repeats writes it (``floor``/``zero3``: each repeat's
+    step), with zerotopo 10% faster than zero3 and the pick a copy of the floor's times plus 1%."""
+
+    def row(name, kind, repeats, pred=None, **extra):
+        step = sorted(repeats)[len(repeats) // 2]
+        return {"name": name, "kind": kind, "plan": name, "step_time_s": step, "repeat_step_times_s": repeats,
+                "step_time_min_s": min(repeats), "step_time_max_s": max(repeats), "tokens_per_s": 1000 / step,
+                "predicted_step_time_s": pred, "quantized": False, "final_loss": None if kind == "floor" else loss,
+                "peak_memory_bytes": max(extra.get("peaks", [1])), "peak_memory_bytes_per_rank": extra.get("peaks", [1]),
+                "tier_bytes_per_step": {"network": extra.get("net", 0.0)},
+                "tier_payload_bytes_per_step": {"network": extra.get("net", 0.0)},
+                "ring_tier_bytes": {"node": 1.0, "network": 100.0}, "cpu_s_per_step": extra.get("cpu", 1.0)}  # fmt: skip
+
+    rows = [row("no-comm", "floor", floor), row("zero3", "zerotopo", zero3, pred=330.0, net=104.0, peaks=[5, 9]),
+            row("zerotopo", "zerotopo", [z * 0.9 for z in zero3], pred=300.0, net=101.0, peaks=[7, 3], cpu=3.0)]  # fmt: skip
+    entry = {"nodes": 8, "curves": None, "topology": "emulated-frontier", "world_size": 32, "ranks_per_node": 4,
+             "dilation": D, "workload": "12 micro-batches", "device_clock": {"dilation": D, "flops_per_rank": 7e8},
+             "planner_pick": "zero1", "fastest_zerotopo_row": "zerotopo", "losses_agree": True, "void": None,
+             "regime": {"name": "device-clock", "measured_R": 0.0, "measured_R_repeats": []},
+             "deepspeed_buckets": None, "wall_s": 5000.0 * len(floor), "rows": rows}  # fmt: skip
+    path = tmp_path / name
+    path.write_text(json.dumps({"command": command, "mode": "global-batch", "nodes": [8], "counts": [entry]}))
+    return str(path)
+
+
+def test_runs_of_one_count_at_one_dilation_pool_their_repeats(tmp_path, capsys):
+    from zerotopo.cli.main import main
+
+    one = _repeat_run(tmp_path, "a.json", [300.0], [400.0], command="first")
+    two = _repeat_run(tmp_path, "b.json", [302.0, 298.0], [410.0, 390.0], command="second")
+    merged = merge_reports([one, two])
+    assert merged["nodes"] == [8] and len(merged["counts"]) == 1 and merged["command"] == "first; second"
+    e = merged["counts"][0]
+    rows = {r["name"]: r for r in e["rows"]}
+    z3 = rows["zero3"]
+    # as one run of three repeats: the median of all repeats, their min and max, throughput and prediction
+    assert z3["repeat_step_times_s"] == [400.0, 410.0, 390.0] and z3["step_time_s"] == 400.0
+    assert (z3["step_time_min_s"], z3["step_time_max_s"]) == (390.0, 410.0)
+    assert z3["tokens_per_s"] == pytest.approx(1000 / 400) and z3["predicted_over_measured"] == pytest.approx(
+        330 / 400
+    )
+    assert rows["zerotopo"]["step_time_s"] == pytest.approx(360.0)
+    assert rows["zerotopo"]["cpu_s_per_step"] == 3.0 and rows["zerotopo"]["peak_memory_bytes_per_rank"] == [
+        7,
+        3,
+    ]
+    assert z3["network_bytes_over_ring"] == pytest.approx(1.04)
+    # the measured R from each repeat's own pair, its median the count's
+    assert e["regime"]["measured_R_repeats"] == pytest.approx([1 / 3, 410 / 302 - 1, 390 / 298 - 1])
+    assert e["regime"]["measured_R"] == pytest.approx(1 / 3)
+    assert e["fastest_zerotopo_row"] == "zerotopo" and e["losses_agree"] and e["wall_s"] == 15000.0
+    assert [(p["command"], p["repeats"]) for p in e["pooled_from"]] == [("first", 1), ("second", 2)]
+    assert main(["bench", "scale", "--from", f"{one},{two}"]) == 0
+    out = capsys.readouterr().out
+    assert "zero3             400.000 390.000-410.000  330.000" in out
+
+
+def test_runs_that_are_not_one_quantity_are_not_pooled(tmp_path, capsys):
+    from zerotopo.cli.main import main
+
+    one = _repeat_run(tmp_path, "a.json", [300.0], [400.0])
+    other_d = _repeat_run(tmp_path, "b.json", [200.0], [260.0], D=40.1)
+    with pytest.raises(
+        ConfigError, match=r"b.json ran 8 nodes at D 40.1 and .*a.json at D 60.8.*--dilation 60.8 "
+    ):
+        merge_reports([one, other_d])
+    # a row's runs compute the same steps: losses that differ void the pooled count
+    drifted = _repeat_run(tmp_path, "c.json", [301.0], [401.0], loss=8.5)
+    e = merge_reports([one, drifted])["counts"][0]
+    assert not e["losses_agree"] and "zero3's final losses differ between the runs pooled" in e["void"]
+    assert main(["bench", "scale", "--from", f"{one},{drifted}"]) == 1
+    capsys.readouterr()
+    fewer = json.loads(Path(one).read_text())
+    fewer["counts"][0]["rows"].pop()
+    (tmp_path / "d.json").write_text(json.dumps(fewer))
+    with pytest.raises(ConfigError, match="different rows at 8 nodes"):
+        merge_reports([one, str(tmp_path / "d.json")])
+    picked = json.loads(Path(one).read_text())
+    picked["counts"][0]["planner_pick"] = "zero3"
+    (tmp_path / "e.json").write_text(json.dumps(picked))
+    with pytest.raises(ConfigError, match="different planner_pick"):
+        merge_reports([one, str(tmp_path / "e.json")])
 
 
 def test_eight_ranks_a_node_are_four_packages_of_frontiers_share(tmp_path):
@@ -230,14 +316,20 @@ def test_the_clock_options_reach_every_count(monkeypatch, capsys):
     seen = []
 
     def fake(base, nodes, mode, micro_batches, command="", **kw):
-        seen.append((base.arithmetic_share, base.target_buckets))
+        seen.append((base.arithmetic_share, base.target_buckets, base.dilation))
         return scale(base, nodes, mode, micro_batches, command, run_compare=_fake_report)
 
     monkeypatch.setattr(S, "scale", fake)
     argv = ["bench", "scale", "--nodes", "2", "--curves", "off", "--json"]
     assert main([*argv, "--arithmetic-share", "0.05", "--deepspeed-buckets", "target"]) == 0
     assert main(argv) == 0
-    assert seen == [(0.05, True), (None, False)]  # None: derive takes the ranks' default
-    capsys.readouterr()
+    assert main([*argv, "--dilation", "60.80321277263183"]) == 0
+    assert seen == [(0.05, True, None), (None, False, None), (None, False, 60.80321277263183)]
+    capsys.readouterr()  # None: derive takes the ranks' default share and plans D from it
+    for bad, why in ((["--nodes", "2,4", "--dilation", "9"], "a D belongs to one node count's run"),
+                     (["--nodes", "2", "--dilation", "0.5"], "expected a dilation of at least 1, got 0.5"),
+                     (["--nodes", "2", "--dilation", "9", "--arithmetic-share", "0.1"], "give one of them")):  # fmt: skip
+        assert main(["bench", "scale", *bad]) != 0
+        assert why in capsys.readouterr().err
     assert main(["bench", "scale", "--nodes", "2", "--arithmetic-share", "2"]) != 0
     assert "--arithmetic-share: expected a share in (0, 1], got 2.0" in capsys.readouterr().err
