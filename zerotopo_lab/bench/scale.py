@@ -452,7 +452,8 @@ def format_scale(report: dict[str, Any]) -> str:
     for e in report["counts"]:
         lines.append("")
         given = " (given)" if (e.get("device_clock") or {}).get("dilation_given") else ""
-        lines.append(f"{_count_title(e)}, D {e['dilation']:.3g}{given}: {e['workload']}")
+        pooled = f", the repeats of {len(e['pooled_from'])} runs pooled" if e.get("pooled_from") else ""
+        lines.append(f"{_count_title(e)}, D {e['dilation']:.3g}{given}{pooled}: {e['workload']}")
         lines.append(
             f"  {'row':<16} {'step s':>8} {'min-max':>15} {'pred s':>8} {'peak MiB/rank':>13}  cross-node MB"
         )

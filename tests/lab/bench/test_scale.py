@@ -209,6 +209,7 @@ def test_runs_of_one_count_at_one_dilation_pool_their_repeats(tmp_path, capsys):
     assert main(["bench", "scale", "--from", f"{one},{two}"]) == 0
     out = capsys.readouterr().out
     assert "zero3             400.000 390.000-410.000  330.000" in out
+    assert "8 nodes (32 ranks), D 60.8, the repeats of 2 runs pooled: 12 micro-batches" in out
 
 
 def test_runs_that_are_not_one_quantity_are_not_pooled(tmp_path, capsys):
