@@ -175,6 +175,12 @@ def test_the_command_line_of_the_clock():
             _args("--regime", "device-clock", "--arithmetic-share", bad)
     with pytest.raises(ConfigError, match="only --regime device-clock"):
         _args("--regime", "comm-bound", "--arithmetic-share", "0.05")
+    assert _args("--regime", "device-clock", "--dilation", "12.5").dilation == 12.5
+    assert _args("--regime", "device-clock").dilation is None  # planned
+    with pytest.raises(ConfigError, match="--dilation.*only --regime device-clock runs on a dilated clock"):
+        _args("--regime", "frontier-20b", "--dilation", "12.5")
+    with pytest.raises(ConfigError, match="--dilation.*at least 1, got nan"):
+        _args("--regime", "device-clock", "--dilation", "nan")
     assert not _args("--regime", "device-clock").target_buckets
     assert _args("--regime", "device-clock", "--deepspeed-buckets", "target").target_buckets
     with pytest.raises(ConfigError, match="--deepspeed-buckets.*layer ratio"):
