@@ -695,7 +695,7 @@ def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     ref = (exact or ran)[0]
     bad = []
     for r in ran:
-        tol = QUANTIZED_RTOL if r["quantized"] else EXACT_RTOL
+        tol = loss_tolerance(r)
         delta = abs(r["final_loss"] - ref["final_loss"]) / max(abs(ref["final_loss"]), 1e-12)
         r["loss_rel_diff"] = delta
         r["loss_ok"] = delta <= tol
@@ -710,6 +710,23 @@ def check_losses(rows: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     if failed:
         why.append("rows failed: " + ", ".join(failed))
     return ref["name"], "; ".join(why) or None
+
+
+def row_ratios(r: dict[str, Any], net: str) -> None:
+    """A row's prediction over its median step, and its bytes sent across nodes (tier ``net``) over its
+    schedule's ring accounting, set from the row's figures (``bench compare``, and ``bench scale --from``
+    when it pools runs)."""
+    if r.get("predicted_step_time_s") and r.get("step_time_s"):
+        r["predicted_over_measured"] = r["predicted_step_time_s"] / r["step_time_s"]
+    ring, sent = r.get("ring_tier_bytes"), r.get("tier_bytes_per_step")
+    if ring and sent and ring.get(net) and net in sent:
+        r["network_bytes_over_ring"] = sent[net] / ring[net]
+        r["network_payload_over_ring"] = r["tier_payload_bytes_per_step"][net] / ring[net]
+
+
+def loss_tolerance(r: dict[str, Any]) -> float:
+    """How far a row's final loss may lie from another's, relative: wider for a quantized row."""
+    return QUANTIZED_RTOL if r.get("quantized") else EXACT_RTOL
 
 
 def ratios(rows: list[dict[str, Any]], base: str = "zerotopo") -> dict[str, float]:
@@ -994,13 +1011,7 @@ def compare(opts: CompareOptions, *, command: str = "") -> dict[str, Any]:
         compute = f"the device clock: D {clocked.clock.dilation:.3g}, k {clocked.clock.scale:.3g}"
     reference, void = check_losses(rows)
     for r in rows:
-        if r.get("predicted_step_time_s") and r.get("step_time_s"):
-            r["predicted_over_measured"] = r["predicted_step_time_s"] / r["step_time_s"]
-        ring, sent = r.get("ring_tier_bytes"), r.get("tier_bytes_per_step")
-        net = topo.network.name
-        if ring and sent and ring.get(net) and net in sent:
-            r["network_bytes_over_ring"] = sent[net] / ring[net]
-            r["network_payload_over_ring"] = r["tier_payload_bytes_per_step"][net] / ring[net]
+        row_ratios(r, topo.network.name)
     report = {"command": command, "machine": f"{socket.gethostname()}, {os.cpu_count()} CPUs",
               "topology": topo.name, "world_size": topo.world_size, "emulated": opts.emulate,
               "tier_rates_mbit": rates}  # fmt: skip

@@ -181,8 +181,7 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     modes = {r["mode"] for r in reports}
     if len(modes) > 1:
         raise ConfigError(f"the reports mix modes ({', '.join(sorted(modes))}); merge one mode", key="--from")
-    predicted = {bool(r.get("predicted")) for r in reports}
-    if len(predicted) > 1:
+    if len({bool(r.get("predicted")) for r in reports}) > 1:
         raise ConfigError("the reports mix runs and --predict reports; merge one kind", key="--from")
     if len(set(paths)) < len(paths):
         twice = next(p for p in paths if paths.count(p) > 1)
@@ -230,7 +229,7 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
     command, wall time and repeats). Raises ConfigError, naming the files, when the runs differ in D
     (give the later run the earlier's with ``--dilation``), workload, rows or planner's pick: their step
     seconds would not be one quantity."""
-    from zerotopo_lab.bench.compare import EXACT_RTOL, QUANTIZED_RTOL, _verdicts, check_losses
+    from zerotopo_lab.bench.compare import _verdicts, check_losses, loss_tolerance
     from zerotopo_lab.bench.regime import measured_ratio, measured_ratios
 
     (first_path, _, first), rest = group[0], group[1:]
@@ -263,7 +262,7 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
         losses = [e["rows"][i].get("final_loss") for e in entries]
         if None in losses:
             continue
-        tol = QUANTIZED_RTOL if first["rows"][i].get("quantized") else EXACT_RTOL
+        tol = loss_tolerance(first["rows"][i])
         if max(abs(x - losses[0]) for x in losses) > tol * max(abs(losses[0]), 1e-12):
             voids.append(f"{name}'s final losses differ between the runs pooled: {losses}")
     regime = dict(first.get("regime") or {})
@@ -295,7 +294,7 @@ def _pool_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     in any run stays so, with that run's figures)."""
     import statistics
 
-    from zerotopo_lab.bench.compare import _mean_dict
+    from zerotopo_lab.bench.compare import _mean_dict, row_ratios
 
     bad = next((r for r in runs if not r.get("step_time_s")), None)
     if bad is not None:
@@ -322,13 +321,8 @@ def _pool_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("tier_bytes_per_step", "tier_payload_bytes_per_step"):
         if all(r.get(key) for r in runs):
             row[key] = _mean_dict([r[key] for r in runs])
-    if row.get("predicted_step_time_s"):
-        row["predicted_over_measured"] = row["predicted_step_time_s"] / step
     ring = row.get("ring_tier_bytes") or {}
-    net = next(reversed(ring), None) if ring else None
-    if net and ring.get(net) and net in (row.get("tier_bytes_per_step") or {}):
-        row["network_bytes_over_ring"] = row["tier_bytes_per_step"][net] / ring[net]
-        row["network_payload_over_ring"] = row["tier_payload_bytes_per_step"][net] / ring[net]
+    row_ratios(row, next(reversed(ring), ""))  # the ring's tiers run innermost first: the network last
     return row
 
 

@@ -192,14 +192,11 @@ def test_runs_of_one_count_at_one_dilation_pool_their_repeats(tmp_path, capsys):
     # as one run of three repeats: the median of all repeats, their min and max, throughput and prediction
     assert z3["repeat_step_times_s"] == [400.0, 410.0, 390.0] and z3["step_time_s"] == 400.0
     assert (z3["step_time_min_s"], z3["step_time_max_s"]) == (390.0, 410.0)
-    assert z3["tokens_per_s"] == pytest.approx(1000 / 400) and z3["predicted_over_measured"] == pytest.approx(
-        330 / 400
-    )
-    assert rows["zerotopo"]["step_time_s"] == pytest.approx(360.0)
-    assert rows["zerotopo"]["cpu_s_per_step"] == 3.0 and rows["zerotopo"]["peak_memory_bytes_per_rank"] == [
-        7,
-        3,
-    ]
+    assert z3["tokens_per_s"] == pytest.approx(1000 / 400)
+    assert z3["predicted_over_measured"] == pytest.approx(330 / 400)
+    zt = rows["zerotopo"]
+    assert zt["step_time_s"] == pytest.approx(360.0)
+    assert zt["cpu_s_per_step"] == 3.0 and zt["peak_memory_bytes_per_rank"] == [7, 3]
     assert z3["network_bytes_over_ring"] == pytest.approx(1.04)
     # the measured R from each repeat's own pair, its median the count's
     assert e["regime"]["measured_R_repeats"] == pytest.approx([1 / 3, 410 / 302 - 1, 390 / 298 - 1])
