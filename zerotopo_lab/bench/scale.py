@@ -424,17 +424,21 @@ def format_predicted(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def series(report: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+def series(report: dict[str, Any]) -> dict[str, dict[str, list[tuple[float, ...]]]]:
     """Per row: (nodes, seconds) of its measured median step and of its prediction, in node order, as
-    the target's seconds (over each count's own D: the counts' dilations differ)."""
-    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    the target's seconds (over each count's own D: the counts' dilations differ); ``spread`` holds
+    (nodes, min, max) of the measured repeats where the count ran more than one."""
+    out: dict[str, dict[str, list[tuple[float, ...]]]] = {}
     for entry in sorted(report["counts"], key=lambda e: e["nodes"]):
         for r in entry["rows"]:
             name = r["name"] + (f" ({entry['curves']})" if entry.get("curves") else "")
-            s = out.setdefault(name, {"measured": [], "predicted": []})
+            s = out.setdefault(name, {"measured": [], "predicted": [], "spread": []})
             D = entry.get("dilation") or 1.0
             if r.get("step_time_s"):
                 s["measured"].append((entry["nodes"], r["step_time_s"] / D))
+                lo, hi = r.get("step_time_min_s"), r.get("step_time_max_s")
+                if lo is not None and hi is not None and hi > lo:
+                    s["spread"].append((entry["nodes"], lo / D, hi / D))
             if r.get("predicted_step_time_s"):
                 s["predicted"].append((entry["nodes"], r["predicted_step_time_s"] / D))
     return out
@@ -476,8 +480,9 @@ def format_merged(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: str) -> None:
-    """A PNG of step time against nodes per row: measured (solid, markers) and predicted (dashed); the
-    global batch's on a log scale, its step falling as the nodes split it."""
+    """A PNG of step time against nodes per row: measured (solid, markers, a bar over the repeats'
+    min-max) and predicted (dashed); the global batch's on a log scale, its step falling as the nodes
+    split it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -488,6 +493,9 @@ def plot(report: dict[str, Any], path: str) -> None:
         color = f"C{i % 10}"
         if s["measured"]:
             ax.plot(*zip(*s["measured"]), "o-", color=color, label=f"{name} measured")
+        if s["spread"]:  # the repeats' min-max, where a count has several
+            x, lo, hi = zip(*s["spread"])
+            ax.vlines(x, lo, hi, color=color, linewidth=3, alpha=0.5)
         if s["predicted"]:
             ax.plot(*zip(*s["predicted"]), "x--", color=color, label=f"{name} predicted")
     ax.set_xscale("log", base=2)

@@ -101,6 +101,9 @@ def test_the_report_holds_every_count_and_plots(tmp_path):
     assert s["zero3"]["measured"] == [(2, pytest.approx(1.2 / 12.5)), (4, pytest.approx(1.4 / 12.5))]
     assert s["zero3"]["predicted"] == [(2, pytest.approx(1.3 / 12.5)), (4, pytest.approx(1.5 / 12.5))]
     assert s["fsdp2-hsdp"]["predicted"] == [] and "zeropp" not in s or s["zeropp"]["measured"] == []
+    # the repeats' min-max, over the same D, drawn as a bar at each count
+    assert s["zero3"]["spread"] == [(2, pytest.approx(1.0 / 12.5), pytest.approx(3.2 / 12.5)),
+                                    (4, pytest.approx(1.0 / 12.5), pytest.approx(5.2 / 12.5))]  # fmt: skip
     text = format_scale(report)
     assert "4 nodes (16 ranks), D 12.5" in text and "zeropp           does not fit" in text
     pytest.importorskip("matplotlib")
