@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from dataclasses import replace
@@ -167,7 +168,7 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     """One scale report from the JSON reports of earlier runs (``-o FILE``), e.g. one node count per run:
     their counts in node order, their commands listed. The runs must share a mode. A node count (with
     the same curves) in several reports is pooled (:func:`pool_counts`) when they ran it at one D
-    (``--dilation``) with the same workload and rows, and refused otherwise."""
+    (``--dilation``) with the same workload, their rows joined, and refused otherwise."""
     reports = []
     for path in paths:
         try:
@@ -223,17 +224,20 @@ POOL_MEAN = (
 
 def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
     """One count entry from several runs of the same node count, ``(path, command, entry)`` each: every
-    row's repeats pooled (its step the median of all runs' repeats, with their min and max, as one run of
-    as many repeats reports it), its per-step figures the runs' means, its peak memory the largest, and the
-    count's verdicts and measured R recomputed from the pooled rows (``pooled_from``: each run's file,
-    command, wall time and repeats). Raises ConfigError, naming the files, when the runs differ in D
-    (give the later run the earlier's with ``--dilation``), workload, rows or planner's pick: their step
-    seconds would not be one quantity."""
+    row's repeats pooled over the runs that ran it (its step the median of their repeats, with their min
+    and max, as one run of as many repeats reports it), its per-step figures the runs' means, its peak
+    memory the largest; the rows are the union of the runs' rows in the order they first appear, so
+    rows run apart at one D (``--rows no-comm,zeropp,mics`` beside an earlier ``--rows
+    no-comm,zero3,...``) make one table. The count's verdicts come from the pooled rows and its measured
+    R from each run's own zero3/floor pairs (``pooled_from``: each run's file, command, wall time, rows
+    and repeats). Raises ConfigError, naming the files, when the runs differ in D (give the later run
+    the earlier's with ``--dilation``), workload, topology or planner's pick (where both asked the
+    planner): their step seconds would not be one quantity."""
     from zerotopo_lab.bench.compare import _verdicts, check_losses, loss_tolerance
-    from zerotopo_lab.bench.regime import measured_ratio, measured_ratios
+    from zerotopo_lab.bench.regime import measured_ratios
 
     (first_path, _, first), rest = group[0], group[1:]
-    names = [r["name"] for r in first["rows"]]
+    names = list(dict.fromkeys(r["name"] for _, _, e in group for r in e["rows"]))
     for path, _, e in rest:
         D0, D = first.get("dilation") or 1.0, e.get("dilation") or 1.0
         if abs(D - D0) > 1e-9 * D0:
@@ -243,36 +247,37 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
                 key="--from",
             )  # fmt: skip
         for key in POOL_MATCH:
+            if key == "planner_pick" and None in (e.get(key), first.get(key)):
+                continue  # a run without the planner row asked no planner
             if e.get(key) != first.get(key):
                 raise ConfigError(
                     f"{path} and {first_path} ran {e['nodes']} nodes with different {key} "
                     f"({e.get(key)!r} vs {first.get(key)!r}); pool only runs of one setting",
                     key="--from",
                 )  # fmt: skip
-        if [r["name"] for r in e["rows"]] != names:
-            raise ConfigError(
-                f"{path} and {first_path} ran different rows at {e['nodes']} nodes; pool runs of the same --rows",
-                key="--from",
-            )  # fmt: skip
     entries = [e for _, _, e in group]
-    rows = [_pool_row([e["rows"][i] for e in entries]) for i in range(len(names))]
+    by_name = [{r["name"]: r for r in e["rows"]} for e in entries]
+    runs_of = {name: [rows[name] for rows in by_name if name in rows] for name in names}
+    rows = [_pool_row(runs_of[name]) for name in names]
     _, void = check_losses(rows)
     voids = [e.get("void") for e in entries if e.get("void")] + ([void] if void else [])
-    for i, name in enumerate(names):  # a row's runs compute the same steps: their losses agree
-        losses = [e["rows"][i].get("final_loss") for e in entries]
-        if None in losses:
+    for name in names:  # a row's runs compute the same steps: their losses agree
+        losses = [r.get("final_loss") for r in runs_of[name]]
+        if None in losses or len(losses) < 2:
             continue
-        tol = loss_tolerance(first["rows"][i])
+        tol = loss_tolerance(runs_of[name][0])
         if max(abs(x - losses[0]) for x in losses) > tol * max(abs(losses[0]), 1e-12):
             voids.append(f"{name}'s final losses differ between the runs pooled: {losses}")
     regime = dict(first.get("regime") or {})
     if regime:
-        regime.update(measured_R=measured_ratio(rows), measured_R_repeats=measured_ratios(rows))
+        pairs = [x for e in entries for x in measured_ratios(e["rows"])]  # each run's own repeats
+        regime.update(measured_R=statistics.median(pairs) if pairs else None, measured_R_repeats=pairs)
     return {
         **first,
         "wall_s": sum(e.get("wall_s") or 0.0 for e in entries),
         "losses_agree": all(e.get("losses_agree") for e in entries) and not voids,
         "void": "; ".join(voids) or None,
+        "planner_pick": next((e["planner_pick"] for e in entries if e.get("planner_pick")), None),
         "fastest_zerotopo_row": _verdicts(rows)["fastest_zerotopo_row"],
         "regime": regime,
         "pooled_from": [
@@ -281,6 +286,7 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
                 "command": command,
                 "wall_s": e.get("wall_s"),
                 "flops_per_rank": (e.get("device_clock") or {}).get("flops_per_rank"),
+                "rows": [r["name"] for r in e["rows"]],
                 "repeats": max((len(r.get("repeat_step_times_s") or []) for r in e["rows"]), default=0),
             }
             for path, command, e in group
@@ -292,8 +298,6 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
 def _pool_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One row of :func:`pool_counts` from the same row in each run (a row that failed or did not fit
     in any run stays so, with that run's figures)."""
-    import statistics
-
     from zerotopo_lab.bench.compare import _mean_dict, row_ratios
 
     bad = next((r for r in runs if not r.get("step_time_s")), None)

@@ -227,16 +227,40 @@ def test_runs_that_are_not_one_quantity_are_not_pooled(tmp_path, capsys):
     assert not e["losses_agree"] and "zero3's final losses differ between the runs pooled" in e["void"]
     assert main(["bench", "scale", "--from", f"{one},{drifted}"]) == 1
     capsys.readouterr()
-    fewer = json.loads(Path(one).read_text())
-    fewer["counts"][0]["rows"].pop()
-    (tmp_path / "d.json").write_text(json.dumps(fewer))
-    with pytest.raises(ConfigError, match="different rows at 8 nodes"):
-        merge_reports([one, str(tmp_path / "d.json")])
     picked = json.loads(Path(one).read_text())
     picked["counts"][0]["planner_pick"] = "zero3"
     (tmp_path / "e.json").write_text(json.dumps(picked))
     with pytest.raises(ConfigError, match="different planner_pick"):
         merge_reports([one, str(tmp_path / "e.json")])
+
+
+def test_rows_run_apart_at_one_dilation_join_into_one_table(tmp_path):
+    one = _repeat_run(tmp_path, "a.json", [300.0], [400.0], command="first")
+    # a later run of other rows at the same D, beside the floor, no planner row asked
+    later = json.loads(
+        Path(_repeat_run(tmp_path, "b.json", [302.0, 304.0], [999.0], command="second")).read_text()
+    )
+    entry = later["counts"][0]
+    entry["planner_pick"] = None
+    floor, zero3, _ = entry["rows"]
+    entry["rows"] = [floor, {**zero3, "name": "mics", "plan": "mics", "predicted_step_time_s": 420.0}]
+    (tmp_path / "b.json").write_text(json.dumps(later))
+    e = merge_reports([one, str(tmp_path / "b.json")])["counts"][0]
+    rows = {r["name"]: r for r in e["rows"]}
+    assert [r["name"] for r in e["rows"]] == ["no-comm", "zero3", "zerotopo", "mics"]
+    # each row pools the runs that ran it: the floor both, zero3 and zerotopo the first, mics the second
+    assert (
+        rows["no-comm"]["repeat_step_times_s"] == [300.0, 302.0, 304.0]
+        and rows["no-comm"]["step_time_s"] == 302.0
+    )
+    assert rows["zero3"]["repeat_step_times_s"] == [400.0] and rows["mics"]["repeat_step_times_s"] == [999.0]
+    assert rows["mics"]["predicted_over_measured"] == pytest.approx(420 / 999)
+    # the measured R from the run that ran both zero3 and the floor; the pick from the run that asked
+    assert e["regime"]["measured_R_repeats"] == pytest.approx([1 / 3]) and e["planner_pick"] == "zero1"
+    assert [p["rows"] for p in e["pooled_from"]] == [["no-comm", "zero3", "zerotopo"], ["no-comm", "mics"]]
+    assert e["losses_agree"] and e["fastest_zerotopo_row"] == "zerotopo"
+    text = format_scale({"mode": "global-batch", "nodes": [8], "counts": [e]})
+    assert "mics              999.000" in text and "the repeats of 2 runs pooled" in text
 
 
 def test_eight_ranks_a_node_are_four_packages_of_frontiers_share(tmp_path):
