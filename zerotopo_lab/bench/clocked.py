@@ -158,8 +158,8 @@ def derive(
     rank (:func:`measure_rate`); D planned for ``opts.arithmetic_share`` (None: the ranks'
     :func:`~zerotopo_lab.bench.clock.arithmetic_share`), or ``opts.dilation`` when given (the rate is
     still measured: the report prints the arithmetic's share of the waited time). The target micro-batch
-    is the config's; the micro-batches per step are ``opts.micro_batches`` (``bench scale`` sets them from ``work``, the
-    :func:`target_workload` it states; without it, a fixed number per rank). The waits recompute a
+    is the config's; the micro-batches per step are ``opts.micro_batches`` (``bench scale`` sets them
+    from ``work``, the :func:`target_workload` it states; without it, a fixed number per rank). The waits recompute a
     layer's forward in its backward as the target does; the bench model's own arithmetic need not (its
     ``checkpoint`` setting stands). ``opts.target_buckets``: DeepSpeed's buckets scaled by k
     (:func:`zerotopo_lab.bench.regime.deepspeed_buckets`)."""

@@ -211,8 +211,9 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     return merged
 
 
-POOL_MATCH = ("world_size", "workload", "deepspeed_buckets", "topology", "planner_pick")
-"""What runs of one node count must share to be pooled, beside D and the rows."""
+POOL_MATCH = ("world_size", "workload", "deepspeed_buckets", "topology")
+"""What runs of one node count must share to be pooled, beside D (and the planner's pick, where each
+asked the planner)."""
 POOL_MEAN = (
     "setup_s", "clock_slept_s_per_step", "clock_arithmetic_s_per_step", "arithmetic_fraction",
     "clock_device_s_per_step", "host_cpu_s_per_step", "run_delay_s_per_step", "others_cpu_s_per_step",
@@ -247,14 +248,21 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
                 key="--from",
             )  # fmt: skip
         for key in POOL_MATCH:
-            if key == "planner_pick" and None in (e.get(key), first.get(key)):
-                continue  # a run without the planner row asked no planner
             if e.get(key) != first.get(key):
                 raise ConfigError(
                     f"{path} and {first_path} ran {e['nodes']} nodes with different {key} "
                     f"({e.get(key)!r} vs {first.get(key)!r}); pool only runs of one setting",
                     key="--from",
                 )  # fmt: skip
+    # the planner's pick must agree between the runs that asked the planner (a run without its row asked none)
+    asked = [(path, e) for path, _, e in group if e.get("planner_pick")]
+    for path, e in asked[1:]:
+        if e["planner_pick"] != asked[0][1]["planner_pick"]:
+            raise ConfigError(
+                f"{path} and {asked[0][0]} ran {e['nodes']} nodes with different planner_pick "
+                f"({e['planner_pick']!r} vs {asked[0][1]['planner_pick']!r}); pool only runs of one setting",
+                key="--from",
+            )  # fmt: skip
     entries = [e for _, _, e in group]
     by_name = [{r["name"]: r for r in e["rows"]} for e in entries]
     runs_of = {name: [rows[name] for rows in by_name if name in rows] for name in names}
@@ -277,7 +285,7 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
         "wall_s": sum(e.get("wall_s") or 0.0 for e in entries),
         "losses_agree": all(e.get("losses_agree") for e in entries) and not voids,
         "void": "; ".join(voids) or None,
-        "planner_pick": next((e["planner_pick"] for e in entries if e.get("planner_pick")), None),
+        "planner_pick": asked[0][1]["planner_pick"] if asked else None,
         "fastest_zerotopo_row": _verdicts(rows)["fastest_zerotopo_row"],
         "regime": regime,
         "pooled_from": [
