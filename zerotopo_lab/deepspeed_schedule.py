@@ -17,6 +17,15 @@ queued, all of them in one ``all_gather_coalesced`` call. A bucket larger than s
 call of them, waited for in full by the first (:func:`fetch_calls`). Traced on the bench's 8 ranks
 (docs/bench_model_gap.md): the timed steps' forward is one all-gather of every parameter (4,232,832
 elements) issued by the root module and waited for before the embedding computes.
+
+[Note: DeepSpeed's hpZ forward] DeepSpeed's ``all_gather_coalesced`` gathers a parameter from its hpZ
+secondary tensor, within the secondary group, whenever the tensor exists, forward or backward. The
+tensor is made when a fetched parameter is released (partitioned again) and dropped at the optimizer
+step (``invalidate_secondary_tensor``). So in a step of M micro-batches only the first micro-batch's
+forward gathers over the job and the other M - 1 forwards gather within the node
+(:attr:`DeepSpeedSchedule.hpz_forward`, each unit's ``first_micro_forward``). The bench's global batch
+(48 micro-batches a rank at 2 nodes) counted it on its links: hpZ's cross-node bytes a step 0.674 of
+ZeRO-3's, which is one gather of the model over the job and 48 gradient reductions over it.
 """
 
 from __future__ import annotations
@@ -115,20 +124,34 @@ class DeepSpeedBuilder(ScheduleBuilder):
 
     def forward_calls(self, steps: list[UnitSteps], gathered: list[int]) -> list[UnitSteps]:
         """With ``coalesce_prefetch``, the forward gathers as DeepSpeed's prefetch issues them (module
-        note): each call on the first unit it gathers, issued at its issuer's fetch."""
+        note): each call on the first unit it gathers, issued at its issuer's fetch. With
+        ``hpz_forward`` and an hpZ copy, the first micro-batch gathers over the parameters' group and the
+        later ones over the copy's (module note)."""
         bucket = self.options.prefetch_bucket_elems
-        if not self.options.coalesce_prefetch or bucket is None or self.d.params <= 1:
+        coalesce = self.options.coalesce_prefetch and bucket is not None and self.d.params > 1
+        hpz = self.options.hpz_forward and self.d.secondary is not None and self.d.params > 1
+        if not coalesce and not hpz:
             return steps
-        calls = fetch_calls(gathered, bucket)
-        forward: list[tuple[Collective, ...]] = [()] * len(steps)
-        depth = [0] * len(steps)
-        for issuer, members in calls:
-            forward[members[0]] = self.gather(
-                "forward", "params", self.d.params, self.codecs.gather, sum(gathered[j] for j in members)
-            )
-            if issuer >= 0:
-                depth[issuer] = max(depth[issuer], members[0] - issuer)
-        return [dataclasses.replace(u, forward=f, prefetch=k) for u, f, k in zip(steps, forward, depth)]
+        elems = [g if u.forward else 0 for u, g in zip(steps, gathered)]  # each unit's own call
+        depth = [u.prefetch for u in steps]
+        if coalesce:
+            elems, depth = [0] * len(steps), [0] * len(steps)
+            for issuer, members in fetch_calls(gathered, bucket):
+                elems[members[0]] = sum(gathered[j] for j in members)
+                if issuer >= 0:
+                    depth[issuer] = max(depth[issuer], members[0] - issuer)
+
+        def calls(kind: str, size: int, codec) -> list[tuple[Collective, ...]]:
+            return [self.gather("forward", kind, size, codec, n) if n else () for n in elems]
+
+        forward = calls("params", self.d.params, self.codecs.gather)
+        if not hpz:
+            return [dataclasses.replace(u, forward=f, prefetch=k) for u, f, k in zip(steps, forward, depth)]
+        later = calls("secondary", self.d.secondary, self.codecs.secondary)
+        return [
+            dataclasses.replace(u, forward=f, first_micro_forward=f0, prefetch=k)
+            for u, f, f0, k in zip(steps, later, forward, depth)
+        ]
 
     def unit_end_param_gather(self, n: int) -> tuple[Collective, ...]:
         return () if self.options.allgather_bucket_elems is not None else super().unit_end_param_gather(n)
@@ -176,6 +199,13 @@ class DeepSpeedSchedule:
     """A sharded module is gathered again before its backward; False: the forward's gathered weights stay
     until the backward (stage 3 on the bench: its coordinator keeps every parameter its prefetcher
     fetched until the parameter's last use, so after the first step nothing is gathered in the backward)."""
+    hpz_forward: bool = False
+    """Once a module's hpZ copy exists, every gather of it reads the copy over its group: the forwards of
+    a step's later micro-batches as well as the backwards (DeepSpeed 0.19.8's ``all_gather_coalesced``
+    takes the secondary tensor whenever the parameter has one; it is made at the module's first
+    release in a step and dropped at the optimizer step, so the first micro-batch's forward gathers
+    over the job); False: only the backward gathers read it. The cost presets keep False (their
+    published figures); the bench's DeepSpeed rows, read from the installed DeepSpeed, run True."""
     coalesce_prefetch: bool = False
     """A prefetch spanning several modules is one call, waited for in full by its first module
     (DeepSpeed's ``all_gather_coalesced``; module note); False: one call per module. The cost presets

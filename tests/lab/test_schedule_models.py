@@ -57,6 +57,7 @@ def test_each_deepspeed_knob_changes_the_schedule():
         "param_gather_in_forward": False,
         "secondary_param_dtype": True,
         "backward_gather": False,
+        "hpz_forward": True,
     }
     for k, v in knobs.items():
         changed = step_schedule(
@@ -157,3 +158,51 @@ def test_a_coalesced_prefetch_is_waited_for_in_full_before_the_first_module():
     assert sum(s.calls for s in fwd[False]) == len(units)
     assert sum(s.exposed_s for s in fwd[False]) < sum(s.seconds for s in fwd[False])
     assert times[True].step_time_s >= times[True].compute_s + gather
+
+
+def test_deepspeeds_hpz_gathers_from_its_copy_after_the_first_micro_batch():
+    """DeepSpeed gathers from the hpZ copy whenever it exists (made at a module's first release in a step,
+    dropped at the optimizer step): the first micro-batch's forward gathers over the job, the later
+    ones' within the node. Priced and counted so; a step of one micro-batch is unchanged."""
+    from zerotopo.cost.planner import CostOptions, _lower_bound
+    from zerotopo.cost.time import step_time
+    from zerotopo_lab.bench.compare import framework_cost
+    from zerotopo_lab.bench.ringbytes import ring_tier_bytes
+
+    shape, _ = load_model(["neox-125m"], None)
+    topo = load_topology("emulated-frontier", nodes=2)
+    plan, row = framework_cost("deepspeed-hpz")
+    assert row.hpz_forward  # (on the ZeRO-3 row too, where no copy exists to read)
+    units = row.units(shape)
+    kw = dict(param_bytes=2, reduce_bytes=2, grad_shard_bytes=4, fp16=False)
+    built = {
+        (on, m): step_schedule(
+            units, topo, plan, micro_batches=m, options=dataclasses.replace(row, hpz_forward=on), **kw
+        )
+        for on in (False, True)
+        for m in (1, 4)
+    }
+    assert built[True, 1].collectives() == built[False, 1].collectives()
+    fwd = {k: [c for c in s.collectives() if c.phase == "forward"] for k, s in built.items()}
+    calls = sum(c.count for c in fwd[False, 1])
+    assert calls >= 1 and {c.group for c in fwd[False, 4]} == {"params"}
+    assert sum(c.count for c in fwd[True, 4] if c.group == "params") == calls
+    within = [c for c in fwd[True, 4] if c.group == "secondary"]
+    assert sum(c.count for c in within) == 3 * calls and all(c.nodes == 1 for c in within)
+    # per tier, hop by hop: three of the four micro-batches' forward gathers leave the network
+    degrees = plan.degrees(topo)
+    net = lambda s: ring_tier_bytes(s, topo, degrees)["network"]  # noqa: E731
+
+    def phase_net(phase: str) -> float:  # one micro-batch's calls of ``phase`` over the job
+        calls = [c for c in built[False, 1].collectives() if c.phase == phase for _ in range(c.count)]
+        return net(dataclasses.replace(built[False, 1], micro_batches=1, units=(), step_end=tuple(calls)))
+
+    gather, reduce = phase_net("forward"), phase_net("grad_reduce")
+    assert gather > 0 and reduce > 0
+    assert net(built[True, 4]) == pytest.approx(net(built[False, 4]) - 3 * gather, rel=1e-9)
+    assert net(built[True, 4]) - net(built[True, 1]) == pytest.approx(3 * reduce, rel=1e-9)
+    # the step: faster by the gathers kept in the node, never below the planner's bound
+    opts = CostOptions(micro_batch=1, grad_accum=4)
+    times = {k: step_time(s, topo, shape, micro_batch=1).step_time_s for k, s in built.items()}
+    assert times[True, 1] == times[False, 1] and times[True, 4] < times[False, 4]
+    assert _lower_bound(built[True, 4], shape, topo, opts) <= times[True, 4]

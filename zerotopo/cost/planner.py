@@ -475,9 +475,14 @@ def _lower_bound(
             out += hit[which]
         return out
 
+    def forward(u, which: int = 1) -> float:
+        # a micro-batch's forward gathers on average (a first micro-batch may gather otherwise): the sum
+        # over micro-batches of each one's bound is at least M times the bound of their average
+        return sum(n * total(colls, which) for colls, n in u.forward_counts(M)) / M
+
     units = schedule.units
     w = [1] * len(units) if weights is None else weights
-    g = sum(k * (total(u.forward) + total(u.backward)) for k, u in zip(w, units))
+    g = sum(k * (forward(u) + total(u.backward)) for k, u in zip(w, units))
     r = sum(k * total(u.reduce) for k, u in zip(w, units))
     # the first micro-batch's parameter gathers and the last one's cross-replica reductions: on their
     # own stream, or queued with the reductions (c == 2) or all communication (c == 1)
@@ -490,7 +495,7 @@ def _lower_bound(
     # sigma, or beside the quantizer passes and the slowdown itself (at most Q + the slowdown), or while
     # neither runs (added whole): the micro-batch lasts at least compute + max(Q, (sigma B + Q)/(1 + sigma))
     sigma = device_overlap(o.overlap, topology).compute_slowdown
-    q = sum(k * (total(u.forward, 2) + total(u.backward, 2) + total(u.reduce, 2)) for k, u in zip(w, units))
+    q = sum(k * (forward(u, 2) + total(u.backward, 2) + total(u.reduce, 2)) for k, u in zip(w, units))
     slowed = compute + max(q, (sigma * comm + q) / (1 + sigma))
     if weights is None:
         end = total(schedule.step_end)

@@ -33,6 +33,7 @@ when :attr:`OverlapModel.concurrent` is 1):
   ``last_reduce``, when the schedule runs it in the backward) is issued when its reduction ends, on a
   third stream when :attr:`OverlapModel.concurrent` is 3 or more, else after it on the reduction
   stream; the backward ends when they all have;
+- the first micro-batch's forward gathers are the units' ``first_micro_forward`` where they have one;
 - in the first micro-batch each sharded unit's post-step parameter all-gather (its ``first_forward``,
   when the engine leaves it in flight into the next step) is issued at the start, in unit order, on
   the same stream as the last micro-batch's reductions, and the unit's forward gather is issued no
@@ -361,10 +362,18 @@ class _Streams:
 
 
 def _pass(
-    schedule: StepSchedule, st: _Streams, direction: str, durations: list[float], t: float, not_before, last
+    schedule: StepSchedule,
+    st: _Streams,
+    direction: str,
+    durations: list[float],
+    t: float,
+    not_before,
+    last,
+    first: bool = False,
 ) -> float:
     """One direction of a micro-batch: gathers issued on demand or ``prefetch`` units ahead, then each
-    unit's compute (and in the backward its reductions); returns when the last compute ends."""
+    unit's compute (and in the backward its reductions); returns when the last compute ends. ``first``:
+    the step's first micro-batch (its units' ``first_micro_forward``)."""
     units = schedule.units
     U = len(units)
     order = list(range(U)) if direction == "forward" else list(range(U - 1, -1, -1))
@@ -375,7 +384,7 @@ def _pass(
         nonlocal issued
         while issued <= upto:
             j = order[issued]
-            colls = units[j].forward if direction == "forward" else units[j].backward
+            colls = units[j].forward_in(first) if direction == "forward" else units[j].backward
             ready[j] = st.run("gather", max(at, not_before[j]), colls)
             issued += 1
 
@@ -411,7 +420,7 @@ def _simulate(
     units = schedule.units
     # the previous step's parameter all-gathers, in flight from the start (the first micro-batch only)
     params_at = [st.run("replica", 0.0, u.first_forward) if first else 0.0 for u in units]
-    t = _pass(schedule, st, "forward", fwd, 0.0, params_at, last)
+    t = _pass(schedule, st, "forward", fwd, 0.0, params_at, last, first)
     t = _pass(schedule, st, "backward", bwd, t, [0.0] * len(units), last)
     t += st.debt  # the quantizer passes after the last compute (the last reductions')
     st.slow += st.debt
@@ -507,7 +516,7 @@ def _micro_batches(schedule: StepSchedule, fwd, bwd, time_of, overlap: OverlapMo
     units' ``first_forward``, the last runs their ``last_reduce``): (seconds, slowdown, {id: [collective,
     calls, seconds, exposed]})."""
     M = schedule.micro_batches
-    has_first = any(u.first_forward for u in schedule.units)
+    has_first = any(u.first_forward or u.first_micro_forward is not None for u in schedule.units)
     has_last = any(u.last_reduce for u in schedule.units)
     if M == 1:
         runs = [(1, has_first, has_last)]
@@ -552,9 +561,11 @@ def _shares(schedule: StepSchedule, by_obj: dict, time_of, overlap: OverlapModel
 def _all_comm(schedule: StepSchedule, time_of, step_end: float) -> float:
     """All communication of the step if nothing overlapped."""
     units = schedule.units
-    per_micro = sum(time_of(c) for u in units for c in u.forward + u.backward + u.reduce)
+    M = schedule.micro_batches
+    per_micro = sum(time_of(c) for u in units for c in u.backward + u.reduce)
+    gathers = sum(n * time_of(c) for u in units for colls, n in u.forward_counts(M) for c in colls)
     once = sum(time_of(c) for u in units for c in u.last_reduce + u.first_forward)
-    return schedule.micro_batches * per_micro + once + step_end
+    return M * per_micro + gathers + once + step_end
 
 
 def _compute_rate(topology: Topology, efficiency: float, achieved_tflops: float | None) -> float:

@@ -15,7 +15,10 @@ backward and never overlap compute. With :attr:`ScheduleOptions.step_end_in_back
 micro-batch's backward right after the unit's own reduction, beside the rest of the backward. With
 :attr:`ScheduleOptions.param_gather_in_forward` (the engine's lazy parameter gather) a sharded unit's
 post-step parameter all-gather is its ``first_forward``: in flight from the start of the (next) step's
-first micro-batch, and waited for by the unit's first forward gather.
+first micro-batch, and waited for by the unit's first forward gather. A unit whose first micro-batch
+gathers otherwise than the later ones has those gathers as its ``first_micro_forward`` (the engine's
+units have none; DeepSpeed's hpZ gathers over the job until its copy per node exists, then within the
+node).
 
 Each :class:`Collective` carries its phase, ledger op, group kind and size, the tier it crosses and the
 group's span (nodes, ranks per node), its codec, the bytes one rank sends (the ledger's count), the
@@ -146,6 +149,19 @@ class UnitSteps:
     param_gather: tuple[Collective, ...] = field(default=(), compare=False)
     """The unit's post-step parameter all-gather, wherever the timing places it (``first_forward`` or
     ``step_end``): what the engine's optimizer executes."""
+    first_micro_forward: tuple[Collective, ...] | None = None
+    """In the first micro-batch, in place of ``forward``: its own forward gathers, when they differ from
+    the later micro-batches' (None: every micro-batch gathers ``forward``; see the note)."""
+
+    def forward_in(self, first: bool) -> tuple[Collective, ...]:
+        """The forward gathers of the step's first micro-batch (``first``) or of a later one."""
+        return self.first_micro_forward if first and self.first_micro_forward is not None else self.forward
+
+    def forward_counts(self, micro_batches: int) -> list[tuple[tuple[Collective, ...], int]]:
+        """Each list of forward gathers with the number of a step's ``micro_batches`` that issue it."""
+        if self.first_micro_forward is None:
+            return [(self.forward, micro_batches)]
+        return [(self.forward, micro_batches - 1), (self.first_micro_forward, 1)]
 
 
 class ScheduleModel(Protocol):
@@ -238,8 +254,11 @@ class StepSchedule:
         # count by object first (units of one size share their collectives), then merge equal ones
         by_id: dict[int, list] = {}
         for u in self.units:
-            for c in u.forward + u.backward + u.reduce:
+            for c in u.backward + u.reduce:
                 by_id.setdefault(id(c), [c, 0])[1] += self.micro_batches
+            for gathers, n in u.forward_counts(self.micro_batches):
+                for c in gathers:
+                    by_id.setdefault(id(c), [c, 0])[1] += n
         for c in [*(c for u in self.units for c in u.last_reduce + u.first_forward), *self.step_end]:
             by_id.setdefault(id(c), [c, 0])[1] += 1
         acc: Counter[Collective] = Counter()
@@ -247,7 +266,7 @@ class StepSchedule:
         for c, n in by_id.values():
             acc[c] += n
             first.setdefault(c, c)
-        out = [_with_count(first[c], n) for c, n in acc.items()]
+        out = [_with_count(first[c], n) for c, n in acc.items() if n]
         return sorted(out, key=lambda c: (PHASES.index(c.phase), c.op, c.group, c.group_size, c.bytes_sent))
 
 

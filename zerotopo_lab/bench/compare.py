@@ -385,7 +385,10 @@ def framework_cost(
     DeepSpeed skips the one and coalesces the other for a 20B model was not traced.
     ``deepspeed-hpz`` is the ``deepspeed-zeropp`` preset without its quantized collectives (DeepSpeed's
     qwZ/qgZ need CUDA, so the row runs hpZ alone), its secondary copy per node in the parameters' dtype,
-    and the same settings: its link counters show no backward gather (the same bytes as ZeRO-3's).
+    and the same settings: its link counters show no backward gather (the same bytes as ZeRO-3's in a
+    step of one micro-batch), and with several micro-batches the later ones' forwards gather from the
+    copy within the node (``DeepSpeedSchedule.hpz_forward``, :mod:`zerotopo_lab.deepspeed_schedule`'s
+    note on hpZ's forward).
     FSDP2 has no cost preset: its rows are measured, not predicted. ``buckets``: the row's scaled
     DeepSpeed buckets (:func:`zerotopo_lab.bench.regime.deepspeed_buckets`). ``gloo_reduce``: the rows run on
     gloo, where DeepSpeed's gradient reduce-scatter is an all-reduce
@@ -400,10 +403,15 @@ def framework_cost(
         plan = replace(plan, name=name, quantize_weights=False, quantize_grads=False)
     else:
         return None
-    # as traced: every parameter gathered once, in the forward, a prefetch's modules in one call; the
-    # rows run on gloo, whose reduce_scatter_tensor (what DeepSpeed calls) is a full all-reduce
+    # as traced: every parameter gathered once, in the forward, a prefetch's modules in one call (from
+    # the hpZ copy after the first micro-batch); the rows run on gloo, whose reduce_scatter_tensor (what
+    # DeepSpeed calls) is a full all-reduce
     sched = replace(
-        sched, backward_gather=False, coalesce_prefetch=True, reduce_scatter_all_reduce=gloo_reduce
+        sched,
+        backward_gather=False,
+        coalesce_prefetch=True,
+        hpz_forward=True,
+        reduce_scatter_all_reduce=gloo_reduce,
     )
     if buckets is None:
         return plan, replace(sched, persistence_threshold=0)

@@ -50,6 +50,11 @@ def test_predictions_are_a_runs_over_its_dilation_and_rank_the_rows(tmp_path):
     _, meta = resolve_rows(opts, cost_topo, cfg.shape(seq, name=opts.model), measured)
     for name in ("planner", "zero3"):
         assert meta[name]["predicted"] / D == pytest.approx(rows[name]["predicted_step_time_s"], rel=1e-9)
+    # the bytes a run's links would carry per tier (a run's ring_tier_bytes), which no D changes
+    for name in ("planner", "zero3", "deepspeed-zero3"):
+        assert rows[name]["ring_tier_bytes"] == meta[name]["ring_tier_bytes"]
+        assert rows[name]["ring_tier_bytes"]["network"] > 0
+    assert "ring_tier_bytes" not in rows["fsdp2-hsdp"]
     # but DeepSpeed's host work per module (this machine's processor time, measured, not dilated): 0.4 ms
     # of a 0.56 s target step here
     ds = meta["deepspeed-zero3"]["predicted"] / D
