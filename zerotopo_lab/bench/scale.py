@@ -227,7 +227,8 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
     """One count entry from several runs of the same node count, ``(path, command, entry)`` each: every
     row's repeats pooled over the runs that ran it (its step the median of their repeats, with their min
     and max, as one run of as many repeats reports it), its per-step figures the runs' means, its peak
-    memory the largest; the rows are the union of the runs' rows in the order they first appear, so
+    memory the largest; the rows are the union of the runs' rows in the order a run of every row has
+    them (:data:`SCALE_ROWS`; other names after, as they first appear), so
     rows run apart at one D (``--rows no-comm,zeropp,mics`` beside an earlier ``--rows
     no-comm,zero3,...``) make one table. The count's verdicts come from the pooled rows and its measured
     R from each run's own zero3/floor pairs (``pooled_from``: each run's file, command, wall time, rows
@@ -238,7 +239,11 @@ def pool_counts(group: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
     from zerotopo_lab.bench.regime import measured_ratios
 
     (first_path, _, first), rest = group[0], group[1:]
-    names = list(dict.fromkeys(r["name"] for _, _, e in group for r in e["rows"]))
+    seen = list(dict.fromkeys(r["name"] for _, _, e in group for r in e["rows"]))
+    # in the order a run of every row runs them; a row of no such name after, as it first appears
+    names = sorted(
+        seen, key=lambda n: (SCALE_ROWS.index(n) if n in SCALE_ROWS else len(SCALE_ROWS), seen.index(n))
+    )
     for path, _, e in rest:
         D0, D = first.get("dilation") or 1.0, e.get("dilation") or 1.0
         if abs(D - D0) > 1e-9 * D0:
