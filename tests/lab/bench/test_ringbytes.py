@@ -67,3 +67,24 @@ def test_the_zerotopo_rows_links_carry_its_schedule_across_nodes(nodes):
     payload = row["network_payload_over_ring"]
     assert payload == pytest.approx(1.0, abs=0.05), row["tier_payload_bytes_per_step"]
     assert row["network_bytes_over_ring"] > payload
+
+
+@pytest.mark.slow
+def test_deepspeed_hpz_links_carry_its_schedule_over_several_micro_batches():
+    # DeepSpeed gathers the later micro-batches' forwards from its hpZ copy inside the node: every tier's
+    # payload within 5% of the schedule's, and less across nodes than a schedule gathering over the job
+    pytest.importorskip("deepspeed")
+    from zerotopo.launch.netem import available
+    from zerotopo_lab.bench.compare import CompareOptions, compare
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"emulated network unavailable: {why}")
+    opts = CompareOptions(model="small", rows=("deepspeed-hpz",), nodes=2, steps=1, warmup=1, micro_batches=3,
+                          batch=1, dtype="bf16", network_mbit=400, timeout_s=900)  # fmt: skip
+    (row,) = compare(opts, command="test")["rows"]
+    ring, payload = row["ring_tier_bytes"], row["tier_payload_bytes_per_step"]
+    for tier in ring:
+        assert payload[tier] == pytest.approx(ring[tier], rel=0.05), (tier, payload, ring)
+    # the copy's gathers cross packages inside a node; rings over the job alone put as much on each tier
+    assert ring["node"] > ring["network"]
