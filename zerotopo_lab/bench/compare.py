@@ -20,7 +20,9 @@ shaped link). Per row, rank 0's JSON carries:
   DeepSpeed row's first step sends otherwise than its later ones); ``tier_payload_bytes_per_step``
   the same less each packet's TCP/IP headers (:data:`zerotopo_lab.bench.measure.FRAME_BYTES`), and
   ``network_bytes_over_ring`` / ``network_payload_over_ring`` each across nodes over the schedule's
-  bytes hop by hop (:mod:`zerotopo_lab.bench.ringbytes`);
+  bytes hop by hop (``ring_tier_bytes``, :mod:`zerotopo_lab.bench.ringbytes`), and
+  ``network_excess_bytes_per_message`` the payload beyond those bytes over the messages the schedule
+  sends across nodes (``ring_tier_messages``): what the transport adds per message;
 - ``peak_memory_bytes``: the largest per-rank peak (:mod:`zerotopo_lab.bench.measure`);
 - ``final_loss``: the mean loss of the last step over ranks and micro-batches.
 
@@ -458,7 +460,7 @@ def resolve_rows(
                 meta[name].update(
                     predicted=predicted_step(est, opts),
                     predicted_tier_bytes=dict(est.comm_bytes),
-                    ring_tier_bytes=_ring_bytes(est, topo, plan),
+                    **_ring_accounting(est, topo, plan),
                     predicted_memory_bytes=est.memory.total,
                     plan_object=plan,
                     schedule_object=sched,
@@ -487,7 +489,7 @@ def resolve_rows(
             "quantized": _quantized(plan),
             "predicted": predicted_step(est, opts),
             "predicted_tier_bytes": {k: v for k, v in est.comm_bytes.items()},
-            "ring_tier_bytes": _ring_bytes(est, topo, plan),
+            **_ring_accounting(est, topo, plan),
             "placement": placement(plan, topo),
             "plan_object": plan,
             "predicted_memory_bytes": est.memory.total,
@@ -505,13 +507,19 @@ def resolve_rows(
     return specs, meta
 
 
-def _ring_bytes(est: Any, topo: Any, plan: Any) -> dict[str, float] | None:
-    """The schedule's bytes per rank per step on each tier, hop by hop (:mod:`zerotopo_lab.bench.ringbytes`)."""
+def _ring_accounting(est: Any, topo: Any, plan: Any) -> dict[str, Any]:
+    """The schedule's bytes and messages per rank per step on each tier, hop by hop
+    (:mod:`zerotopo_lab.bench.ringbytes`): ``ring_tier_bytes`` and ``ring_tier_messages``, None without
+    a schedule."""
     if est.schedule is None:
-        return None
-    from zerotopo_lab.bench.ringbytes import ring_tier_bytes
+        return {"ring_tier_bytes": None, "ring_tier_messages": None}
+    from zerotopo_lab.bench.ringbytes import ring_tier_bytes, ring_tier_messages
 
-    return ring_tier_bytes(est.schedule, topo, plan.degrees(topo))
+    degrees = plan.degrees(topo)
+    return {
+        "ring_tier_bytes": ring_tier_bytes(est.schedule, topo, degrees),
+        "ring_tier_messages": ring_tier_messages(est.schedule, topo, degrees),
+    }
 
 
 def predicted_step(est: Any, opts: CompareOptions) -> float:
@@ -634,6 +642,7 @@ def assemble(
                 "predicted_step_time_s": m["predicted"],
                 "predicted_tier_bytes": m.get("predicted_tier_bytes"),
                 "ring_tier_bytes": m.get("ring_tier_bytes"),
+                "ring_tier_messages": m.get("ring_tier_messages"),
                 "tier_bytes_per_step": _mean_dict([r["tier_bytes"] for r in ranks]),
                 "tier_payload_bytes_per_step": _mean_dict([r.get("tier_payload", {}) for r in ranks]),
                 "peak_memory_bytes": max(peaks) if None not in peaks else None,
@@ -730,6 +739,10 @@ def row_ratios(r: dict[str, Any], net: str) -> None:
     if ring and sent and ring.get(net) and net in sent:
         r["network_bytes_over_ring"] = sent[net] / ring[net]
         r["network_payload_over_ring"] = r["tier_payload_bytes_per_step"][net] / ring[net]
+        messages = (r.get("ring_tier_messages") or {}).get(net)
+        if messages:
+            excess = r["tier_payload_bytes_per_step"][net] - ring[net]
+            r["network_excess_bytes_per_message"] = excess / messages
 
 
 def loss_tolerance(r: dict[str, Any]) -> float:
@@ -1188,6 +1201,16 @@ def format_report(report: dict[str, Any]) -> str:
             "cross-node bytes, the links' counters (payload without TCP/IP headers in brackets) over the "
             "schedule's ring accounting (hop by hop, zerotopo_lab.bench.ringbytes): "
             + ", ".join(f"{k} {v:.3f}x" + ("" if p is None else f" ({p:.3f}x)") for k, (v, p) in over.items())
+        )
+    extra = {
+        r["name"]: r["network_excess_bytes_per_message"]
+        for r in report["rows"]
+        if r.get("network_excess_bytes_per_message") is not None
+    }
+    if extra:
+        lines.append(
+            "cross-node payload beyond the schedule's bytes, per message the schedule sends across nodes: "
+            + ", ".join(f"{k} {v:.0f} B" for k, v in extra.items())
         )
     if report["ratios"]:
         lines.append("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))

@@ -12,6 +12,14 @@ count each byte in the tier of its own hop: in a ring over ``[0, 2, 4, 6]`` of 2
 - ``reduce_scatter_int4`` is an all-to-all: each member sends ``bytes_sent / (d - 1)`` to every other.
 
 The mean over the world's ranks per tier, per step (each call times its ``count``).
+
+The links also carry what no schedule sends: what the transport adds around each message (gloo's own
+framing, and whatever TCP puts on the wire beyond the fixed per-packet headers the payload counter takes
+off, such as options in ACKs), which grows with the messages, not with the bytes. So the same walk
+counts messages: a ring sends ``d - 1`` messages from each member to the next (an
+``all_reduce`` two passes, ``2 (d - 1)``: gloo's ring reduce-scatter then all-gather), an all-to-all
+one to each other member. ``bench compare`` divides the cross-node payload the links counted beyond the
+schedule's bytes by these messages (``network_excess_bytes_per_message``).
 """
 
 from __future__ import annotations
@@ -21,31 +29,44 @@ from typing import Any
 ALL_TO_ALL = ("reduce_scatter_int4",)
 
 
+def _hops(op: str, members: list[int]) -> list[tuple[int, int, float, int]]:
+    """``(sender, receiver, share of the sender's bytes_sent, messages)`` of each hop of one call over
+    ``members`` (position order)."""
+    d = len(members)
+    if d < 2:
+        return []
+    if op in ALL_TO_ALL:
+        return [(t, p, 1 / (d - 1), 1) for t in members for p in members if p != t]
+    passes = 2 if op == "all_reduce" else 1
+    return [(t, members[(i + 1) % d], 1.0, passes * (d - 1)) for i, t in enumerate(members)]
+
+
+def _tier(topology: Any, a: int, b: int) -> str:
+    return topology.tier_of_group((a, b)) or topology.network.name
+
+
 def group_tier_bytes(op: str, members: list[int], bytes_sent: float, topology: Any) -> dict[str, float]:
     """Bytes one call over ``members`` (topological indices, position order) puts on each tier, summed
     over the members."""
-    d = len(members)
     out: dict[str, float] = {}
-    if d < 2:
-        return out
-
-    def add(a: int, b: int, nbytes: float) -> None:
-        tier = topology.tier_of_group((a, b)) or topology.network.name
-        out[tier] = out.get(tier, 0.0) + nbytes
-
-    for i, t in enumerate(members):
-        if op in ALL_TO_ALL:
-            for peer in members:
-                if peer != t:
-                    add(t, peer, bytes_sent / (d - 1))
-        else:
-            add(t, members[(i + 1) % d], bytes_sent)
+    for a, b, share, _ in _hops(op, members):
+        tier = _tier(topology, a, b)
+        out[tier] = out.get(tier, 0.0) + bytes_sent * share
     return out
 
 
-def ring_tier_bytes(schedule: Any, topology: Any, degrees: Any) -> dict[str, float]:
-    """Bytes per rank per step on each tier of ``topology`` for ``schedule`` (a
-    :class:`~zerotopo.placement.schedule.StepSchedule` of a plan with ``degrees``), every tier present."""
+def group_tier_messages(op: str, members: list[int], topology: Any) -> dict[str, int]:
+    """Messages one call over ``members`` sends on each tier, summed over the members."""
+    out: dict[str, int] = {}
+    for a, b, _, messages in _hops(op, members):
+        tier = _tier(topology, a, b)
+        out[tier] = out.get(tier, 0) + messages
+    return out
+
+
+def _walk(schedule: Any, topology: Any, degrees: Any, per_call: Any) -> dict[str, float]:
+    """``per_call(collective, members) -> {tier: amount}`` summed over every call of ``schedule`` (times
+    its ``count``) and divided by the world: per rank per step, every tier present."""
     from zerotopo.comm.mesh import _index_groups
 
     out = {t: 0.0 for t in topology.tier_names}
@@ -56,7 +77,18 @@ def ring_tier_bytes(schedule: Any, topology: Any, degrees: Any) -> dict[str, flo
         for members in groups[c.group]:
             if len(members) != c.group_size:  # not this call's groups (a kind the plan shapes otherwise)
                 continue
-            for tier, nbytes in group_tier_bytes(c.op, members, c.bytes_sent, topology).items():
-                out[tier] += nbytes * c.count
+            for tier, amount in per_call(c, members).items():
+                out[tier] += amount * c.count
     world = topology.world_size
-    return {t: b / world for t, b in out.items()}
+    return {t: v / world for t, v in out.items()}
+
+
+def ring_tier_bytes(schedule: Any, topology: Any, degrees: Any) -> dict[str, float]:
+    """Bytes per rank per step on each tier of ``topology`` for ``schedule`` (a
+    :class:`~zerotopo.placement.schedule.StepSchedule` of a plan with ``degrees``), every tier present."""
+    return _walk(schedule, topology, degrees, lambda c, m: group_tier_bytes(c.op, m, c.bytes_sent, topology))
+
+
+def ring_tier_messages(schedule: Any, topology: Any, degrees: Any) -> dict[str, float]:
+    """Messages per rank per step on each tier for ``schedule``, as :func:`ring_tier_bytes` walks it."""
+    return _walk(schedule, topology, degrees, lambda c, m: group_tier_messages(c.op, m, topology))

@@ -378,7 +378,8 @@ def predict_count(opts: Any) -> dict[str, Any]:
             row["over_units"] = pred / units_s
             if pick:
                 row["over_pick"] = pred / pick
-        for key in ("same_as", "does_not_fit", "ring_tier_bytes"):  # the ring's: bytes a run's links carry
+        # the ring's bytes and messages: what a run's links carry
+        for key in ("same_as", "does_not_fit", "ring_tier_bytes", "ring_tier_messages"):
             if m.get(key):
                 row[key] = m[key]
         rows.append(row)

@@ -8,7 +8,12 @@ from zerotopo.cost.planner import CostOptions, estimate
 from zerotopo.placement.plan import get_preset
 from zerotopo.placement.shape import ModelShape
 from zerotopo.placement.topology import load_topology
-from zerotopo_lab.bench.ringbytes import group_tier_bytes, ring_tier_bytes
+from zerotopo_lab.bench.ringbytes import (
+    group_tier_bytes,
+    group_tier_messages,
+    ring_tier_bytes,
+    ring_tier_messages,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +36,34 @@ def test_a_ring_puts_each_hop_in_the_tier_it_crosses(topo):
     assert group_tier_bytes("all_gather", [3], 10.0, topo) == {}
 
 
+def test_messages_are_counted_per_hop_in_the_tier_they_cross(topo):
+    # [0, 2, 4, 6]: a ring's member sends d - 1 = 3 messages to its next; half the hops leave the node
+    assert group_tier_messages("all_gather", [0, 2, 4, 6], topo) == {"node": 6, "network": 6}
+    # gloo's all-reduce runs two ring passes (reduce-scatter, all-gather)
+    assert group_tier_messages("all_reduce", [0, 2, 4, 6], topo) == {"node": 12, "network": 12}
+    # an all-to-all sends one message to every other member: 2 of each member's 3 leave the node
+    assert group_tier_messages("reduce_scatter_int4", [0, 2, 4, 6], topo) == {"node": 4, "network": 8}
+    assert group_tier_messages("all_gather", [5], topo) == {}
+
+
+def test_a_rows_excess_payload_is_divided_by_its_cross_node_messages():
+    from zerotopo_lab.bench.compare import row_ratios
+
+    row = {
+        "ring_tier_bytes": {"node": 500.0, "network": 1000.0},
+        "ring_tier_messages": {"node": 2.0, "network": 4.0},
+        "tier_bytes_per_step": {"node": 600.0, "network": 1300.0},
+        "tier_payload_bytes_per_step": {"node": 520.0, "network": 1200.0},
+    }
+    row_ratios(row, "network")
+    assert row["network_payload_over_ring"] == pytest.approx(1.2)
+    assert row["network_excess_bytes_per_message"] == pytest.approx(50.0)
+    del row["ring_tier_messages"]  # a report from before the messages were counted: no figure
+    row.pop("network_excess_bytes_per_message")
+    row_ratios(row, "network")
+    assert "network_excess_bytes_per_message" not in row
+
+
 @pytest.mark.parametrize("preset", ["zero3", "zerotopo", "zeropp", "mics"])
 def test_every_byte_of_the_schedule_is_on_one_tier(topo, preset):
     shape = ModelShape(
@@ -48,6 +81,15 @@ def test_every_byte_of_the_schedule_is_on_one_tier(topo, preset):
         )
     if preset == "mics":  # nothing leaves a node but the cross-replica all-reduce
         assert ring["network"] > 0
+    messages = ring_tier_messages(est.schedule, topo, plan.degrees(topo))
+    assert set(messages) == set(topo.tier_names)
+    # every call: d - 1 messages per member (an all-reduce twice that), summed over its groups' members
+    want = sum(
+        (2 if c.op == "all_reduce" else 1) * (c.group_size - 1) * topo.world_size * c.count
+        for c in est.schedule.collectives()
+        if c.group_size > 1
+    )
+    assert sum(messages.values()) * topo.world_size == pytest.approx(want)
 
 
 @pytest.mark.slow
@@ -56,17 +98,23 @@ def test_the_zerotopo_rows_links_carry_its_schedule_across_nodes(nodes):
     # the links' counters over whole steps (the engine's lazy parameter gathers landed) against the
     # schedule hop by hop: the payload (headers off) within 5%, the wire's bytes above it
     from zerotopo.launch.netem import available
-    from zerotopo_lab.bench.compare import CompareOptions, compare
+    from zerotopo_lab.bench.compare import CompareOptions, compare, format_report
 
     ok, why = available()
     if not ok:
         pytest.skip(f"emulated network unavailable: {why}")
     opts = CompareOptions(model="small", rows=("zerotopo",), nodes=nodes, steps=1, warmup=1, micro_batches=1,
                           batch=1, dtype="bf16", network_mbit=400, timeout_s=900)  # fmt: skip
-    (row,) = compare(opts, command="test")["rows"]
+    report = compare(opts, command="test")
+    (row,) = report["rows"]
     payload = row["network_payload_over_ring"]
     assert payload == pytest.approx(1.0, abs=0.05), row["tier_payload_bytes_per_step"]
     assert row["network_bytes_over_ring"] > payload
+    # what the payload holds beyond the schedule's bytes is the transport's per message: a few hundred
+    # bytes (175-380 on every row of the scale runs), not a share of the bytes
+    assert row["ring_tier_messages"]["network"] > 0
+    assert 0 < row["network_excess_bytes_per_message"] < 2000, row["network_excess_bytes_per_message"]
+    assert "per message the schedule sends across nodes: zerotopo" in format_report(report)
 
 
 @pytest.mark.slow
