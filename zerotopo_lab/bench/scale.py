@@ -338,6 +338,10 @@ def _pool_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("tier_bytes_per_step", "tier_payload_bytes_per_step"):
         if all(r.get(key) for r in runs):
             row[key] = _mean_dict([r[key] for r in runs])
+    if not row.get("ring_tier_messages"):  # the schedule's, one at a count: from a run that counted it
+        row["ring_tier_messages"] = next(
+            (r["ring_tier_messages"] for r in runs if r.get("ring_tier_messages")), None
+        )
     ring = row.get("ring_tier_bytes") or {}
     row_ratios(row, next(reversed(ring), ""))  # the ring's tiers run innermost first: the network last
     return row

@@ -212,6 +212,22 @@ def test_runs_of_one_count_at_one_dilation_pool_their_repeats(tmp_path, capsys):
     assert "8 nodes (32 ranks), D 60.8, the repeats of 2 runs pooled: 12 micro-batches" in out
 
 
+def test_a_pooled_row_counts_its_schedules_messages_from_the_run_that_counted_them(tmp_path):
+    # a report from before the messages were counted pooled with one after: the schedule is the count's,
+    # so the pooled row divides its payload beyond the ring's bytes by the later run's messages
+    old = _repeat_run(tmp_path, "old.json", [300.0], [400.0])
+    new = json.loads(Path(_repeat_run(tmp_path, "new.json", [302.0], [410.0])).read_text())
+    for r in new["counts"][0]["rows"]:
+        r["ring_tier_messages"] = {"node": 1.0, "network": 2.0}
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    rows = {r["name"]: r for r in merge_reports([old, str(tmp_path / "new.json")])["counts"][0]["rows"]}
+    assert rows["zero3"]["ring_tier_messages"] == {"node": 1.0, "network": 2.0}
+    assert rows["zero3"]["network_excess_bytes_per_message"] == pytest.approx((104.0 - 100.0) / 2)
+    older = _repeat_run(tmp_path, "older.json", [301.0], [405.0])
+    only_old = {r["name"]: r for r in merge_reports([old, older])["counts"][0]["rows"]}
+    assert "network_excess_bytes_per_message" not in only_old["zero3"]
+
+
 def test_runs_that_are_not_one_quantity_are_not_pooled(tmp_path, capsys):
     from zerotopo.cli.main import main
 
