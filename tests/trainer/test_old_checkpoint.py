@@ -1,6 +1,7 @@
 """A checkpoint written by an earlier zerotopo (``tests/fixtures/checkpoint_v1``: step 2 of a 4-step run on
 4 emulated ranks, its manifest assembled before the recipe's state was registered by components) still
-verifies, loads and resumes bit-exactly: steps 3 and 4 give the losses the writing run logged."""
+verifies, loads and resumes: step 3 gives the loss the writing run logged bit for bit, step 4 within the
+rounding of another CPU's kernels."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_old_checkpoint_verifies_and_opens():
 
 
 @pytest.mark.slow
-def test_old_checkpoint_resumes_bit_exact(tmp_path, capfd):
+def test_old_checkpoint_resumes_with_the_writers_losses(tmp_path, capfd):
     same_numerics = PROVENANCE["torch"] == torch.__version__ and PROVENANCE["python"] == (
         f"{sys.version_info.major}.{sys.version_info.minor}"
     )
@@ -49,4 +50,10 @@ def test_old_checkpoint_resumes_bit_exact(tmp_path, capfd):
         # the corpus is this Python's docstrings and the kernels are this torch's: other losses are expected
         pytest.skip(f"the fixture's losses were logged under Python {PROVENANCE['python']}, torch "
                     f"{PROVENANCE['torch']}")  # fmt: skip
-    assert all(got[s] == PROVENANCE["losses"][str(s)] for s in got), (got, PROVENANCE["losses"])
+    # Step 3 is computed from the loaded weights and data position alone: bit for bit on every CPU tried
+    # (AMD EPYC, and Intel Xeon with AVX-512). Step 4 follows an optimizer step whose kernels round by the
+    # CPU: bit for bit on the CPU the fixture's losses were logged on, 1.6e-7 (relative) away on the Intel
+    # one. Resume bit for bit against an uninterrupted run on one machine is test_checkpoint_resume.py's.
+    assert got[3] == PROVENANCE["losses"]["3"], (got, PROVENANCE["losses"])
+    worst = max(abs(got[s] - PROVENANCE["losses"][str(s)]) / PROVENANCE["losses"][str(s)] for s in got)
+    assert worst < 1e-6, (got, PROVENANCE["losses"])
