@@ -44,10 +44,10 @@ LONGEST_FIRST = (
 
 
 def _longest_first(items) -> None:
+    """Sort ``items`` so the files of LONGEST_FIRST come first, in its order; the sort is stable, so every
+    other file keeps its place and each file's tests stay together and in order."""
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(
-        key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank))
-    )  # stable: the rest keep order
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,8 +5,9 @@ The reference sums each step's gradients in the plan's reduction order (tests/en
 plans with two optimizer groups of 4 owners (mics, p4g4o4); that this order and the plain loop's agree to
 fp32 rounding is a test of its own, and so is what bf16 Newton-Schulz makes of that rounding. The zerotopo
 plan's degrees (p=2 g=4 o=8) are compared with the loop-order reference, exactly for 3 steps and within
-the bf16 bound after (see [Note: p=2 g=4 o=8 departs from the plan-order reference at step 4]). The NeoX model's fused ``query_key_value`` is orthogonalized as
-stored, as torch's Muon does; and the quantized zerotopo preset stays within the quantized plans' bound."""
+the bf16 bound after (see [Note: p=2 g=4 o=8 departs from the plan-order reference at step 4]). The NeoX
+model's fused ``query_key_value`` is orthogonalized as stored, as torch's Muon does; and the quantized
+zerotopo preset stays within the quantized plans' bound."""
 
 from __future__ import annotations
 
@@ -54,15 +55,16 @@ EXACT: list[dict[str, Any]] = [
 # gradients in its loop's order instead of the plan's, these two plans' reductions cross such a rounding
 # boundary at step 4: losses stay within 1e-4 and parameters within 1e-2, as for that perturbation.
 SENSITIVE = [MICS, P4G4O4]
+BF16_BOUND = (1e-4, 1e-2)  # largest relative loss and parameter differences that rounding moves Muon by
 # [Note: p=2 g=4 o=8 departs from the plan-order reference at step 4] The zerotopo plan's degrees
-# (weights per package, gradients per node, optimizer over the job) against the plan-order reference: losses
-# bitwise equal for 3 steps and step-1 reduced gradients bitwise equal to the replay, yet the loss of step 4
-# differs by 2.4e-7 and the parameters end 1.4e-3 apart: something besides the gradient sum (not located
-# yet) rounds differently once in those steps, and bf16 Newton-Schulz amplifies it. Against the loop-order
-# reference they matched within 1e-5 over 5 steps on an AMD EPYC CPU and ended 1.4e-3 apart on an Intel
-# Xeon with AVX-512 (loss 9.5e-6): which reference they land on depends on the CPU's kernels. So their losses are
-# held to 1e-5 for the 3 steps before that rounding, and all 5 steps to the bound of
-# [Note: bf16 Newton-Schulz amplifies reduction order].
+# (weights per package, gradients per node, optimizer over the job) against the plan-order reference:
+# losses bitwise equal for 3 steps and step-1 reduced gradients bitwise equal to the replay, yet the loss
+# of step 4 differs by 2.4e-7 and the parameters end 1.4e-3 apart: something besides the gradient sum (not
+# located yet) rounds differently once in those steps, and bf16 Newton-Schulz amplifies it. Against the
+# loop-order reference they matched within 1e-5 over 5 steps on an AMD EPYC CPU and ended 1.4e-3 apart on
+# an Intel Xeon with AVX-512 (loss 9.5e-6): which reference they land on depends on the CPU's kernels. So
+# their losses are held to 1e-5 for the 3 steps before that rounding, and all 5 steps to BF16_BOUND, the
+# bound of [Note: bf16 Newton-Schulz amplifies reduction order].
 LOOP_ORDER: list[dict[str, Any]] = [
     {"plan": "zerotopo", "plan_overrides": ZEROTOPO_EXACT, "name": "zerotopo-degrees"},
     {"plan": {"name": "p2g4o8", "params": 2, "grads": 4, "optim": 8}},
@@ -195,11 +197,9 @@ def test_muon_equals_torch_muon_plus_adamw(runs, case):
 
 
 @pytest.mark.parametrize("case", LOOP_ORDER, ids=lambda c: _case(c)["name"])
-def test_zerotopo_degrees_match_for_three_steps_and_stay_within_bf16_sensitivity(runs, case):
+def test_zerotopo_degrees_match_the_loop_order_for_three_steps(runs, case):
     early, _ = _compare(_named(case), runs[1], plan_order=False, loss_steps=3)
     assert early < 1e-5, (case, early)
-    loss_err, param_err = _compare(_named(case), runs[1], plan_order=False)
-    assert loss_err < 1e-4 and param_err < 1e-2, (case, loss_err, param_err)
 
 
 @pytest.mark.parametrize("case", [*EXACT, *LOOP_ORDER], ids=lambda c: _case(c)["name"])
@@ -213,10 +213,11 @@ def test_plan_order_sum_equals_the_loop_sum_to_fp32_rounding(case):
     assert any(not torch.equal(step["ordered"][k], step["loop"][k]) for step in seen for k in step["loop"])
 
 
-@pytest.mark.parametrize("case", SENSITIVE, ids=lambda c: _case(c)["name"])
-def test_two_optimizer_groups_against_the_loop_order_stay_within_bf16_sensitivity(runs, case):
+@pytest.mark.parametrize("case", [*SENSITIVE, *LOOP_ORDER], ids=lambda c: _case(c)["name"])
+def test_against_the_loop_order_stay_within_bf16_sensitivity(runs, case):
+    """Two optimizer groups of 4 owners, and the zerotopo plan's degrees over all 5 steps."""
     loss_err, param_err = _compare(_named(case), runs[1], plan_order=False)
-    assert loss_err < 1e-4 and param_err < 1e-2, (case, loss_err, param_err)
+    assert loss_err < BF16_BOUND[0] and param_err < BF16_BOUND[1], (case, loss_err, param_err)
 
 
 def test_fused_qkv_is_orthogonalized_as_stored(runs):
